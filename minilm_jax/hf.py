@@ -1,0 +1,203 @@
+"""Hugging Face import and export for the BERT family, without torch on the safetensors path.
+
+`load(dir) -> (Encoder, params)` reads `config.json` plus `model.safetensors` (or a sharded
+safetensors index, or `pytorch_model.bin` through torch's pickle-free `weights_only=True` loader).
+`save(dir, config, params, tokenizer=None)` writes what `transformers.AutoModel.from_pretrained`
+loads. Every parameter name crosses over through `_PARAM_TABLE`, and nowhere else.
+"""
+
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+from flax import traverse_util
+
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import MODEL_TYPES, Encoder, EncoderConfig, abstract_params, init_params
+
+log = logging.getLogger(__name__)
+
+# (our parameter path, Hugging Face tensor name, kind). `{i}` is the layer index. "linear"
+# kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied as is.
+_PARAM_TABLE = (
+    ("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight", "copy"),
+    ("embeddings/position_embeddings/embedding", "embeddings.position_embeddings.weight", "copy"),
+    ("embeddings/token_type_embeddings/embedding", "embeddings.token_type_embeddings.weight", "copy"),
+    ("embeddings/LayerNorm/scale", "embeddings.LayerNorm.weight", "copy"),
+    ("embeddings/LayerNorm/bias", "embeddings.LayerNorm.bias", "copy"),
+    ("layer_{i}/attention/query/kernel", "encoder.layer.{i}.attention.self.query.weight", "linear"),
+    ("layer_{i}/attention/query/bias", "encoder.layer.{i}.attention.self.query.bias", "copy"),
+    ("layer_{i}/attention/key/kernel", "encoder.layer.{i}.attention.self.key.weight", "linear"),
+    ("layer_{i}/attention/key/bias", "encoder.layer.{i}.attention.self.key.bias", "copy"),
+    ("layer_{i}/attention/value/kernel", "encoder.layer.{i}.attention.self.value.weight", "linear"),
+    ("layer_{i}/attention/value/bias", "encoder.layer.{i}.attention.self.value.bias", "copy"),
+    ("layer_{i}/attention/output/kernel", "encoder.layer.{i}.attention.output.dense.weight", "linear"),
+    ("layer_{i}/attention/output/bias", "encoder.layer.{i}.attention.output.dense.bias", "copy"),
+    ("layer_{i}/attention/LayerNorm/scale", "encoder.layer.{i}.attention.output.LayerNorm.weight", "copy"),
+    ("layer_{i}/attention/LayerNorm/bias", "encoder.layer.{i}.attention.output.LayerNorm.bias", "copy"),
+    ("layer_{i}/intermediate/kernel", "encoder.layer.{i}.intermediate.dense.weight", "linear"),
+    ("layer_{i}/intermediate/bias", "encoder.layer.{i}.intermediate.dense.bias", "copy"),
+    ("layer_{i}/output/kernel", "encoder.layer.{i}.output.dense.weight", "linear"),
+    ("layer_{i}/output/bias", "encoder.layer.{i}.output.dense.bias", "copy"),
+    ("layer_{i}/output_LayerNorm/scale", "encoder.layer.{i}.output.LayerNorm.weight", "copy"),
+    ("layer_{i}/output_LayerNorm/bias", "encoder.layer.{i}.output.LayerNorm.bias", "copy"),
+    ("pooler/kernel", "pooler.dense.weight", "linear"),
+    ("pooler/bias", "pooler.dense.bias", "copy"),
+)
+# A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
+_OPTIONAL_PREFIXES = ("pooler/",)
+_MODEL_PREFIXES = ("bert.", "roberta.")
+_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
+# Our EncoderConfig field <- Hugging Face config.json key.
+_CONFIG_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "type_vocab_size": "type_vocab_size",
+    "layer_norm_eps": "layer_norm_eps",
+    "hidden_act": "hidden_act",
+    "hidden_dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+    "pad_token_id": "pad_token_id",
+    "initializer_range": "initializer_range",
+}
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "vocab.json")
+
+
+def _name_pairs(num_layers):
+  """Yields (our path, HF name, kind) for every parameter of a `num_layers` encoder."""
+  for ours, theirs, kind in _PARAM_TABLE:
+    if "{i}" in ours:
+      for i in range(num_layers):
+        yield ours.format(i=i), theirs.format(i=i), kind
+    else:
+      yield ours, theirs, kind
+
+
+def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
+  model_type = hf_config.get("model_type")
+  if model_type not in MODEL_TYPES:
+    raise UserError(f"unsupported model_type {model_type!r} in config.json: minilm_jax loads {', '.join(MODEL_TYPES)}")
+  if hf_config.get("position_embedding_type", "absolute") != "absolute":
+    raise UserError(f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented")
+  fields = {ours: hf_config[theirs] for ours, theirs in _CONFIG_KEYS.items() if theirs in hf_config}
+  return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
+
+
+def config_to_hf(config: EncoderConfig) -> dict:
+  d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
+  d.update(model_type=config.model_type, architectures=[_ARCHITECTURES[config.model_type]],
+           position_embedding_type="absolute")
+  return d
+
+
+def _read_tensors(model_dir: str) -> dict:
+  """All tensors of a checkpoint directory as numpy arrays, by their Hugging Face names."""
+  from safetensors.numpy import load_file
+
+  single = os.path.join(model_dir, "model.safetensors")
+  index = os.path.join(model_dir, "model.safetensors.index.json")
+  torch_bin = os.path.join(model_dir, "pytorch_model.bin")
+  if os.path.exists(single):
+    return load_file(single)
+  if os.path.exists(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    tensors = {}
+    for shard in shards:
+      tensors.update(load_file(os.path.join(model_dir, shard)))
+    return tensors
+  if os.path.exists(torch_bin):
+    try:
+      import torch
+    except ImportError:
+      raise UserError(f"{torch_bin} needs torch to read (pip install torch), or convert it to model.safetensors") from None
+    # weights_only=True: torch's restricted unpickler, which never runs code from the file.
+    state = torch.load(torch_bin, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+  raise UserError(f"no weights in {model_dir}: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def _normalise_name(name: str) -> str:
+  for prefix in _MODEL_PREFIXES:
+    if name.startswith(prefix):
+      name = name[len(prefix):]
+  # Checkpoints from the TensorFlow era name LayerNorm parameters gamma/beta.
+  return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+def read_config(model_dir: str, dtype: str = "float32") -> EncoderConfig:
+  if not os.path.isdir(model_dir):
+    raise UserError(f"model directory {model_dir} does not exist: pass a local Hugging Face checkpoint directory")
+  path = os.path.join(model_dir, "config.json")
+  if not os.path.exists(path):
+    raise UserError(f"{model_dir} has no config.json: it is not a Hugging Face checkpoint directory")
+  with open(path) as f:
+    return config_from_hf(json.load(f), dtype)
+
+
+def load(model_dir: str, dtype: str = "float32"):
+  """Loads a local Hugging Face BERT/RoBERTa/XLM-R directory: returns (Encoder, float32 params)."""
+  config = read_config(model_dir, dtype)
+  tensors = {_normalise_name(k): v for k, v in _read_tensors(model_dir).items()}
+  expected = traverse_util.flatten_dict(abstract_params(config), sep="/")
+  flat, missing = {}, []
+  for ours, theirs, kind in _name_pairs(config.num_layers):
+    if theirs not in tensors:
+      missing.append((ours, theirs))
+      continue
+    value = tensors[theirs].T if kind == "linear" else tensors[theirs]
+    if value.shape != expected[ours].shape:
+      raise UserError(f"{model_dir}: tensor {theirs} has shape {tuple(tensors[theirs].shape)}, but config.json implies "
+                      f"{tuple(expected[ours].shape[::-1] if kind == 'linear' else expected[ours].shape)}: config and weights do not match")
+    flat[ours] = np.asarray(value, np.float32)
+  required = [theirs for ours, theirs in missing if not ours.startswith(_OPTIONAL_PREFIXES)]
+  if required:
+    raise UserError(f"{model_dir}: weights are missing {len(required)} tensors of a {config.model_type} encoder, e.g. {required[:3]}")
+  if missing:
+    log.info("%s has no pooler; it gets a freshly initialised one", model_dir)
+    fresh = traverse_util.flatten_dict(init_params(config, jax.random.key(0)), sep="/")
+    flat.update({k: np.asarray(v) for k, v in fresh.items() if k not in flat})
+  params = jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
+  return Encoder(config), params
+
+
+def to_hf_tensors(config: EncoderConfig, params) -> dict:
+  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  out = {}
+  for ours, theirs, kind in _name_pairs(config.num_layers):
+    value = np.asarray(flat[ours], np.float32)
+    out[theirs] = np.ascontiguousarray(value.T if kind == "linear" else value)
+  return out
+
+
+def save(out_dir: str, config: EncoderConfig, params, tokenizer=None):
+  """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`."""
+  from safetensors.numpy import save_file
+
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config_to_hf(config), f, indent=2)
+  save_file(to_hf_tensors(config, params), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+
+
+def load_tokenizer(model_dir: str):
+  """The checkpoint's fast tokenizer, offline. Padding and truncation are chosen per call, never
+  inherited from tokenizer.json (all-MiniLM-L6-v2's pads and truncates to 128 by default)."""
+  from transformers import AutoTokenizer
+
+  if not any(os.path.exists(os.path.join(model_dir, f)) for f in _TOKENIZER_FILES):
+    raise UserError(f"{model_dir} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer beside the weights")
+  tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+  backend = getattr(tokenizer, "_tokenizer", None)
+  if backend is not None:
+    backend.no_padding()
+    backend.no_truncation()
+  return tokenizer

