@@ -1,0 +1,118 @@
+"""Pre-training corpus -> BERT-style blocks `[CLS] s1 s2 ... [SEP]` -> a deterministic, resumable batch stream.
+
+Rows of the corpus are sentences (or paragraphs); an empty row ends a document. Consecutive rows of
+a document are packed into one block until the next would overflow `max_seq_length`. Tokenisation
+and packing are batched `datasets.map` calls, cached by `datasets`.
+"""
+
+import os
+
+import datasets
+import numpy as np
+
+from minilm_jax.data.demo_corpus import write_demo_corpus
+from minilm_jax.errors import UserError
+
+_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _load_raw(corpus: str, cache_dir: str) -> datasets.Dataset:
+  if corpus == "demo":
+    files = [write_demo_corpus(os.path.join(cache_dir, "demo_corpus.txt"))]
+  else:
+    files = [f.strip() for f in corpus.split(",") if f.strip()]
+  local = [f for f in files if os.path.splitext(f)[1] in _BUILDERS or os.path.exists(f)]
+  if not local:  # a hub dataset name
+    try:
+      return datasets.load_dataset(corpus, split="train")
+    except Exception as e:  # offline, unknown name, ...: the hub's exception types vary by version
+      raise UserError(f"data.corpus={corpus!r} is not a local file and could not be loaded from the hub "
+                      f"({type(e).__name__}): pass local .txt/.json/.jsonl/.parquet files") from None
+  for f in files:
+    if not os.path.isfile(f):
+      raise UserError(f"corpus file {f} does not exist: fix data.corpus")
+  kinds = {_BUILDERS.get(os.path.splitext(f)[1], "text") for f in files}
+  if len(kinds) > 1:
+    raise UserError(f"data.corpus mixes file kinds {sorted(kinds)}: use files of one kind")
+  try:
+    return datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+  except Exception as e:
+    raise UserError(f"could not read corpus {corpus}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def pack_blocks(token_rows, block_len: int):
+  """Packs consecutive rows of token ids into blocks of at most `block_len` ids. An empty row ends a
+  document (no block spans two documents); a row longer than a block is cut into whole blocks."""
+  blocks, current = [], []
+  for ids in token_rows:
+    if not ids:
+      if current:
+        blocks.append(current)
+      current = []
+      continue
+    if current and len(current) + len(ids) > block_len:
+      blocks.append(current)
+      current = []
+    while len(ids) > block_len:
+      blocks.append(ids[:block_len])
+      ids = ids[block_len:]
+    current = current + ids
+  if current:
+    blocks.append(current)
+  return blocks
+
+
+def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
+  """The corpus as a dataset with one column `input_ids`: packed blocks with [CLS] ... [SEP]."""
+  raw = _load_raw(data_config.corpus, cache_dir)
+  column = data_config.text_column
+  if column not in raw.column_names:
+    raise UserError(f"corpus {data_config.corpus} has no column {column!r} (it has {raw.column_names}): set data.text_column")
+  block_len = data_config.max_seq_length - 2
+  cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+  if cls_id is None or sep_id is None:  # RoBERTa-style tokenizers name them bos/eos
+    cls_id, sep_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+
+  def tokenize_and_pack(batch):
+    texts = [t if isinstance(t, str) else "" for t in batch[column]]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return {"input_ids": [[cls_id] + b + [sep_id] for b in pack_blocks(ids, block_len)]}
+
+  blocks = raw.map(tokenize_and_pack, batched=True, batch_size=1000, remove_columns=raw.column_names,
+                   num_proc=data_config.num_proc if data_config.num_proc > 1 else None,
+                   desc="tokenise and pack")
+  return blocks
+
+
+class BatchStream:
+  """Global batch `b` is a fixed function of (seed, b): the stream resumes at any batch index
+  without replaying earlier ones. Each epoch is a fresh permutation of the blocks (the last partial
+  batch of an epoch is dropped); each process reads only its own rows of every global batch."""
+
+  def __init__(self, blocks: datasets.Dataset, global_batch: int, seq_len: int, pad_id: int, seed: int,
+               process_index: int = 0, process_count: int = 1, corpus_name: str = ""):
+    if len(blocks) < global_batch:
+      raise UserError(f"corpus {corpus_name} gives {len(blocks)} blocks, fewer than one batch of {global_batch}: "
+                      f"add text or lower batch_size")
+    self.blocks, self.global_batch, self.seq_len, self.pad_id, self.seed = blocks, global_batch, seq_len, pad_id, seed
+    self.local_batch = global_batch // process_count
+    self.offset = process_index * self.local_batch
+    self.batches_per_epoch = len(blocks) // global_batch
+    self._epoch, self._order = None, None
+
+  def indices(self, b: int) -> np.ndarray:
+    """Row indices of this process's part of global batch `b`."""
+    epoch, i = divmod(b, self.batches_per_epoch)
+    if epoch != self._epoch:
+      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+    start = i * self.global_batch + self.offset
+    return self._order[start:start + self.local_batch]
+
+  def batch(self, b: int) -> dict:
+    rows = self.blocks[self.indices(b)]["input_ids"]
+    ids = np.full((len(rows), self.seq_len), self.pad_id, np.int32)
+    mask = np.zeros((len(rows), self.seq_len), np.int32)
+    for j, row in enumerate(rows):
+      ids[j, :len(row)] = row
+      mask[j, :len(row)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}

@@ -1,0 +1,57 @@
+"""The defaults every distillation config starts from: `configs/*.py` override what their run changes."""
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # The teacher: a Hugging Face directory (or hub name, when online), or the workdir of an earlier
+  # run of this program (that is how a teacher-assistant chain runs).
+  c.teacher = ml_collections.ConfigDict()
+  c.teacher.path = ""
+  c.teacher.layer = -1  # which teacher layer to mimic; -1 = last
+
+  # The student's architecture. Vocabulary, positions, token types and layer-norm settings are the teacher's.
+  c.student = ml_collections.ConfigDict()
+  c.student.model_type = "bert"
+  c.student.vocab_size = 30522
+  c.student.num_layers = 6
+  c.student.hidden_size = 384
+  c.student.num_heads = 12
+  c.student.intermediate_size = 1536
+  c.student.dropout = 0.1
+  c.student.layer = -1  # which student layer learns the relations; -1 = last
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
+  c.loss.num_relation_heads = 12
+
+  c.data = ml_collections.ConfigDict()
+  # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when
+  # online, or "demo" for English text harvested from the Python standard library's docstrings.
+  c.data.corpus = "demo"
+  c.data.text_column = "text"
+  c.data.max_seq_length = 512
+  c.data.num_proc = 1  # tokenisation processes
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.lr = 3e-4
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.warmup_steps = 4000
+  c.optimizer.clip_norm = 0.0  # 0 turns gradient clipping off
+
+  c.batch_size = 256  # global, over all devices and hosts
+  c.num_steps = 400_000
+  c.dtype = "bfloat16"  # compute dtype of teacher and student; parameters and losses stay float32
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every = 5000
+  c.checkpoint.keep = 3
+
+  c.log_every = 100
+  return c

@@ -1,0 +1,211 @@
+"""MiniLM distillation: the data-parallel train step and the training loop.
+
+The step is written per device and mapped over the mesh axis `data` with `jax.shard_map` (pmap
+semantics): each device runs teacher and student on its shard of the batch, gradients are
+averaged with an explicit `pmean`, and every device applies the same update to its replica.
+The teacher is an argument of the step, not part of the train state: no optimizer state, never
+checkpointed, never donated.
+"""
+
+import json
+import os
+import signal
+import time
+from functools import partial
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import traverse_util
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
+
+from minilm_jax import checkpoint, parallel
+from minilm_jax.data.corpus import BatchStream, load_blocks
+from minilm_jax.distill import losses
+from minilm_jax.distill.teacher import TOKENIZER_DIR, load_teacher
+from minilm_jax.errors import UserError
+from minilm_jax.metrics import MetricWriter
+from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+
+
+def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
+  """The student's encoder: its own depth and width, the teacher's vocabulary and embeddings layout.
+  Without a teacher (shape checks of configs), defaults of the student's model type stand in."""
+  s = config.student
+  base = teacher or EncoderConfig(model_type=s.model_type, vocab_size=s.vocab_size)
+  if base.model_type != s.model_type or base.vocab_size != s.vocab_size:
+    raise UserError(f"student is {s.model_type} with vocab {s.vocab_size} but the teacher is {base.model_type} with "
+                    f"vocab {base.vocab_size}: set student.model_type/vocab_size to the teacher's")
+  return base.replace(num_layers=s.num_layers, hidden_size=s.hidden_size, num_heads=s.num_heads,
+                      intermediate_size=s.intermediate_size, hidden_dropout=s.dropout, attention_dropout=s.dropout,
+                      dtype=config.dtype)
+
+
+def resolve_layer(index: int, num_layers: int, what: str) -> int:
+  if not -num_layers <= index < num_layers:
+    raise UserError(f"{what}={index} but the model has {num_layers} layers: use 0..{num_layers - 1} or -1 for the last")
+  return index % num_layers
+
+
+def make_optimizer(opt, num_steps: int):
+  """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as BERT)."""
+  warmup = min(opt.warmup_steps, num_steps)
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, opt.lr, max(warmup, 1)), optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1))],
+      [warmup])
+
+  def decay_mask(params):
+    flat = traverse_util.flatten_dict(params)
+    return traverse_util.unflatten_dict({k: k[-1] in ("kernel", "embedding") for k in flat})
+
+  tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask)
+  if opt.clip_norm > 0:
+    tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
+  return tx, schedule
+
+
+def init_state(student: Encoder, tx, rng) -> TrainState:
+  params = init_params(student.config, rng)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations, num_relation_heads,
+                    teacher_layer: int, student_layer: int, mesh):
+  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated."""
+
+  def per_device(state, batch, teacher_params, rng):
+    ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    # The teacher runs only up to the layer the loss reads, deterministically.
+    t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=teacher_layer + 1)
+    t_layer = jax.lax.stop_gradient(t_out.layers[teacher_layer])
+    dropout_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
+
+    def loss_fn(params):
+      s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs={"dropout": dropout_rng},
+                            num_layers=student_layer + 1)
+      terms = losses.minilm_loss(t_layer, s_out.layers[student_layer], mask, relations, num_relation_heads)
+      return sum(terms.values()), terms
+
+    # Cast the replicated parameters to device-varying: their gradient is then this device's own,
+    # and the pmean below is the one and only reduction (without the cast, JAX >= 0.7 already sums
+    # the gradient over devices and a pmean on top would scale it by the device count).
+    params = jax.lax.pcast(state.params, parallel.DATA, to="varying")
+    (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    grads = jax.lax.pmean(grads, parallel.DATA)
+    metrics = jax.lax.pmean({"loss": loss, **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    return new_state, {**metrics, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+
+  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
+  return jax.jit(step, donate_argnums=0)
+
+
+class _Preemption:
+  """Records SIGTERM so the loop can save the step it is on and stop cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+class Distillation:
+  """Everything a run needs, built and validated before any compute; `run()` then trains."""
+
+  def __init__(self, config, workdir: str, mesh=None):
+    if not workdir:
+      raise UserError("--workdir is required: the directory for checkpoints and metrics")
+    self.config, self.workdir = config, workdir
+    self.relations = losses.parse_relations(config.loss.relations)
+    self.teacher, teacher_params, self.tokenizer = load_teacher(config.teacher.path, config.dtype)
+    self.student = Encoder(student_config(config, self.teacher.config))
+    losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
+                                self.student.config.hidden_size)
+    self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
+    self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
+    if config.data.max_seq_length > self.teacher.config.max_position_embeddings:
+      raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the teacher's "
+                      f"{self.teacher.config.max_position_embeddings} positions: lower it")
+    self.mesh = mesh or parallel.make_mesh()
+    parallel.check_batch_divides(config.batch_size, self.mesh)
+    self.teacher_params = jax.device_put(teacher_params, parallel.replicated(self.mesh))
+    blocks = load_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
+    self.stream = BatchStream(blocks, config.batch_size, config.data.max_seq_length, self.tokenizer.pad_token_id,
+                              config.seed, jax.process_index(), jax.process_count(), config.data.corpus)
+    self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
+    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.relations,
+                                      config.loss.num_relation_heads, self.teacher_layer, self.student_layer, self.mesh)
+    self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+
+  def initial_state(self):
+    """The latest checkpoint's state and data position, or a fresh student at batch 0."""
+    rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
+    init = jax.jit(partial(init_state, self.student, self.tx), out_shardings=parallel.replicated(self.mesh))
+    if self.checkpoints.latest_step() is None:
+      return init(rng), 0
+    state, data, _ = self.checkpoints.restore(jax.eval_shape(init, rng))
+    return state, data["next_batch"]
+
+  def meta(self) -> dict:
+    return {"student": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
+
+  def run(self) -> TrainState:
+    config = self.config
+    if jax.process_index() == 0:
+      self.tokenizer.save_pretrained(os.path.join(self.workdir, TOKENIZER_DIR))
+    state, next_batch = self.initial_state()
+    start = int(state.step)
+    writer = MetricWriter(self.workdir)
+    preemption = _Preemption()
+    dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
+    seq_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+    bar = tqdm(total=config.num_steps, initial=start, desc="distill", unit="step", disable=jax.process_index() != 0)
+    try:
+      for step in range(start, config.num_steps):
+        local = self.stream.batch(next_batch)
+        seq_tokens += int(local["attention_mask"].sum()) * jax.process_count()
+        state, metrics = self.train_step(state, parallel.shard_batch(local, self.mesh), self.teacher_params, dropout_rng)
+        next_batch += 1
+        window_steps += 1
+        # One scalar per step comes back to the host: a non-finite loss must stop the run before it is saved.
+        loss = float(metrics["loss"])
+        if not np.isfinite(loss):
+          last = self.checkpoints.latest_step()
+          raise UserError(f"non-finite loss ({loss}) at step {step + 1}; the last good checkpoint (step {last}) is kept: "
+                          f"lower optimizer.lr or enable optimizer.clip_norm")
+        done = step + 1
+        bar.update(1)
+        if done % config.log_every == 0 or done == config.num_steps:
+          elapsed = time.perf_counter() - window_start
+          scalars = {**jax.device_get(metrics), "step_time_s": elapsed / window_steps, "tokens_per_s": seq_tokens / elapsed}
+          writer.write(done, scalars)
+          bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(scalars['lr']):.2e}")
+          seq_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+        if preemption.requested:
+          self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=True)
+          self.checkpoints.wait()
+          tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {self.workdir}; rerun the same command to resume")
+          return state
+        self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=done == config.num_steps)
+    finally:
+      bar.close()
+      preemption.restore()
+      self.checkpoints.wait()
+      writer.close()
+    return state

@@ -1,0 +1,23 @@
+"""Task-agnostic distillation: `python -m minilm_jax.train --config configs/<file>.py --workdir <dir> [--config.<field>=<value>]`.
+
+Rerunning the same command with the same workdir resumes from the latest complete checkpoint.
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from minilm_jax.distill.trainer import Distillation
+from minilm_jax.errors import run_program
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+  del argv
+  Distillation(_CONFIG.value, _WORKDIR.value).run()
+
+
+if __name__ == "__main__":
+  run_program(main)
