@@ -13,8 +13,13 @@ def run_program(main):
 
   try:
     argv = flags.FLAGS(sys.argv)
-  except (flags.Error, KeyError, AttributeError, ValueError) as e:
-    # ml_collections reports an unknown --config.<field> as KeyError/AttributeError from the parser.
+  except (KeyError, AttributeError) as e:
+    # ml_collections reports an unknown --config.<field> override as a KeyError/AttributeError.
+    field = str(e.args[0] if e.args else e).strip("'\"")
+    print(f"error: unknown config field {field!r} on the command line: check its spelling against the config file",
+          file=sys.stderr)
+    sys.exit(2)
+  except (flags.Error, ValueError) as e:
     print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
     sys.exit(2)
 

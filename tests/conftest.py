@@ -31,3 +31,60 @@ def minilm(minilm_dir):
 
   model, params = hf.load(minilm_dir)
   return model, params, hf.load_tokenizer(minilm_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory, minilm_dir):
+  """A 2-layer, 32-wide random BERT with the real all-MiniLM-L6-v2 tokenizer, as a Hugging Face directory."""
+  import torch
+  import transformers
+
+  from minilm_jax import hf
+
+  torch.manual_seed(0)
+  config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64, max_position_embeddings=64,
+                                   initializer_range=0.5)  # peaked attention: a teacher worth mimicking
+  path = str(tmp_path_factory.mktemp("tiny_teacher"))
+  transformers.BertModel(config).save_pretrained(path)
+  hf.load_tokenizer(minilm_dir).save_pretrained(path)
+  return path
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+  """The first 1,500 lines of the demo corpus (real English prose), as a text file."""
+  from minilm_jax.data.demo_corpus import write_demo_corpus
+
+  d = tmp_path_factory.mktemp("corpus")
+  lines = open(write_demo_corpus(str(d / "full.txt"))).read().split("\n")[:1500]
+  path = d / "tiny.txt"
+  path.write_text("\n".join(lines) + "\n")
+  return str(path)
+
+
+def tiny_config(teacher, corpus, **overrides):
+  """A distillation config small enough to run many steps in seconds on CPU."""
+  from minilm_jax.distill.config import base_config
+
+  c = base_config()
+  c.teacher.path = teacher
+  c.student.num_layers, c.student.hidden_size, c.student.num_heads, c.student.intermediate_size = 2, 16, 4, 32
+  c.student.dropout = 0.0
+  c.loss.num_relation_heads = 4
+  c.data.corpus = corpus
+  c.data.max_seq_length = 32
+  c.batch_size = 8
+  c.num_steps = 3
+  c.dtype = "float32"
+  c.optimizer.warmup_steps = 1
+  c.optimizer.lr = 1e-3
+  c.checkpoint.every = 1
+  c.log_every = 1
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c

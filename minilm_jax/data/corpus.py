@@ -16,7 +16,7 @@ from minilm_jax.errors import UserError
 _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def _load_raw(corpus: str, cache_dir: str) -> datasets.Dataset:
+def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   if corpus == "demo":
     files = [write_demo_corpus(os.path.join(cache_dir, "demo_corpus.txt"))]
   else:
@@ -24,7 +24,7 @@ def _load_raw(corpus: str, cache_dir: str) -> datasets.Dataset:
   local = [f for f in files if os.path.splitext(f)[1] in _BUILDERS or os.path.exists(f)]
   if not local:  # a hub dataset name
     try:
-      return datasets.load_dataset(corpus, split="train")
+      return datasets.load_dataset(corpus, subset or None, split="train")
     except Exception as e:  # offline, unknown name, ...: the hub's exception types vary by version
       raise UserError(f"data.corpus={corpus!r} is not a local file and could not be loaded from the hub "
                       f"({type(e).__name__}): pass local .txt/.json/.jsonl/.parquet files") from None
@@ -64,7 +64,7 @@ def pack_blocks(token_rows, block_len: int):
 
 def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
   """The corpus as a dataset with one column `input_ids`: packed blocks with [CLS] ... [SEP]."""
-  raw = _load_raw(data_config.corpus, cache_dir)
+  raw = _load_raw(data_config.corpus, data_config.corpus_config, cache_dir)
   column = data_config.text_column
   if column not in raw.column_names:
     raise UserError(f"corpus {data_config.corpus} has no column {column!r} (it has {raw.column_names}): set data.text_column")

@@ -32,6 +32,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when
   # online, or "demo" for English text harvested from the Python standard library's docstrings.
   c.data.corpus = "demo"
+  c.data.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
   c.data.text_column = "text"
   c.data.max_seq_length = 512
   c.data.num_proc = 1  # tokenisation processes
@@ -54,4 +55,31 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 3
 
   c.log_every = 100
+  return c
+
+
+def paper_config(teacher: str, num_layers: int, hidden_size: int, batch_size: int, lr: float,
+                 num_steps: int = 400_000, b2: float = 0.999) -> ml_collections.ConfigDict:
+  """A MiniLM paper run (section 4.1): 12 relation heads, max length 512, 4,000 warm-up steps then
+  linear decay, dropout 0.1, weight decay 0.01, bfloat16 compute. The corpus defaults to English
+  Wikipedia from the hub; point data.corpus at local Wikipedia + BookCorpus text files offline."""
+  c = base_config()
+  c.teacher.path = teacher
+  c.student.num_layers = num_layers
+  c.student.hidden_size = hidden_size
+  c.student.num_heads = 12
+  c.student.intermediate_size = 4 * hidden_size
+  c.batch_size = batch_size
+  c.optimizer.lr = lr
+  c.optimizer.b2 = b2
+  c.num_steps = num_steps
+  c.data.corpus = "wikimedia/wikipedia"
+  c.data.corpus_config = "20231101.en"
+  return c
+
+
+def multilingual(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Switches a paper config to an XLM-R teacher's model type and 250,002-token vocabulary."""
+  c.student.model_type = "xlm-roberta"
+  c.student.vocab_size = 250002
   return c

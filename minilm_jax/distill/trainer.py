@@ -10,6 +10,7 @@ checkpointed, never donated.
 import json
 import os
 import signal
+import sys
 import time
 from functools import partial
 
@@ -105,7 +106,7 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations,
     metrics = jax.lax.pmean({"loss": loss, **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-    return new_state, {**metrics, "grad_norm": optax.global_norm(grads), "lr": schedule(state.step)}
+    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
 
   step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
   return jax.jit(step, donate_argnums=0)
@@ -159,6 +160,10 @@ class Distillation:
     init = jax.jit(partial(init_state, self.student, self.tx), out_shardings=parallel.replicated(self.mesh))
     if self.checkpoints.latest_step() is None:
       return init(rng), 0
+    saved = self.checkpoints.read_meta()["student"]
+    if {**saved, "dtype": None} != {**self.student.config.to_dict(), "dtype": None}:
+      raise UserError(f"{self.workdir} holds a run of another student ({saved['num_layers']}x{saved['hidden_size']}): "
+                      f"use a new --workdir, or the config that run was started with")
     state, data, _ = self.checkpoints.restore(jax.eval_shape(init, rng))
     return state, data["next_batch"]
 
@@ -200,7 +205,8 @@ class Distillation:
         if preemption.requested:
           self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=True)
           self.checkpoints.wait()
-          tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {self.workdir}; rerun the same command to resume")
+          tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {self.workdir}; rerun the same command to resume",
+                     file=sys.stderr)
           return state
         self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=done == config.num_steps)
     finally:

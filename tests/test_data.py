@@ -1,0 +1,78 @@
+"""Corpus packing and the resumable batch stream."""
+
+import datasets
+import ml_collections
+import numpy as np
+import pytest
+
+from minilm_jax.data.corpus import BatchStream, load_blocks, pack_blocks
+from minilm_jax.errors import UserError
+
+
+def test_packing_respects_documents_and_lengths():
+  rows = [[1, 2], [3, 4, 5], [], [6], [7, 8, 9, 10, 11, 12, 13], [14]]
+  assert pack_blocks(rows, 5) == [[1, 2, 3, 4, 5], [6], [7, 8, 9, 10, 11], [12, 13, 14]]
+
+
+def test_packing_starts_a_new_block_when_the_next_sentence_does_not_fit():
+  assert pack_blocks([[1, 2, 3], [4, 5, 6]], 5) == [[1, 2, 3], [4, 5, 6]]
+
+
+def _config(corpus, max_len=32):
+  c = ml_collections.ConfigDict()
+  c.corpus, c.corpus_config, c.text_column, c.max_seq_length, c.num_proc = corpus, "", "text", max_len, 1
+  return c
+
+
+def test_blocks_are_bert_inputs_of_real_text(tiny_corpus, minilm, tmp_path):
+  *_, tokenizer = minilm
+  blocks = load_blocks(_config(tiny_corpus), tokenizer, str(tmp_path))
+  lengths = [len(b) for b in blocks["input_ids"]]
+  assert max(lengths) <= 32 and np.mean(lengths) > 20  # packing fills blocks
+  first = blocks[0]["input_ids"]
+  assert first[0] == tokenizer.cls_token_id and first[-1] == tokenizer.sep_token_id
+  text = tokenizer.decode(first[1:-1])
+  assert text.split()[0].isalpha()
+
+
+def test_json_corpus_with_another_column(minilm, tmp_path):
+  *_, tokenizer = minilm
+  path = tmp_path / "c.jsonl"
+  path.write_text('{"body": "One sentence of text."}\n{"body": "Another sentence follows it."}\n')
+  config = _config(str(path))
+  with pytest.raises(UserError, match="has no column 'text'"):
+    load_blocks(config, tokenizer, str(tmp_path))
+  config.text_column = "body"
+  assert len(load_blocks(config, tokenizer, str(tmp_path))) == 1
+
+
+def _stream(n=100, batch=8, seed=3, process_index=0, process_count=1):
+  blocks = datasets.Dataset.from_dict({"input_ids": [[101, i, 102] for i in range(n)]})
+  return BatchStream(blocks, batch, 6, 0, seed, process_index, process_count)
+
+
+def test_stream_is_a_function_of_seed_and_batch_index():
+  a, b = _stream(), _stream()
+  later_first = [b.batch(i)["input_ids"] for i in (30, 2)]  # random access, any order
+  np.testing.assert_array_equal(a.batch(2)["input_ids"], later_first[1])
+  np.testing.assert_array_equal(a.batch(30)["input_ids"], later_first[0])
+  assert not np.array_equal(_stream(seed=4).batch(2)["input_ids"], a.batch(2)["input_ids"])
+
+
+def test_each_epoch_visits_every_full_batch_of_blocks_once():
+  s = _stream()
+  seen = np.concatenate([s.batch(i)["input_ids"][:, 1] for i in range(s.batches_per_epoch)])
+  assert len(set(seen)) == len(seen) == 96
+  next_epoch = np.concatenate([s.batch(i)["input_ids"][:, 1] for i in range(12, 24)])
+  assert not np.array_equal(next_epoch, seen)  # reshuffled
+
+
+def test_processes_read_disjoint_slices_of_the_global_batch():
+  whole = _stream(batch=8).batch(5)["input_ids"]
+  parts = [_stream(batch=8, process_index=p, process_count=2).batch(5)["input_ids"] for p in range(2)]
+  np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_padding_and_mask():
+  b = _stream().batch(0)
+  assert b["input_ids"].shape == (8, 6) and b["attention_mask"][:, :3].all() and not b["attention_mask"][:, 3:].any()

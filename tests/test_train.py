@@ -1,0 +1,241 @@
+"""The distillation trainer: data-parallel step, resume, preemption, configs and bad input."""
+
+import glob
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from conftest import tiny_config
+from minilm_jax import checkpoint, parallel
+from minilm_jax.distill.trainer import Distillation, student_config
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import abstract_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _metrics(workdir):
+  """The last logged row of every step (a resumed run logs steps again from its checkpoint)."""
+  rows = {}
+  for line in open(os.path.join(workdir, "metrics.jsonl")):
+    row = json.loads(line)
+    rows[row["step"]] = row
+  return [rows[s] for s in sorted(rows)]
+
+
+def _final_params(workdir):
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  config = ckpt.read_meta()["student"]
+  from minilm_jax.models.encoder import EncoderConfig
+
+  params = ckpt.restore_params(abstract_params(EncoderConfig.from_dict(config)))
+  ckpt.close()
+  return params
+
+
+def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_path):
+  """8 devices (batch split 8 ways, explicit gradient mean) against 1 device, 3 steps. Adam hides a
+  constant gradient scale in the update, so the gradient norms are compared too: they catch a
+  gradient summed over devices instead of averaged."""
+  config = tiny_config(tiny_teacher, tiny_corpus)
+  results = {}
+  for n in (1, 8):
+    workdir = str(tmp_path / f"devices{n}")
+    state = Distillation(config, workdir, mesh=parallel.make_mesh(n)).run()
+    results[n] = (jax.device_get(state.params), _metrics(workdir))
+  (single, single_metrics), (sharded, sharded_metrics) = results[1], results[8]
+  single, sharded = (traverse_util.flatten_dict(p, sep="/") for p in (single, sharded))
+  for name in single:
+    # A key bias adds q.b to every key's score, which softmax ignores: its exact gradient is 0, and
+    # Adam scales the rounding noise it does get (which differs with the reduction order) to
+    # learning-rate-sized steps. Every other parameter must agree.
+    if not name.endswith("attention/key/bias"):
+      np.testing.assert_allclose(single[name], sharded[name], atol=2e-6, rtol=1e-5, err_msg=name)
+  assert [m["step"] for m in sharded_metrics] == [1, 2, 3]
+  for a, b in zip(single_metrics, sharded_metrics):
+    np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4)
+  assert single_metrics[-1]["loss"] < single_metrics[0]["loss"]
+
+
+def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_path):
+  config = tiny_config(tiny_teacher, tiny_corpus, dtype="bfloat16", num_steps=2)
+  run = Distillation(config, str(tmp_path / "bf16"))
+  state = run.run()
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
+  assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.opt_state) if x.ndim)
+  assert np.isfinite(_metrics(str(tmp_path / "bf16"))[-1]["loss"])
+
+
+def _train_cmd(workdir, *overrides):
+  return [sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "tests", "tiny_config.py"),
+          "--workdir", workdir, *overrides]
+
+
+def _env(tiny_teacher, tiny_corpus):
+  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.path.join(ROOT, "tests"))
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  return env
+
+
+def _wait_for(predicate, proc, timeout=120):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert proc.poll() is None, f"training exited early: {proc.stderr.read()[-2000:]}"
+    assert time.time() < deadline, "timed out waiting for the run"
+    time.sleep(0.05)
+
+
+def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
+  env = _env(tiny_teacher, tiny_corpus)
+  steps = ["--config.num_steps=60", "--config.checkpoint.every=5"]
+  straight = str(tmp_path / "straight")
+  subprocess.run(_train_cmd(straight, *steps), env=env, check=True, capture_output=True)
+
+  killed = str(tmp_path / "killed")
+  proc = subprocess.Popen(_train_cmd(killed, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  _wait_for(lambda: glob.glob(os.path.join(killed, "checkpoints", "1[05]")), proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  interrupted_at = checkpoint.RunCheckpoints(killed, read_only=True).latest_step()
+  assert interrupted_at is not None and interrupted_at < 60
+  subprocess.run(_train_cmd(killed, *steps), env=env, check=True, capture_output=True)
+
+  a, b = _metrics(straight), _metrics(killed)
+  assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 61))
+  # Same batches in the same order: every step's loss is the uninterrupted run's.
+  np.testing.assert_allclose([m["loss"] for m in b], [m["loss"] for m in a], rtol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), _final_params(straight), _final_params(killed))
+
+
+def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
+  workdir = str(tmp_path / "term")
+  proc = subprocess.Popen(_train_cmd(workdir, "--config.num_steps=100000", "--config.checkpoint.every=100000"),
+                          env=_env(tiny_teacher, tiny_corpus), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  _wait_for(lambda: os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3, proc)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-2000:]
+  assert "SIGTERM: saved the checkpoint of step" in err
+  last_logged = _metrics(workdir)[-1]["step"]
+  saved = checkpoint.RunCheckpoints(workdir, read_only=True).latest_step()
+  assert saved == last_logged and saved < 100000
+
+
+def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path):
+  """Teacher-assistant chain: teacher -> assistant (a run) -> student, the assistant read from its workdir."""
+  assistant = str(tmp_path / "assistant")
+  Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2}), assistant).run()
+  student = Distillation(tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8}),
+                         str(tmp_path / "student"))
+  assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), _final_params(assistant))
+  student.run()
+
+
+def _config_files():
+  return sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+@pytest.mark.parametrize("path", _config_files(), ids=os.path.basename)
+def test_every_config_builds(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  student = student_config(config)
+  shapes = abstract_params(student)
+  assert shapes["layer_0"]["attention"]["query"]["kernel"].shape == (config.student.hidden_size,) * 2
+  assert f"layer_{config.student.num_layers - 1}" in shapes
+  from minilm_jax.distill import losses
+
+  losses.parse_relations(config.loss.relations)
+  losses.check_relation_heads(config.loss.num_relation_heads, config.student.hidden_size)
+  assert config.teacher.path and config.batch_size > 0 and config.num_steps > 0
+
+
+def _one_line_error(cmd, env):
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1, proc.stderr[-2000:]
+  return lines[0]
+
+
+def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path):
+  line = _one_line_error(_train_cmd(str(tmp_path / "w"), "--config.optimizer.nope=1"), _env(tiny_teacher, tiny_corpus))
+  assert "nope" in line
+
+
+def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
+  line = _one_line_error(_train_cmd(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"),
+                         _env(tiny_teacher, tiny_corpus))
+  assert "does not exist" in line and "missing" in line
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_resuming_with_another_student_is_refused(tiny_teacher, tiny_corpus, tmp_path):
+  workdir = str(tmp_path / "w")
+  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=1), workdir).run()
+  with pytest.raises(UserError, match="holds a run of another student"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"student.hidden_size": 8}), workdir).run()
+
+
+def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
+  """The README's main job, shortened: the real teacher, the harvested corpus, the real program."""
+  workdir = str(tmp_path / "demo")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "configs", "demo.py"),
+                  "--workdir", workdir, "--config.num_steps=2", "--config.batch_size=4", "--config.log_every=1"],
+                 env=env, check=True, capture_output=True, cwd=str(tmp_path))
+  rows = _metrics(workdir)
+  assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
+  assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
+  meta = checkpoint.RunCheckpoints(workdir, read_only=True).read_meta()
+  teacher = json.load(open(os.path.join(minilm_dir, "config.json")))
+  # At most half the teacher's Transformer parameters: same width, half the layers.
+  assert meta["student"]["num_layers"] * 2 <= teacher["num_hidden_layers"]
+  assert meta["student"]["hidden_size"] == teacher["hidden_size"]
+  assert os.path.exists(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+
+
+def test_relation_heads_that_do_not_divide(tiny_teacher, tiny_corpus, tmp_path):
+  with pytest.raises(UserError, match="does not divide hidden size"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.num_relation_heads": 5}), str(tmp_path / "w"))
+
+
+def test_empty_corpus(tiny_teacher, tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n\n")
+  with pytest.raises(UserError, match="fewer than one batch"):
+    Distillation(tiny_config(tiny_teacher, str(empty)), str(tmp_path / "w"))
+
+
+def test_missing_corpus_file(tiny_teacher, tmp_path):
+  with pytest.raises(UserError, match="does not exist"):
+    Distillation(tiny_config(tiny_teacher, str(tmp_path / "nope.txt")), str(tmp_path / "w"))
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_teacher, tiny_corpus, tmp_path):
+  workdir = str(tmp_path / "nan")
+  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2), workdir).run()
+  good = _final_params(workdir)
+  # An absurd learning rate blows the student up on the next steps.
+  blowup = tiny_config(tiny_teacher, tiny_corpus, num_steps=50, **{"optimizer.lr": 1e30, "optimizer.warmup_steps": 0})
+  with pytest.raises(UserError, match=r"non-finite loss .* at step \d+; the last good checkpoint \(step \d+\) is kept"):
+    Distillation(blowup, workdir).run()
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  kept = ckpt.latest_step()
+  params = ckpt.restore_params(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), good), kept)
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
