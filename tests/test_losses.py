@@ -124,3 +124,21 @@ def test_bad_relation_specs_are_one_line_errors():
     losses.parse_relations("qx")
   with pytest.raises(UserError, match="does not divide hidden size 384"):
     losses.check_relation_heads(256, 768, 384)
+
+
+@pytest.mark.parametrize("query_chunk", [1, 4, 9, 16])  # 4 leaves a partial last chunk of 9 rows
+def test_chunked_loss_equals_full_loss_and_gradient(query_chunk):
+  rng = np.random.default_rng(5)
+  t = _layer(_random_layer(rng, 3, 12, 9, 8, scale=2.0))
+  s = _layer(_random_layer(rng, 3, 6, 9, 8))
+  mask = jnp.asarray(MASK)
+
+  def total(student, chunk):
+    return sum(losses.minilm_loss(t, student, mask, ("qk", "vv", "kk"), 4, query_chunk=chunk).values())
+
+  full, full_grad = jax.value_and_grad(total)(s, 0)
+  chunked, chunked_grad = jax.jit(jax.value_and_grad(total), static_argnums=1)(s, query_chunk)
+  np.testing.assert_allclose(float(chunked), float(full), rtol=1e-6)
+  for name in "qkv":
+    np.testing.assert_allclose(np.asarray(getattr(chunked_grad, name)), np.asarray(getattr(full_grad, name)),
+                               atol=1e-7, rtol=1e-5)

@@ -27,6 +27,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss = ml_collections.ConfigDict()
   c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
   c.loss.num_relation_heads = 12
+  # > 0: compute relations this many query rows at a time, so the [batch, A_r, L, L] relation
+  # tensors never live whole (same loss and gradient; for long sequences on memory-bound devices).
+  c.loss.query_chunk = 0
 
   c.data = ml_collections.ConfigDict()
   # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when

@@ -46,34 +46,84 @@ def relation_heads(x_BxHxLxK, num_relation_heads):
   return split_heads(merge_heads(x_BxHxLxK), num_relation_heads)
 
 
-def relation_log_probs(x_BxHxLxK, y_BxHxLxK, mask_BxL, num_relation_heads):
-  """log softmax(X Y^T / sqrt(d_r)) over keys, padding keys masked: [B, A_r, L, L], float32."""
-  x = relation_heads(x_BxHxLxK, num_relation_heads).astype(jnp.float32)
-  y = relation_heads(y_BxHxLxK, num_relation_heads).astype(jnp.float32)
-  logits = jnp.einsum("bhqd,bhkd->bhqk", x, y) / jnp.sqrt(jnp.float32(x.shape[-1]))
+def _log_probs(x_BxAxQxD, y_BxAxLxD, mask_BxL):
+  """log softmax(X Y^T / sqrt(d_r)) over keys, padding keys masked: [B, A_r, Q, L], float32."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", x_BxAxQxD, y_BxAxLxD) / jnp.sqrt(jnp.float32(x_BxAxQxD.shape[-1]))
   logits = jnp.where(mask_BxL[:, None, None, :].astype(bool), logits, MASK_VALUE)
   return jax.nn.log_softmax(logits, axis=-1)
 
 
+def relation_log_probs(x_BxHxLxK, y_BxHxLxK, mask_BxL, num_relation_heads):
+  """The whole relation of two projections as log-probabilities: [B, A_r, L, L], float32."""
+  x = relation_heads(x_BxHxLxK, num_relation_heads).astype(jnp.float32)
+  y = relation_heads(y_BxHxLxK, num_relation_heads).astype(jnp.float32)
+  return _log_probs(x, y, mask_BxL)
+
+
+def _row_kl(teacher_logp, student_logp):
+  """KL(teacher || student) of every query row; keys where the teacher's probability is 0
+  (padding) contribute exactly 0."""
+  p = jnp.exp(teacher_logp)
+  return jnp.sum(jnp.where(p > 0, p * (teacher_logp - student_logp), 0.0), axis=-1)
+
+
+def _normalise(kl_sum_B, num_relation_heads, mask_BxL):
+  """Sum of row KLs per example -> average over relation heads and real query tokens, then over the batch."""
+  num_real = jnp.maximum(mask_BxL.astype(jnp.float32).sum(-1), 1.0)
+  return jnp.mean(kl_sum_B / (num_relation_heads * num_real))
+
+
 def relation_kl(teacher_logp, student_logp, mask_BxL):
   """KL(teacher || student) per query row, averaged over relation heads and real query tokens of
-  each example, then over the batch. Rows of padding queries are left out; keys where the teacher's
-  probability is 0 (padding) contribute exactly 0."""
-  p = jnp.exp(teacher_logp)
-  kl_BxAxL = jnp.sum(jnp.where(p > 0, p * (teacher_logp - student_logp), 0.0), axis=-1)
-  mask = mask_BxL.astype(jnp.float32)
-  num_heads = teacher_logp.shape[1]
-  per_example = jnp.sum(kl_BxAxL * mask[:, None, :], axis=(1, 2)) / (num_heads * jnp.maximum(mask.sum(-1), 1.0))
-  return jnp.mean(per_example)
+  each example, then over the batch. Rows of padding queries are left out."""
+  kl_BxAxL = _row_kl(teacher_logp, student_logp)
+  kl_sum = jnp.sum(kl_BxAxL * mask_BxL.astype(jnp.float32)[:, None, :], axis=(1, 2))
+  return _normalise(kl_sum, teacher_logp.shape[1], mask_BxL)
 
 
-def minilm_loss(teacher: LayerOutput, student: LayerOutput, mask_BxL, relations, num_relation_heads):
-  """One KL term per relation, e.g. {"qk": ..., "vv": ...}; the total loss is their sum (eq. 10)."""
+def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, query_chunk):
+  """The same value and gradient as `relation_kl` of the full relations, computed `query_chunk`
+  query rows at a time. Each chunk is rematerialised in the backward pass, so no
+  [B, A_r, L, L] tensor of teacher or student is ever alive whole: peak memory grows with
+  B * A_r * query_chunk * L instead of B * A_r * L * L."""
+  (tx, ty), (sx, sy) = [[relation_heads(z, num_relation_heads).astype(jnp.float32) for z in pair]
+                        for pair in (teacher_xy, student_xy)]
+  length = mask_BxL.shape[1]
+  num_chunks = -(-length // query_chunk)
+  pad = num_chunks * query_chunk - length
+  query_mask = jnp.pad(mask_BxL.astype(jnp.float32), ((0, 0), (0, pad)))  # padded query rows weigh 0
+
+  def chunks(x_BxAxLxD):  # [B, A, L, D] -> [num_chunks, B, A, chunk, D]
+    b, a, _, d = x_BxAxLxD.shape
+    x = jnp.pad(x_BxAxLxD, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    return x.reshape(b, a, num_chunks, query_chunk, d).transpose(2, 0, 1, 3, 4)
+
+  @jax.checkpoint
+  def chunk_kl(tx_c, sx_c, qmask_c):
+    kl_BxAxC = _row_kl(_log_probs(tx_c, ty, mask_BxL), _log_probs(sx_c, sy, mask_BxL))
+    return jnp.sum(kl_BxAxC * qmask_c[:, None, :], axis=(1, 2))
+
+  def body(total_B, inputs):
+    return total_B + chunk_kl(*inputs), None
+
+  qmask_chunks = query_mask.reshape(-1, num_chunks, query_chunk).transpose(1, 0, 2)
+  kl_sum, _ = jax.lax.scan(body, jnp.zeros(mask_BxL.shape[0], jnp.float32), (chunks(tx), chunks(sx), qmask_chunks))
+  return _normalise(kl_sum, num_relation_heads, mask_BxL)
+
+
+def minilm_loss(teacher: LayerOutput, student: LayerOutput, mask_BxL, relations, num_relation_heads,
+                query_chunk: int = 0):
+  """One KL term per relation, e.g. {"qk": ..., "vv": ...}; the total loss is their sum (eq. 10).
+  `query_chunk` > 0 computes each relation that many query rows at a time (same value, bounded memory)."""
   teacher = jax.lax.stop_gradient(teacher)
   terms = {}
   for rel in relations:
-    a, b = rel
-    t = relation_log_probs(getattr(teacher, a), getattr(teacher, b), mask_BxL, num_relation_heads)
-    s = relation_log_probs(getattr(student, a), getattr(student, b), mask_BxL, num_relation_heads)
-    terms[rel] = relation_kl(t, s, mask_BxL)
+    t_xy = (getattr(teacher, rel[0]), getattr(teacher, rel[1]))
+    s_xy = (getattr(student, rel[0]), getattr(student, rel[1]))
+    if query_chunk:
+      terms[rel] = chunked_relation_kl(t_xy, s_xy, mask_BxL, num_relation_heads, query_chunk)
+    else:
+      t = relation_log_probs(*t_xy, mask_BxL, num_relation_heads)
+      s = relation_log_probs(*s_xy, mask_BxL, num_relation_heads)
+      terms[rel] = relation_kl(t, s, mask_BxL)
   return terms

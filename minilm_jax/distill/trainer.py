@@ -81,7 +81,7 @@ def init_state(student: Encoder, tx, rng) -> TrainState:
 
 
 def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations, num_relation_heads,
-                    teacher_layer: int, student_layer: int, mesh):
+                    teacher_layer: int, student_layer: int, mesh, query_chunk: int = 0):
   """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated."""
 
   def per_device(state, batch, teacher_params, rng):
@@ -94,7 +94,7 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations,
     def loss_fn(params):
       s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs={"dropout": dropout_rng},
                             num_layers=student_layer + 1)
-      terms = losses.minilm_loss(t_layer, s_out.layers[student_layer], mask, relations, num_relation_heads)
+      terms = losses.minilm_loss(t_layer, s_out.layers[student_layer], mask, relations, num_relation_heads, query_chunk)
       return sum(terms.values()), terms
 
     # Cast the replicated parameters to device-varying: their gradient is then this device's own,
@@ -151,7 +151,8 @@ class Distillation:
                               config.seed, jax.process_index(), jax.process_count(), config.data.corpus)
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
     self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.relations,
-                                      config.loss.num_relation_heads, self.teacher_layer, self.student_layer, self.mesh)
+                                      config.loss.num_relation_heads, self.teacher_layer, self.student_layer, self.mesh,
+                                      config.loss.query_chunk)
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 
   def initial_state(self):

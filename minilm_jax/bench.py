@@ -1,0 +1,44 @@
+"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory> [--json FILE] [--repeats N] [--dtype D]`.
+
+Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
+a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
+"""
+
+import json
+
+from absl import flags
+
+from minilm_jax.benchmarks import distill, inference, memory
+from minilm_jax.errors import UserError, run_program
+
+SUITES = {
+    "distill": lambda: distill.run(_REPEATS.value, _DTYPE.value),
+    "inference": lambda: inference.run(_REPEATS.value, _DTYPE.value),
+    "memory": lambda: memory.run(),
+}
+_JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
+
+
+def format_table(rows) -> str:
+  columns = list(rows[0])
+  cell = lambda v: f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
+  lines = [[cell(r[c]) for c in columns] for r in rows]
+  widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(columns)]
+  fmt = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))
+  return "\n".join([fmt(columns), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines])
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] not in SUITES:
+    raise UserError(f"name one suite: python -m minilm_jax.bench <{'|'.join(SUITES)}> [--json FILE]")
+  rows = SUITES[argv[1]]()
+  print(format_table(rows))
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+  run_program(main)

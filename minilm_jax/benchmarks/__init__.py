@@ -1,0 +1,1 @@
+"""Benchmark suites of `python -m minilm_jax.bench`: each returns a list of row dicts."""

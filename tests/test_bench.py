@@ -1,0 +1,69 @@
+"""Benchmark correctness (never timings): the PyTorch reference computes our loss, the teacher's
+unused layers cost nothing, and the program writes the rows it prints."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from minilm_jax import parallel
+from minilm_jax.benchmarks import distill, memory
+from minilm_jax.distill import losses
+from minilm_jax.distill.trainer import init_state, make_optimizer, make_train_step
+from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
+
+
+def test_reference_loss_is_ours():
+  rng = np.random.default_rng(0)
+  t = {n: rng.standard_normal((2, 12, 7, 8)).astype(np.float32) for n in "qkv"}
+  s = {n: rng.standard_normal((2, 12, 7, 4)).astype(np.float32) for n in "qkv"}
+  mask = np.array([[1] * 7, [1] * 4 + [0] * 3])
+  ours = losses.minilm_loss(LayerOutput(**{n: jnp.asarray(x) for n, x in t.items()}, attention=None, hidden=None),
+                            LayerOutput(**{n: jnp.asarray(x) for n, x in s.items()}, attention=None, hidden=None),
+                            jnp.asarray(mask), ("qk", "vv"), 12)
+  merged = lambda d, n: torch.tensor(np.asarray(merge_heads(jnp.asarray(d[n]))))  # what the hooks capture
+  m = torch.tensor(mask).bool()
+  qk = distill._torch_relation_kl(merged(t, "q"), merged(t, "k"), merged(s, "q"), merged(s, "k"), m, 12)
+  vv = distill._torch_relation_kl(merged(t, "v"), merged(t, "v"), merged(s, "v"), merged(s, "v"), m, 12)
+  np.testing.assert_allclose(qk.item(), float(ours["qk"]), rtol=1e-5)
+  np.testing.assert_allclose(vv.item(), float(ours["vv"]), rtol=1e-5)
+
+
+def _step_flops(teacher_config, teacher_layer):
+  mesh = parallel.make_mesh(1)
+  student = Encoder(EncoderConfig(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32))
+  tx, schedule = make_optimizer(distill.OPTIMIZER, 10)
+  step = make_train_step(Encoder(teacher_config), student, tx, schedule, ("qk", "vv"), 4, teacher_layer, 1, mesh)
+  state = jax.eval_shape(lambda: init_state(student, tx, jax.random.key(0)))
+  teacher_params = jax.eval_shape(lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  batch = {k: jax.ShapeDtypeStruct((4, 16), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+  return step.lower(state, batch, teacher_params, jax.random.key(0)).compile().cost_analysis()["flops"]
+
+
+def test_teacher_layers_above_the_distilled_one_cost_nothing():
+  deep = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=6, num_heads=4, intermediate_size=64)
+  reading_layer_1 = _step_flops(deep, teacher_layer=1)
+  assert reading_layer_1 == _step_flops(deep.replace(num_layers=2), teacher_layer=1)
+  assert _step_flops(deep, teacher_layer=5) > 1.5 * reading_layer_1
+
+
+def test_bench_memory_writes_the_rows_it_prints(tmp_path):
+  rows = memory.run(batch_size=2, query_chunk=16, seq_lens=(64,))
+  assert set(rows[0]) >= {"seq_len", "full_bytes", "chunked_bytes"} and rows[0]["chunked_bytes"] < rows[0]["full_bytes"]
+  out = tmp_path / "mem.json"
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "memory", "--json", str(out)], capture_output=True,
+                        text=True, check=True)
+  written = json.loads(out.read_text())
+  assert [r["seq_len"] for r in written] == [128, 256, 512]
+  assert "chunked_bytes" in proc.stdout.splitlines()[0]
+  # The issue's bound: at length 512 the chunked loss needs at most a quarter of the full loss's memory.
+  assert written[-1]["chunked_bytes"] <= written[-1]["full_bytes"] / 4
+
+
+def test_bench_unknown_suite_is_one_line_error():
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
