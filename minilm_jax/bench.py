@@ -9,6 +9,7 @@ import json
 from absl import flags
 
 from minilm_jax.benchmarks import distill, inference, memory
+from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError, run_program
 
 SUITES = {
@@ -19,15 +20,6 @@ SUITES = {
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
-
-
-def format_table(rows) -> str:
-  columns = list(rows[0])
-  cell = lambda v: f"{v:.4g}" if isinstance(v, float) else ("-" if v is None else str(v))
-  lines = [[cell(r[c]) for c in columns] for r in rows]
-  widths = [max(len(c), *(len(l[i]) for l in lines)) for i, c in enumerate(columns)]
-  fmt = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths))
-  return "\n".join([fmt(columns), fmt(["-" * w for w in widths])] + [fmt(l) for l in lines])
 
 
 def main(argv):

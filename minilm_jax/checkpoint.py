@@ -27,8 +27,10 @@ def is_run(path: str) -> bool:
 class RunCheckpoints:
 
   def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False):
-    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep, read_only=read_only,
-                                           enable_async_checkpointing=not read_only, create=not read_only)
+    if read_only:
+      options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False)
+    else:
+      options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep)
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)
 
   def latest_step(self):

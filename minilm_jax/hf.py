@@ -46,6 +46,12 @@ _PARAM_TABLE = (
     ("pooler/kernel", "pooler.dense.weight", "linear"),
     ("pooler/bias", "pooler.dense.bias", "copy"),
 )
+# Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
+_HEAD_TABLE = {
+    "classification": (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
+    "span": (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
+}
+_HEAD_ARCHITECTURES = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering"}
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
 _MODEL_PREFIXES = ("bert.", "roberta.")
@@ -167,23 +173,50 @@ def load(model_dir: str, dtype: str = "float32"):
   return Encoder(config), params
 
 
-def to_hf_tensors(config: EncoderConfig, params) -> dict:
-  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+def _convert(flat, pairs):
   out = {}
-  for ours, theirs, kind in _name_pairs(config.num_layers):
+  for ours, theirs, kind in pairs:
     value = np.asarray(flat[ours], np.float32)
     out[theirs] = np.ascontiguousarray(value.T if kind == "linear" else value)
   return out
 
 
-def save(out_dir: str, config: EncoderConfig, params, tokenizer=None):
-  """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`."""
+def to_hf_tensors(config: EncoderConfig, params, head: dict = None) -> dict:
+  """Hugging Face tensors of encoder params, or of task-model params ({"encoder": ..., <head>: ...})."""
+  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  if head is None:
+    return _convert(flat, _name_pairs(config.num_layers))
+  encoder = {k[len("encoder/"):]: v for k, v in flat.items() if k.startswith("encoder/")}
+  tensors = {"bert." + k: v for k, v in _convert(encoder, _name_pairs(config.num_layers)).items()}
+  tensors.update(_convert(flat, _HEAD_TABLE[head["kind"]]))
+  return tensors
+
+
+def config_with_head(config: EncoderConfig, head: dict = None) -> dict:
+  d = config_to_hf(config)
+  if head is None:
+    return d
+  d["architectures"] = [_HEAD_ARCHITECTURES[head["kind"]]]
+  if head["kind"] == "classification":
+    labels = head.get("labels") or [f"LABEL_{i}" for i in range(head["num_labels"])]
+    d.update(num_labels=head["num_labels"], id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
+             problem_type="regression" if head["num_labels"] == 1 else "single_label_classification")
+  return d
+
+
+def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict = None):
+  """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
+  `head` ({"kind": "classification", "num_labels": n, "labels": [...]} or {"kind": "span"}), `params`
+  are a task model's and the directory loads as BertForSequenceClassification / BertForQuestionAnswering."""
   from safetensors.numpy import save_file
 
+  if head is not None and config.model_type != "bert":
+    raise UserError(f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
+                    f"from BERT's): export the encoder alone")
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(config_to_hf(config), f, indent=2)
-  save_file(to_hf_tensors(config, params), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    json.dump(config_with_head(config, head), f, indent=2)
+  save_file(to_hf_tensors(config, params, head), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
   if tokenizer is not None:
     tokenizer.save_pretrained(out_dir)
 

@@ -1,4 +1,12 @@
-"""Device mesh and batch placement: the same code on one CPU, 8 fake devices, or a pod."""
+"""Device mesh, parameter sharding rules and batch placement: the same code on one CPU, 8 fake devices, or a pod.
+
+The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style: Q/K/V
+and the first feed-forward matrix by output column, the attention output and second feed-forward
+matrix by input row, the word embeddings by vocabulary row). Distillation uses `data` only;
+fine-tuning and evaluation use both through `jax.jit` shardings.
+"""
+
+import re
 
 import jax
 import numpy as np
@@ -6,16 +14,49 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from minilm_jax.errors import UserError
 
-DATA = "data"
+DATA, MODEL = "data", "model"
+_COLUMN_PARALLEL = re.compile(r"(attention/(query|key|value)|intermediate)/(kernel|bias)$")
+_ROW_PARALLEL = re.compile(r"(attention/output|layer_\d+/output)/kernel$")
+_VOCAB_PARALLEL = re.compile(r"word_embeddings/embedding$")
 
 
-def make_mesh(num_devices: int = -1) -> Mesh:
-  """A 1-D mesh over `num_devices` devices (-1: all of them, across every process) with axis `data`."""
+def make_mesh(num_data: int = -1, num_model: int = 1) -> Mesh:
+  """A `data` x `model` mesh; num_data -1 takes every device (of every process) left after `model`."""
   devices = jax.devices()
-  n = len(devices) if num_devices == -1 else num_devices
-  if not 0 < n <= len(devices):
-    raise UserError(f"mesh asks for {num_devices} devices but {len(devices)} are available: use -1 for all")
-  return Mesh(np.asarray(devices[:n]), (DATA,))
+  if num_model < 1 or len(devices) % num_model:
+    raise UserError(f"mesh.model={num_model} does not divide the {len(devices)} devices: choose a divisor")
+  n = len(devices) // num_model if num_data == -1 else num_data
+  if not 0 < n * num_model <= len(devices):
+    raise UserError(f"mesh asks for {num_data} x {num_model} devices but {len(devices)} are available: use -1 for all")
+  return Mesh(np.asarray(devices[:n * num_model]).reshape(n, num_model), (DATA, MODEL))
+
+
+def _spec(path: str, shape, mesh: Mesh) -> P:
+  """Where a parameter (or its optimizer moments, whose paths end the same) lives on the mesh."""
+  model = mesh.shape[MODEL]
+  if model == 1 or not shape:
+    return P()
+  if _COLUMN_PARALLEL.search(path):
+    spec = (None,) * (len(shape) - 1) + (MODEL,)
+  elif _ROW_PARALLEL.search(path) or _VOCAB_PARALLEL.search(path):
+    spec = (MODEL,) + (None,) * (len(shape) - 1)
+  else:
+    return P()
+  axis = spec.index(MODEL)
+  return P(*spec) if shape[axis] % model == 0 else P()
+
+
+def tree_shardings(abstract_tree, mesh: Mesh):
+  """NamedShardings for a tree of parameters or train state, by the rules above."""
+  def sharding(path, leaf):
+    name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+    return NamedSharding(mesh, _spec(name, getattr(leaf, "shape", ()), mesh))
+
+  return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(DATA))
 
 
 def check_batch_divides(global_batch: int, mesh: Mesh):
@@ -31,5 +72,5 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def shard_batch(local_batch: dict, mesh: Mesh) -> dict:
   """This process's rows of a global batch -> global arrays sharded over `data`."""
-  sharding = NamedSharding(mesh, P(DATA))
+  sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}

@@ -13,7 +13,8 @@ import torch
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, memory
 from minilm_jax.distill import losses
-from minilm_jax.distill.trainer import init_state, make_optimizer, make_train_step
+from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
 
 

@@ -5,7 +5,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from minilm_jax.data.corpus import BatchStream, load_blocks, pack_blocks
+from functools import partial
+
+from minilm_jax.data.corpus import BatchStream, load_blocks, pack_blocks, pad_blocks
 from minilm_jax.errors import UserError
 
 
@@ -48,7 +50,7 @@ def test_json_corpus_with_another_column(minilm, tmp_path):
 
 def _stream(n=100, batch=8, seed=3, process_index=0, process_count=1):
   blocks = datasets.Dataset.from_dict({"input_ids": [[101, i, 102] for i in range(n)]})
-  return BatchStream(blocks, batch, 6, 0, seed, process_index, process_count)
+  return BatchStream(blocks, batch, seed, partial(pad_blocks, seq_len=6, pad_id=0), process_index, process_count)
 
 
 def test_stream_is_a_function_of_seed_and_batch_index():

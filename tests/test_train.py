@@ -15,7 +15,7 @@ import pytest
 from flax import traverse_util
 
 from conftest import tiny_config
-from minilm_jax import checkpoint, parallel
+from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.distill.trainer import Distillation, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import abstract_params
@@ -33,13 +33,7 @@ def _metrics(workdir):
 
 
 def _final_params(workdir):
-  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
-  config = ckpt.read_meta()["student"]
-  from minilm_jax.models.encoder import EncoderConfig
-
-  params = ckpt.restore_params(abstract_params(EncoderConfig.from_dict(config)))
-  ckpt.close()
-  return params
+  return runs.read_run(workdir)[2]
 
 
 def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_path):
@@ -205,8 +199,8 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   meta = checkpoint.RunCheckpoints(workdir, read_only=True).read_meta()
   teacher = json.load(open(os.path.join(minilm_dir, "config.json")))
   # At most half the teacher's Transformer parameters: same width, half the layers.
-  assert meta["student"]["num_layers"] * 2 <= teacher["num_hidden_layers"]
-  assert meta["student"]["hidden_size"] == teacher["hidden_size"]
+  assert meta["encoder"]["num_layers"] * 2 <= teacher["num_hidden_layers"]
+  assert meta["encoder"]["hidden_size"] == teacher["hidden_size"]
   assert os.path.exists(os.path.join(workdir, "tokenizer", "tokenizer.json"))
 
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from minilm_jax import hf, parallel
 from minilm_jax.benchmarks.timing import block, median_seconds, peak_flops
-from minilm_jax.distill.trainer import init_state, make_optimizer, make_train_step
+from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
 

@@ -84,35 +84,46 @@ def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
   return blocks
 
 
+def pad_blocks(rows: dict, seq_len: int, pad_id: int) -> dict:
+  """Packed blocks -> BERT inputs of length `seq_len` (padding masked out)."""
+  blocks = rows["input_ids"]
+  ids = np.full((len(blocks), seq_len), pad_id, np.int32)
+  mask = np.zeros((len(blocks), seq_len), np.int32)
+  for j, row in enumerate(blocks):
+    ids[j, :len(row)] = row
+    mask[j, :len(row)] = 1
+  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def stack_columns(rows: dict) -> dict:
+  """Fixed-length features (already padded) -> one array per column."""
+  return {k: np.asarray(v) for k, v in rows.items()}
+
+
 class BatchStream:
   """Global batch `b` is a fixed function of (seed, b): the stream resumes at any batch index
-  without replaying earlier ones. Each epoch is a fresh permutation of the blocks (the last partial
-  batch of an epoch is dropped); each process reads only its own rows of every global batch."""
+  without replaying earlier ones. Each epoch is a fresh permutation of the rows (the last partial
+  batch of an epoch is dropped); each process reads only its own rows of every global batch, and
+  `collate` turns them into arrays."""
 
-  def __init__(self, blocks: datasets.Dataset, global_batch: int, seq_len: int, pad_id: int, seed: int,
-               process_index: int = 0, process_count: int = 1, corpus_name: str = ""):
-    if len(blocks) < global_batch:
-      raise UserError(f"corpus {corpus_name} gives {len(blocks)} blocks, fewer than one batch of {global_batch}: "
-                      f"add text or lower batch_size")
-    self.blocks, self.global_batch, self.seq_len, self.pad_id, self.seed = blocks, global_batch, seq_len, pad_id, seed
+  def __init__(self, rows: datasets.Dataset, global_batch: int, seed: int, collate, process_index: int = 0,
+               process_count: int = 1, name: str = ""):
+    if len(rows) < global_batch:
+      raise UserError(f"{name} gives {len(rows)} examples, fewer than one batch of {global_batch}: "
+                      f"add data or lower the batch size")
+    self.rows, self.global_batch, self.seed, self.collate = rows, global_batch, seed, collate
     self.local_batch = global_batch // process_count
     self.offset = process_index * self.local_batch
-    self.batches_per_epoch = len(blocks) // global_batch
+    self.batches_per_epoch = len(rows) // global_batch
     self._epoch, self._order = None, None
 
   def indices(self, b: int) -> np.ndarray:
     """Row indices of this process's part of global batch `b`."""
     epoch, i = divmod(b, self.batches_per_epoch)
     if epoch != self._epoch:
-      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
     start = i * self.global_batch + self.offset
     return self._order[start:start + self.local_batch]
 
   def batch(self, b: int) -> dict:
-    rows = self.blocks[self.indices(b)]["input_ids"]
-    ids = np.full((len(rows), self.seq_len), self.pad_id, np.int32)
-    mask = np.zeros((len(rows), self.seq_len), np.int32)
-    for j, row in enumerate(rows):
-      ids[j, :len(row)] = row
-      mask[j, :len(row)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return self.collate(self.rows[self.indices(b)])

@@ -9,34 +9,20 @@ checkpointed, never donated.
 
 import json
 import os
-import signal
-import sys
-import time
 from functools import partial
 
-import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from flax import traverse_util
 from jax.sharding import PartitionSpec as P
-from tqdm import tqdm
 
-from minilm_jax import checkpoint, parallel
-from minilm_jax.data.corpus import BatchStream, load_blocks
+from minilm_jax import checkpoint, parallel, runs
+from minilm_jax.data.corpus import BatchStream, load_blocks, pad_blocks
 from minilm_jax.distill import losses
-from minilm_jax.distill.teacher import TOKENIZER_DIR, load_teacher
 from minilm_jax.errors import UserError
-from minilm_jax.metrics import MetricWriter
+from minilm_jax.loop import train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: dict
-  opt_state: optax.OptState
+from minilm_jax.train_state import TrainState, make_optimizer
 
 
 def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
@@ -56,23 +42,6 @@ def resolve_layer(index: int, num_layers: int, what: str) -> int:
   if not -num_layers <= index < num_layers:
     raise UserError(f"{what}={index} but the model has {num_layers} layers: use 0..{num_layers - 1} or -1 for the last")
   return index % num_layers
-
-
-def make_optimizer(opt, num_steps: int):
-  """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as BERT)."""
-  warmup = min(opt.warmup_steps, num_steps)
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, opt.lr, max(warmup, 1)), optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1))],
-      [warmup])
-
-  def decay_mask(params):
-    flat = traverse_util.flatten_dict(params)
-    return traverse_util.unflatten_dict({k: k[-1] in ("kernel", "embedding") for k in flat})
-
-  tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask)
-  if opt.clip_norm > 0:
-    tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
-  return tx, schedule
 
 
 def init_state(student: Encoder, tx, rng) -> TrainState:
@@ -112,20 +81,6 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations,
   return jax.jit(step, donate_argnums=0)
 
 
-class _Preemption:
-  """Records SIGTERM so the loop can save the step it is on and stop cleanly."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    self.requested = True
-
-  def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
-
-
 class Distillation:
   """Everything a run needs, built and validated before any compute; `run()` then trains."""
 
@@ -134,7 +89,8 @@ class Distillation:
       raise UserError("--workdir is required: the directory for checkpoints and metrics")
     self.config, self.workdir = config, workdir
     self.relations = losses.parse_relations(config.loss.relations)
-    self.teacher, teacher_params, self.tokenizer = load_teacher(config.teacher.path, config.dtype)
+    teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
+    self.teacher = Encoder(teacher_config)
     self.student = Encoder(student_config(config, self.teacher.config))
     losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
                                 self.student.config.hidden_size)
@@ -147,8 +103,9 @@ class Distillation:
     parallel.check_batch_divides(config.batch_size, self.mesh)
     self.teacher_params = jax.device_put(teacher_params, parallel.replicated(self.mesh))
     blocks = load_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
-    self.stream = BatchStream(blocks, config.batch_size, config.data.max_seq_length, self.tokenizer.pad_token_id,
-                              config.seed, jax.process_index(), jax.process_count(), config.data.corpus)
+    collate = partial(pad_blocks, seq_len=config.data.max_seq_length, pad_id=self.tokenizer.pad_token_id)
+    self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
+                              f"corpus {config.data.corpus}")
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
     self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.relations,
                                       config.loss.num_relation_heads, self.teacher_layer, self.student_layer, self.mesh,
@@ -161,7 +118,7 @@ class Distillation:
     init = jax.jit(partial(init_state, self.student, self.tx), out_shardings=parallel.replicated(self.mesh))
     if self.checkpoints.latest_step() is None:
       return init(rng), 0
-    saved = self.checkpoints.read_meta()["student"]
+    saved = self.checkpoints.read_meta()["encoder"]
     if {**saved, "dtype": None} != {**self.student.config.to_dict(), "dtype": None}:
       raise UserError(f"{self.workdir} holds a run of another student ({saved['num_layers']}x{saved['hidden_size']}): "
                       f"use a new --workdir, or the config that run was started with")
@@ -169,50 +126,17 @@ class Distillation:
     return state, data["next_batch"]
 
   def meta(self) -> dict:
-    return {"student": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
+    return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
 
   def run(self) -> TrainState:
-    config = self.config
     if jax.process_index() == 0:
-      self.tokenizer.save_pretrained(os.path.join(self.workdir, TOKENIZER_DIR))
+      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
     state, next_batch = self.initial_state()
-    start = int(state.step)
-    writer = MetricWriter(self.workdir)
-    preemption = _Preemption()
-    dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-    seq_tokens, window_start, window_steps = 0, time.perf_counter(), 0
-    bar = tqdm(total=config.num_steps, initial=start, desc="distill", unit="step", disable=jax.process_index() != 0)
-    try:
-      for step in range(start, config.num_steps):
-        local = self.stream.batch(next_batch)
-        seq_tokens += int(local["attention_mask"].sum()) * jax.process_count()
-        state, metrics = self.train_step(state, parallel.shard_batch(local, self.mesh), self.teacher_params, dropout_rng)
-        next_batch += 1
-        window_steps += 1
-        # One scalar per step comes back to the host: a non-finite loss must stop the run before it is saved.
-        loss = float(metrics["loss"])
-        if not np.isfinite(loss):
-          last = self.checkpoints.latest_step()
-          raise UserError(f"non-finite loss ({loss}) at step {step + 1}; the last good checkpoint (step {last}) is kept: "
-                          f"lower optimizer.lr or enable optimizer.clip_norm")
-        done = step + 1
-        bar.update(1)
-        if done % config.log_every == 0 or done == config.num_steps:
-          elapsed = time.perf_counter() - window_start
-          scalars = {**jax.device_get(metrics), "step_time_s": elapsed / window_steps, "tokens_per_s": seq_tokens / elapsed}
-          writer.write(done, scalars)
-          bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(scalars['lr']):.2e}")
-          seq_tokens, window_start, window_steps = 0, time.perf_counter(), 0
-        if preemption.requested:
-          self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=True)
-          self.checkpoints.wait()
-          tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {self.workdir}; rerun the same command to resume",
-                     file=sys.stderr)
-          return state
-        self.checkpoints.save(done, state, {"next_batch": next_batch}, self.meta(), force=done == config.num_steps)
-    finally:
-      bar.close()
-      preemption.restore()
-      self.checkpoints.wait()
-      writer.close()
-    return state
+    dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
+
+    def step_fn(state, local):
+      return self.train_step(state, parallel.shard_batch(local, self.mesh), self.teacher_params, dropout_rng)
+
+    return train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.config.num_steps,
+                      checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
+                      log_every=self.config.log_every, desc="distill")

@@ -1,0 +1,31 @@
+"""Fine-tuning: `python -m minilm_jax.finetune --config configs/finetune/<file>.py --workdir <dir>
+--config.task=<task> --config.init=<run workdir or HF dir> [--config.data_dir=<dir>] [--grid]`.
+
+Evaluates on the task's dev split(s) after every epoch; writes `results.json`. With `--grid`, runs
+every `config.grid` learning rate x epochs pair and writes `grid.md` / `grid.csv` with the best marked.
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from minilm_jax.errors import run_program
+from minilm_jax.tasks.finetuning import FineTuning
+from minilm_jax.tasks.grid import run_grid
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (configs/finetune/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
+_GRID = flags.DEFINE_bool("grid", False, "Run the config's learning-rate x epochs grid as one batch job.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+  del argv
+  if _GRID.value:
+    run_grid(_CONFIG.value, _WORKDIR.value)
+  else:
+    FineTuning(_CONFIG.value, _WORKDIR.value).run()
+
+
+if __name__ == "__main__":
+  run_program(main)

@@ -1,0 +1,74 @@
+"""The training loop shared by distillation and fine-tuning: batches from a resumable stream,
+progress bar, metrics, a non-finite-loss stop, periodic and SIGTERM checkpoints."""
+
+import signal
+import sys
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from minilm_jax.errors import UserError
+from minilm_jax.metrics import MetricWriter
+
+
+class _Preemption:
+  """Records SIGTERM so the loop can save the step it is on and stop cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, checkpoints, meta: dict, workdir: str,
+               log_every: int, desc: str, after_step=None):
+  """Runs `state, metrics = step_fn(state, local_batch)` from `state.step` to `num_steps`.
+
+  `after_step(done, state) -> dict` may add metrics (an evaluation at an epoch end). Returns the last state.
+  """
+  start = int(state.step)
+  writer = MetricWriter(workdir)
+  preemption = _Preemption()
+  real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+  bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
+  try:
+    for step in range(start, num_steps):
+      local = stream.batch(next_batch)
+      real_tokens += int(local["attention_mask"].sum()) * jax.process_count()
+      state, metrics = step_fn(state, local)
+      next_batch += 1
+      window_steps += 1
+      done = step + 1
+      # One scalar per step comes back to the host: a non-finite loss must stop the run before it is saved.
+      loss = float(metrics["loss"])
+      if not np.isfinite(loss):
+        raise UserError(f"non-finite loss ({loss}) at step {done}; the last good checkpoint (step "
+                        f"{checkpoints.latest_step()}) is kept: lower the learning rate or enable gradient clipping")
+      bar.update(1)
+      extra = after_step(done, state) if after_step else {}
+      if done % log_every == 0 or done == num_steps or extra:
+        elapsed = time.perf_counter() - window_start
+        writer.write(done, {**jax.device_get(metrics), **extra, "step_time_s": elapsed / window_steps,
+                            "tokens_per_s": real_tokens / elapsed})
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(metrics['lr']):.2e}")
+        real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+      if preemption.requested:
+        checkpoints.save(done, state, {"next_batch": next_batch}, meta, force=True)
+        checkpoints.wait()
+        tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume",
+                   file=sys.stderr)
+        return state
+      checkpoints.save(done, state, {"next_batch": next_batch}, meta, force=done == num_steps)
+  finally:
+    bar.close()
+    preemption.restore()
+    checkpoints.wait()
+    writer.close()
+  return state

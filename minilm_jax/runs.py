@@ -1,0 +1,106 @@
+"""A run's workdir as a model, and conversion between runs and Hugging Face directories.
+
+A workdir (of distillation, fine-tuning, or `convert --from-hf`) holds Orbax checkpoints whose
+`meta` names the encoder architecture (`encoder`) and, for fine-tuned models, the task head
+(`head`), plus the tokenizer in `tokenizer/`. Params are the encoder's, or a task model's
+`{"encoder": ..., <head>: ...}`.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from minilm_jax import checkpoint, hf, parallel
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import EncoderConfig, abstract_params
+from minilm_jax.models.heads import task_model
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def abstract_model_params(config: EncoderConfig, head: dict = None):
+  """Parameter shapes of the encoder alone (head None) or of a task model."""
+  if head is None:
+    return abstract_params(config)
+  return jax.eval_shape(lambda: init_task_params(config, head, jax.random.key(0)))
+
+
+def init_task_params(config: EncoderConfig, head: dict, rng):
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
+
+
+def read_meta(workdir: str, step: int = None) -> dict:
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  try:
+    return ckpt.read_meta(step)
+  finally:
+    ckpt.close()
+
+
+def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None):
+  """(encoder config, head or None, params, tokenizer) of a run's checkpoint (latest, or `step`).
+  With `mesh`, the parameters are restored straight onto it, sharded by `parallel`'s rules."""
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  try:
+    meta = ckpt.read_meta(step)
+    config = EncoderConfig.from_dict({**meta["encoder"], "dtype": dtype})
+    head = meta.get("head")
+    abstract = abstract_model_params(config, head)
+    if mesh is not None:
+      abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                              parallel.tree_shardings(abstract, mesh))
+    params = ckpt.restore_params(abstract, step)
+  finally:
+    ckpt.close()
+  return config, head, params, hf.load_tokenizer(os.path.join(workdir, TOKENIZER_DIR))
+
+
+def _download(name: str) -> str:
+  from huggingface_hub import snapshot_download
+
+  try:
+    return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+  except Exception as e:  # offline, unknown repository, ...: the hub's exception types vary by version
+    raise UserError(f"{name!r} is not a local directory and could not be fetched from the hub "
+                    f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir") from None
+
+
+def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
+  """(encoder config, encoder params, tokenizer) from a run's workdir, a Hugging Face directory, or
+  (when online) a hub name. `what` names the path in errors ("teacher.path", "init", ...)."""
+  if not path:
+    raise UserError(f"{what} is empty: set it to a Hugging Face directory or a run's workdir")
+  if checkpoint.is_run(path):
+    config, head, params, tokenizer = read_run(path, dtype=dtype)
+    return config, params["encoder"] if head else params, tokenizer
+  if not os.path.exists(path):
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+      raise UserError(f"{what} {path} does not exist: pass a Hugging Face directory or a run's workdir")
+    path = _download(path)
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise UserError(f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)")
+  model, params = hf.load(path, dtype)
+  return model.config, params, hf.load_tokenizer(path)
+
+
+def write_run_from_hf(hf_dir: str, workdir: str):
+  """An Orbax run (step 0) holding a Hugging Face encoder: it can then start fine-tuning or teach."""
+  config, params, tokenizer = load_encoder(hf_dir, what="--from-hf")
+  ckpt = checkpoint.RunCheckpoints(workdir)
+  if ckpt.latest_step() is not None:
+    raise UserError(f"{workdir} already holds checkpoints: choose a new --out")
+  ckpt.save(0, {"params": params}, {}, {"encoder": config.to_dict(), "source": os.path.abspath(hf_dir)}, force=True)
+  ckpt.wait()
+  ckpt.close()
+  tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))
+
+
+def export_run(workdir: str, out_dir: str, step: int = None):
+  """A run's checkpoint as a Hugging Face directory (with its task head, if it has one)."""
+  if not checkpoint.is_run(workdir):
+    raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run")
+  config, head, params, tokenizer = read_run(workdir, step)
+  hf.save(out_dir, config, params, tokenizer, head)
+  return config, head

@@ -1,0 +1,1 @@
+"""Downstream tasks for fine-tuning and evaluation: data, features, losses, predictions, metrics."""

@@ -1,0 +1,173 @@
+"""Fine-tuning and evaluation with pjit semantics: `jax.jit` with NamedSharding in/out shardings
+over a `data` x `model` mesh; parameters and optimizer moments sharded by `parallel`'s rules, the
+batch split over `data`. XLA inserts the collectives, so the step is written for one device.
+"""
+
+import json
+import os
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from minilm_jax import checkpoint, parallel, runs
+from minilm_jax.data.corpus import BatchStream, stack_columns
+from minilm_jax.errors import UserError
+from minilm_jax.loop import train_loop
+from minilm_jax.models.heads import task_model
+from minilm_jax.train_state import TrainState, make_optimizer
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def get_task(name: str):
+  from minilm_jax.tasks import glue, squad
+
+  tasks = {**glue.TASKS, **squad.TASKS}
+  if name not in tasks:
+    raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(tasks))}")
+  return tasks[name]
+
+
+def _apply(model, params, batch, deterministic=True, rngs=None):
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=deterministic, rngs=rngs)
+
+
+def make_train_step(model, task, tx, schedule, state_shardings, mesh):
+  """`train_step(state, batch, rng) -> (state, metrics)`: jitted with shardings, the state donated."""
+
+  def step(state, batch, rng):
+    def loss_fn(params):
+      outputs = _apply(model, params, batch, deterministic=False, rngs={"dropout": jax.random.fold_in(rng, state.step)})
+      return task.loss(outputs, batch)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+
+  replicated = parallel.replicated(mesh)
+  return jax.jit(step, in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
+                 out_shardings=(state_shardings, replicated), donate_argnums=0)
+
+
+class Predictor:
+  """Batched, sharded inference of a task model: outputs for every row of a features dataset."""
+
+  def __init__(self, model, mesh, param_shardings, batch_size: int):
+    parallel.check_batch_divides(batch_size, mesh)
+    self.mesh, self.batch_size = mesh, batch_size
+    self.forward = jax.jit(partial(_apply, model), in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
+                           out_shardings=parallel.replicated(mesh))
+
+  def __call__(self, params, features, desc="predict"):
+    local = self.batch_size // jax.process_count()
+    offset = jax.process_index() * local
+    outputs = []
+    for start in tqdm(range(0, len(features), self.batch_size), desc=desc, unit="batch", leave=False,
+                      disable=jax.process_index() != 0):
+      rows = features[start:start + self.batch_size]
+      n = len(rows["input_ids"])
+      # The last batch is padded with copies of its last row (outputs dropped) to keep one compiled shape.
+      batch = {k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset:offset + local] for k in MODEL_INPUTS}
+      out = jax.device_get(self.forward(params, parallel.shard_batch(batch, self.mesh)))
+      outputs.append(jax.tree.map(lambda x: x[:n], out))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
+
+
+def abstract_state(model, tx):
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))["params"])
+  return jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
+
+
+class FineTuning:
+  """A fine-tuning run, built and validated before any compute; `run()` trains and evaluates."""
+
+  def __init__(self, config, workdir: str, mesh=None):
+    if not workdir:
+      raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+    self.config, self.workdir = config, workdir
+    self.task = get_task(config.task)
+    encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
+    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+    if config.max_seq_length > encoder_config.max_position_embeddings:
+      raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's {encoder_config.max_position_embeddings} positions")
+    self.head = self.task.head()
+    self.model = task_model(self.encoder_config, self.head)
+    self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
+    parallel.check_batch_divides(config.batch_size, self.mesh)
+    train_features = self.task.prepare("train", config, self.tokenizer)[0]
+    self.stream = BatchStream(train_features.select_columns(self.task.train_columns), config.batch_size, config.seed,
+                              stack_columns, jax.process_index(), jax.process_count(), f"{config.task} train split")
+    self.eval_data = {split: self.task.prepare(split, config, self.tokenizer) for split in self.task.eval_splits}
+    self.num_steps = config.epochs * self.stream.batches_per_epoch
+    optimizer = ml_collections.ConfigDict({**config.optimizer.to_dict(),
+                                           "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)})
+    self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
+    abstract = abstract_state(self.model, self.tx)
+    self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
+    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                                       self.state_shardings)
+    self.train_step = make_train_step(self.model, self.task, self.tx, self.schedule, self.state_shardings, self.mesh)
+    self.predict = Predictor(self.model, self.mesh, self.state_shardings.params, config.eval_batch_size)
+    self._encoder_params = encoder_params
+    self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+
+  def initial_state(self):
+    if self.checkpoints.latest_step() is not None:
+      state, data, _ = self.checkpoints.restore(self.abstract_state)
+      return state, data["next_batch"]
+
+    def init(rng, encoder_params):
+      params = runs.init_task_params(self.encoder_config, self.head, rng)
+      params = {**params, "encoder": encoder_params}  # pre-trained encoder, freshly initialised head
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+
+    state = jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(self.config.seed), self._encoder_params)
+    return state, 0
+
+  def meta(self) -> dict:
+    return {"encoder": self.encoder_config.to_dict(), "head": self.head, "task": self.task.name,
+            "config": json.loads(self.config.to_json())}
+
+  def evaluate(self, params) -> dict:
+    """Metrics of every evaluation split, flat: {"dev/accuracy": ...}."""
+    results = {}
+    for split, (features, context) in self.eval_data.items():
+      outputs = self.predict(params, features, desc=f"evaluate {split}")
+      scores, _ = self.task.evaluate(outputs, features, context, self.config)
+      results.update({f"{split}/{k}": v for k, v in scores.items()})
+    return results
+
+  def run(self):
+    if jax.process_index() == 0:
+      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
+    state, next_batch = self.initial_state()
+    rng = jax.random.key(self.config.seed + 1)
+    per_epoch = self.stream.batches_per_epoch
+    results = {}
+
+    def step_fn(state, local):
+      return self.train_step(state, parallel.shard_batch(local, self.mesh), rng)
+
+    def after_step(done, state):
+      if done % per_epoch and done != self.num_steps:
+        return {}
+      results.clear()
+      results.update(self.evaluate(state.params))
+      tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
+      return results
+
+    state = train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.num_steps,
+                       checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
+                       log_every=self.config.log_every, desc=f"finetune {self.task.name}", after_step=after_step)
+    if not results:  # resumed after the last step: evaluate what was saved
+      results.update(self.evaluate(state.params))
+    if jax.process_index() == 0:
+      with open(os.path.join(self.workdir, "results.json"), "w") as f:
+        json.dump({"task": self.task.name, "step": int(state.step), **results}, f, indent=2)
+    return state, results
