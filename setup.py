@@ -23,6 +23,7 @@ setup(
         "numpy",
         "tqdm",
         "tensorboardX",
+        "matplotlib",
     ],
     extras_require={
         # torch only for the parity tests against transformers' PyTorch models. On CPU-only

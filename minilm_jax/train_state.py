@@ -2,6 +2,7 @@
 
 import flax.struct
 import jax
+import ml_collections
 import optax
 from flax import traverse_util
 
@@ -11,6 +12,12 @@ class TrainState:
   step: jax.Array
   params: dict
   opt_state: optax.OptState
+
+
+def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
+  """AdamW settings as the papers use them (betas 0.9/0.999, weight decay 0.01); callers add their warm-up field."""
+  return ml_collections.ConfigDict(dict(lr=lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
+                                        clip_norm=clip_norm))  # clip_norm 0: no clipping
 
 
 def make_optimizer(opt, num_steps: int):

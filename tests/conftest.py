@@ -81,10 +81,15 @@ def tiny_config(teacher, corpus, **overrides):
   c.optimizer.lr = 1e-3
   c.checkpoint.every = 1
   c.log_every = 1
+  return apply_overrides(c, overrides)
+
+
+def apply_overrides(config, overrides: dict):
+  """Sets dotted fields ({"optimizer.lr": 1e-3}) as --config.<field>=<value> would."""
   for key, value in overrides.items():
-    node = c
+    node = config
     *path, leaf = key.split(".")
     for p in path:
       node = node[p]
     node[leaf] = value
-  return c
+  return config

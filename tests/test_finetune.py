@@ -14,6 +14,7 @@ import torch
 import transformers
 from flax import traverse_util
 
+from conftest import apply_overrides
 from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
@@ -66,13 +67,7 @@ def finetune_config(init, task, data_dir, **overrides):
   c.task, c.init, c.data_dir = task, init, data_dir
   c.max_seq_length, c.batch_size, c.eval_batch_size, c.epochs = 32, 8, 16, 1
   c.optimizer.lr, c.log_every, c.checkpoint.every = 1e-3, 1, 1000
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return apply_overrides(c, overrides)
 
 
 def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
@@ -205,3 +200,60 @@ def test_cli_errors_are_one_line(tmp_path):
                          "--workdir", str(tmp_path / "w"), "--config.task=nope", f"--config.init={tmp_path}"],
                         capture_output=True, text=True)
   assert proc.returncode == 2 and "error: unknown task 'nope'" in proc.stderr
+
+
+def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_path):
+  from minilm_jax.tasks.grid import run_grid
+
+  config = finetune_config(tiny_teacher, "sst2", sst2_dir)
+  config.grid.lrs, config.grid.epochs = (1e-3, 1e-6), (1,)
+  rows, best = run_grid(config, str(tmp_path))
+  assert [(r["lr"], r["epochs"]) for r in rows] == [(1e-3, 1), (1e-6, 1)]
+  scores = [r["dev/accuracy"] for r in rows]
+  assert best == int(np.argmax(scores))
+  csv_rows = open(tmp_path / "grid.csv").read().splitlines()
+  assert csv_rows[0].startswith("lr,epochs,dev/accuracy") and [l.split(",")[-1] for l in csv_rows[1:]].count("1") == 1
+  marked = [l for l in open(tmp_path / "grid.md").read().splitlines() if l.startswith("| ") and "**best**" in l]
+  assert len(marked) == 1 and marked[0].startswith(f"| {rows[best]['lr']} |")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "finetune"))))
+def test_every_finetune_config_builds(name):
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(ROOT, "configs", "finetune", name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  task = get_task(config.task)
+  from minilm_jax.models.encoder import EncoderConfig
+
+  shapes = runs.abstract_model_params(EncoderConfig(num_layers=2), task.head())
+  assert "encoder" in shapes and len(shapes) == 2
+  assert config.batch_size > 0 and config.grid.lrs and config.grid.epochs
+
+
+def test_xnli_scores_overall_and_per_language(tmp_path, minilm):
+  *_, tokenizer = minilm
+  header = "language\tgold_label\tsentence1_binary_parse\tsentence1\tsentence2\n"
+  rows = [("en", "entailment", "A man sleeps.", "A person sleeps."), ("de", "neutral", "Ein Mann schläft.", "Er träumt."),
+          ("de", "contradiction", "Ein Mann schläft.", "Er rennt."), ("en", "neutral", "It rains.", "It is cold.")]
+  (tmp_path / "dev.tsv").write_text(header + "".join(f"{l}\t{y}\t()\t{a}\t{b}\n" for l, y, a, b in rows))
+  task = get_task("xnli")
+  examples = task.load("dev", str(tmp_path))
+  assert examples["group"] == ["en", "de", "de", "en"] and examples["label"] == [1, 2, 0, 2]
+  scores = task.score(np.array([1, 2, 2, 0]), examples)
+  assert scores == {"accuracy": 0.5, "accuracy_de": 0.5, "accuracy_en": 0.5}
+  features = task.features(examples, tokenizer, 16)
+  assert len(features[0]["input_ids"]) == 16 and features[0]["token_type_ids"][-1] in (0, 1)
+
+
+def test_attention_maps_png(tmp_path, tiny_teacher):
+  out = tmp_path / "maps.png"
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", "--teacher", tiny_teacher, "--student",
+                         tiny_teacher, "--out", str(out), "--heads", "0,3"], capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", "--teacher", tiny_teacher, "--student",
+                         tiny_teacher, "--out", str(out), "--heads", "7"], capture_output=True, text=True)
+  assert proc.returncode == 2 and "has 4 heads" in proc.stderr

@@ -18,7 +18,7 @@ from conftest import tiny_config
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.distill.trainer import Distillation, student_config
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import abstract_params
+from minilm_jax.models.encoder import Encoder, abstract_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -202,6 +202,21 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   assert meta["encoder"]["num_layers"] * 2 <= teacher["num_hidden_layers"]
   assert meta["encoder"]["hidden_size"] == teacher["hidden_size"]
   assert os.path.exists(os.path.join(workdir, "tokenizer", "tokenizer.json"))
+
+  # The distilled student exported to Hugging Face gives our hidden states in transformers.
+  import torch
+  import transformers
+
+  out = str(tmp_path / "student_hf")
+  subprocess.run([sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", out], check=True,
+                 capture_output=True)
+  config, _, params, tokenizer = runs.read_run(workdir)
+  batch = tokenizer(["A distilled student.", "It should load in transformers unchanged."], padding=True, return_tensors="np")
+  ours = Encoder(config).apply({"params": params}, *(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")))
+  with torch.no_grad():
+    theirs = transformers.AutoModel.from_pretrained(out).eval()(**{k: torch.tensor(v) for k, v in batch.items()})
+  rows_ = batch["attention_mask"].astype(bool)
+  np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[rows_], theirs.last_hidden_state.numpy()[rows_], atol=1e-4)
 
 
 def test_relation_heads_that_do_not_divide(tiny_teacher, tiny_corpus, tmp_path):

@@ -9,14 +9,13 @@ student's last-layer Q/K/V captured by forward hooks, the same relation KL, `tor
 import math
 
 import jax
-import ml_collections
 import numpy as np
 
 from minilm_jax import hf, parallel
 from minilm_jax.benchmarks.timing import block, median_seconds, peak_flops
 from minilm_jax.distill.trainer import init_state, make_train_step
-from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.train_state import adamw_config, make_optimizer
 
 
 def _bert_base_teacher():
@@ -37,8 +36,8 @@ CASES = (
 )
 
 
-OPTIMIZER = ml_collections.ConfigDict(dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, warmup_steps=10,
-                                           clip_norm=0.0))
+OPTIMIZER = adamw_config(lr=1e-4, clip_norm=0.0)
+OPTIMIZER.warmup_steps = 10
 
 
 def _ours(teacher_config, teacher_params, student_config, batch, repeats, dtype):

@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from minilm_jax.train_state import adamw_config
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -40,14 +42,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_seq_length = 512
   c.data.num_proc = 1  # tokenisation processes
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.lr = 3e-4
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.warmup_steps = 4000
-  c.optimizer.clip_norm = 0.0  # 0 turns gradient clipping off
+  c.optimizer = adamw_config(lr=3e-4, clip_norm=0.0)
+  c.optimizer.warmup_steps = 4000  # then linear decay to 0 at num_steps
 
   c.batch_size = 256  # global, over all devices and hosts
   c.num_steps = 400_000

@@ -2,6 +2,8 @@
 
 import ml_collections
 
+from minilm_jax.train_state import adamw_config
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -17,14 +19,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.dtype = "float32"  # bfloat16 on accelerators
   c.seed = 0
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.lr = 3e-5
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.warmup_proportion = 0.1
-  c.optimizer.clip_norm = 1.0
+  c.optimizer = adamw_config(lr=3e-5, clip_norm=1.0)
+  c.optimizer.warmup_proportion = 0.1  # of all steps, then linear decay to 0
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the batch axis; -1: all that the model axis leaves

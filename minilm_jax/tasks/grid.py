@@ -42,10 +42,10 @@ def write_tables(rows, best: int, main_metric: str, workdir: str):
     writer.writeheader()
     for i, row in enumerate(rows):
       writer.writerow({**row, "best": int(i == best)})
-  cell = lambda v: f"{v:.4f}" if isinstance(v, float) and not isinstance(v, bool) else str(v)
-  lines = [f"Best by `{main_metric}`: marked **best**.", "", "| " + " | ".join(columns + ["best"]) + " |",
+  cell = lambda c, v: f"{v:g}" if c == "lr" else f"{v:.4f}" if isinstance(v, float) else str(v)
+  lines = [f"The best setting by `{main_metric}` is marked in the last column.", "", "| " + " | ".join(columns + ["best"]) + " |",
            "|" + " --- |" * (len(columns) + 1)]
   for i, row in enumerate(rows):
-    lines.append("| " + " | ".join(cell(row[c]) for c in columns) + f" | {'**best**' if i == best else ''} |")
+    lines.append("| " + " | ".join(cell(c, row[c]) for c in columns) + f" | {'**best**' if i == best else ''} |")
   with open(os.path.join(workdir, "grid.md"), "w") as f:
     f.write("\n".join(lines) + "\n")

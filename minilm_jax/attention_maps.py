@@ -1,0 +1,42 @@
+"""Teacher vs student attention maps for a sentence, to PNG:
+
+  python -m minilm_jax.attention_maps --teacher <HF dir or run> --student <run or HF dir> \
+      --sentence "..." --out maps.png [--teacher_layer -1] [--student_layer -1] [--heads 0,1,2,3]
+"""
+
+import jax.numpy as jnp
+from absl import flags
+
+from minilm_jax import runs
+from minilm_jax.distill.trainer import resolve_layer
+from minilm_jax.errors import UserError, run_program
+from minilm_jax.models.encoder import Encoder
+from minilm_jax.plots import attention_figure
+
+_TEACHER = flags.DEFINE_string("teacher", None, "Teacher: a Hugging Face directory or a run's workdir.")
+_STUDENT = flags.DEFINE_string("student", None, "Student: a run's workdir or a Hugging Face directory.")
+_SENTENCE = flags.DEFINE_string("sentence", "The student learns to attend where its teacher attends.", "The sentence.")
+_OUT = flags.DEFINE_string("out", "attention_maps.png", "The PNG file to write.")
+_TEACHER_LAYER = flags.DEFINE_integer("teacher_layer", -1, "Teacher layer (-1: last).")
+_STUDENT_LAYER = flags.DEFINE_integer("student_layer", -1, "Student layer (-1: last).")
+_HEADS = flags.DEFINE_list("heads", ["0", "1", "2", "3"], "Attention heads to draw.")
+
+
+def main(argv):
+  del argv
+  maps, tokens = {}, None
+  for title, path, layer in (("teacher", _TEACHER.value, _TEACHER_LAYER.value), ("student", _STUDENT.value, _STUDENT_LAYER.value)):
+    config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")
+    ids = tokenizer([_SENTENCE.value], return_tensors="np")
+    tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
+    out = Encoder(config).apply({"params": params}, *(jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask")))
+    maps[f"{title} L{resolve_layer(layer, config.num_layers, f'--{title}_layer') + 1}"] = out.layers[layer].attention[0]
+    heads = [int(h) for h in _HEADS.value]
+    if max(heads) >= config.num_heads:
+      raise UserError(f"--heads {_HEADS.value} but the {title} has {config.num_heads} heads")
+  attention_figure(maps, tokens, heads).savefig(_OUT.value, dpi=150)
+  print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  run_program(main)
