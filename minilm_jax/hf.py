@@ -51,6 +51,17 @@ _HEAD_TABLE = {
     "classification": (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
     "span": (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
 }
+# The masked-LM head (decoder weights tied to the word embeddings): BERT's and RoBERTa's names.
+_MLM_TABLE = {
+    "bert": (("transform/kernel", "cls.predictions.transform.dense.weight", "linear"),
+             ("transform/bias", "cls.predictions.transform.dense.bias", "copy"),
+             ("transform_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", "copy"),
+             ("transform_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", "copy"),
+             ("bias", "cls.predictions.bias", "copy")),
+    "roberta": (("transform/kernel", "lm_head.dense.weight", "linear"), ("transform/bias", "lm_head.dense.bias", "copy"),
+                ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
+                ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"), ("bias", "lm_head.bias", "copy")),
+}
 _HEAD_ARCHITECTURES = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering"}
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
@@ -179,6 +190,17 @@ def _convert(flat, pairs):
     value = np.asarray(flat[ours], np.float32)
     out[theirs] = np.ascontiguousarray(value.T if kind == "linear" else value)
   return out
+
+
+def load_mlm_head(model_dir: str, config: EncoderConfig):
+  """The masked-LM head's parameters of a checkpoint, or None when it was saved without one."""
+  table = _MLM_TABLE["bert" if config.model_type == "bert" else "roberta"]
+  tensors = _read_tensors(model_dir)
+  if any(theirs not in tensors for _, theirs, _ in table):
+    return None
+  flat = {ours: np.asarray(tensors[theirs].T if kind == "linear" else tensors[theirs], np.float32)
+          for ours, theirs, kind in table}
+  return jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
 
 
 def to_hf_tensors(config: EncoderConfig, params, head: dict = None) -> dict:

@@ -34,6 +34,11 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
   `after_step(done, state) -> dict` may add metrics (an evaluation at an epoch end). Returns the last state.
   """
   start = int(state.step)
+  if start >= num_steps and checkpoints.latest_step() is None:
+    # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
+    checkpoints.save(start, state, {"next_batch": next_batch}, meta, force=True)
+    checkpoints.wait()
+    return state
   writer = MetricWriter(workdir)
   preemption = _Preemption()
   real_tokens, window_start, window_steps = 0, time.perf_counter(), 0

@@ -85,6 +85,13 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
   return model.config, params, hf.load_tokenizer(path)
 
 
+def load_mlm_head(path: str, config: EncoderConfig):
+  """The masked-LM head of a Hugging Face teacher, or None (runs and encoder-only checkpoints have none)."""
+  if checkpoint.is_run(path) or not os.path.isdir(path):
+    return None
+  return hf.load_mlm_head(path, config)
+
+
 def write_run_from_hf(hf_dir: str, workdir: str):
   """An Orbax run (step 0) holding a Hugging Face encoder: it can then start fine-tuning or teach."""
   config, params, tokenizer = load_encoder(hf_dir, what="--from-hf")

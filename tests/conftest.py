@@ -33,8 +33,7 @@ def minilm(minilm_dir):
   return model, params, hf.load_tokenizer(minilm_dir)
 
 
-@pytest.fixture(scope="session")
-def tiny_teacher(tmp_path_factory, minilm_dir):
+def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrides):
   """A 2-layer, 32-wide random BERT with the real all-MiniLM-L6-v2 tokenizer, as a Hugging Face directory."""
   import torch
   import transformers
@@ -43,12 +42,23 @@ def tiny_teacher(tmp_path_factory, minilm_dir):
 
   torch.manual_seed(0)
   config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                   intermediate_size=64, max_position_embeddings=64,
-                                   initializer_range=0.5)  # peaked attention: a teacher worth mimicking
-  path = str(tmp_path_factory.mktemp("tiny_teacher"))
-  transformers.BertModel(config).save_pretrained(path)
+                                   intermediate_size=64, max_position_embeddings=64, **config_overrides)
+  path = str(tmp_path_factory.mktemp(name))
+  getattr(transformers, model_class)(config).save_pretrained(path)
   hf.load_tokenizer(minilm_dir).save_pretrained(path)
   return path
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory, minilm_dir):
+  """An encoder-only tiny BERT; initializer_range 0.5 gives peaked attention, a teacher worth mimicking."""
+  return _tiny_bert(tmp_path_factory, minilm_dir, "tiny_teacher", "BertModel", initializer_range=0.5)
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_teacher(tmp_path_factory, minilm_dir):
+  """A tiny BERT saved with its masked-LM head (BertForMaskedLM), for ETD-Impt and MLM soft labels."""
+  return _tiny_bert(tmp_path_factory, minilm_dir, "tiny_mlm_teacher", "BertForMaskedLM")
 
 
 @pytest.fixture(scope="session")

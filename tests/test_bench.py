@@ -13,6 +13,7 @@ import torch
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, memory
 from minilm_jax.distill import losses
+from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
@@ -38,8 +39,9 @@ def _step_flops(teacher_config, teacher_layer):
   mesh = parallel.make_mesh(1)
   student = Encoder(EncoderConfig(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32))
   tx, schedule = make_optimizer(distill.OPTIMIZER, 10)
-  step = make_train_step(Encoder(teacher_config), student, tx, schedule, ("qk", "vv"), 4, teacher_layer, 1, mesh)
-  state = jax.eval_shape(lambda: init_state(student, tx, jax.random.key(0)))
+  objective = Objective("minilm", ((1, teacher_layer),), ("qk", "vv"), 4, 0, teacher_config.hidden_size, 16)
+  step = make_train_step(Encoder(teacher_config), student, tx, schedule, objective, mesh)
+  state = jax.eval_shape(lambda: init_state(student, tx, objective, jax.random.key(0)))
   teacher_params = jax.eval_shape(lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   batch = {k: jax.ShapeDtypeStruct((4, 16), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
   return step.lower(state, batch, teacher_params, jax.random.key(0)).compile().cost_analysis()["flops"]
@@ -68,3 +70,15 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
 def test_bench_unknown_suite_is_one_line_error():
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
+
+
+def test_bench_etd_rows_and_etd_starts_below_random():
+  """The real all-MiniLM-L6-v2 teacher (no MLM head): ETD-Rand's student starts with a lower MiniLM loss."""
+  from minilm_jax.benchmarks import etd
+
+  rows = etd.run(steps=1, batch_size=8)
+  by = {(r["student"], r["init"]): r for r in rows}
+  for student in ("3x384", "3x192"):
+    assert by[(student, "etd-rand")]["loss_at_start"] < 0.9 * by[(student, "random")]["loss_at_start"]
+    assert by[(student, "etd-impt")]["loss_at_start"] is None and "masked-LM head" in by[(student, "etd-impt")]["note"]
+  assert all({"init", "loss_at_start"} <= set(r) for r in rows)

@@ -138,24 +138,39 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path):
   student.run()
 
 
-def _config_files():
-  return sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
-
-
-@pytest.mark.parametrize("path", _config_files(), ids=os.path.basename)
-def test_every_config_builds(path):
+def _load_config_module(path):
   spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  config = module.get_config()
+  return module
+
+
+def _config_cases():
+  """(file, variant) of every distillation config: configs/*.py, and each variant of configs/ablations/*.py."""
+  cases = [(p, None) for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))]
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))):
+    cases += [(path, v) for v in _load_config_module(path).VARIANTS]
+  return cases
+
+
+@pytest.mark.parametrize("path,variant", _config_cases(), ids=lambda x: os.path.basename(x) if x and "/" in x else str(x))
+def test_every_config_builds(path, variant):
+  module = _load_config_module(path)
+  config = module.get_config() if variant is None else module.get_config(variant)
   student = student_config(config)
   shapes = abstract_params(student)
   assert shapes["layer_0"]["attention"]["query"]["kernel"].shape == (config.student.hidden_size,) * 2
   assert f"layer_{config.student.num_layers - 1}" in shapes
-  from minilm_jax.distill import losses
+  from minilm_jax.distill import etd, losses
+  from minilm_jax.distill.objectives import make_objective
 
-  losses.parse_relations(config.loss.relations)
   losses.check_relation_heads(config.loss.num_relation_heads, config.student.hidden_size)
+  # The objective and (for ETD) the extraction must fit a teacher of the paper's shape.
+  teacher = student.replace(num_layers=12, hidden_size=768, intermediate_size=3072)
+  make_objective(config.loss, teacher, student, 11, student.num_layers - 1)
+  if config.student.init == "etd":
+    etd.check_extractable(teacher, student)
+    etd.select_layers(12, student.num_layers, config.etd.layers)
   assert config.teacher.path and config.batch_size > 0 and config.num_steps > 0
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from minilm_jax import hf, parallel
 from minilm_jax.benchmarks.timing import block, median_seconds, peak_flops
+from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.train_state import adamw_config, make_optimizer
@@ -47,9 +48,10 @@ def _ours(teacher_config, teacher_params, student_config, batch, repeats, dtype)
   if teacher_params is None:
     teacher_params = init_params(teacher_config, jax.random.key(1))
   tx, schedule = make_optimizer(OPTIMIZER, 1000)
-  step = make_train_step(teacher, student, tx, schedule, ("qk", "vv"), 12, teacher_config.num_layers - 1,
-                         student_config.num_layers - 1, mesh)
-  state = {"s": init_state(student, tx, jax.random.key(0))}
+  objective = Objective("minilm", ((student_config.num_layers - 1, teacher_config.num_layers - 1),), ("qk", "vv"), 12, 0,
+                        teacher_config.hidden_size, student_config.hidden_size)
+  step = make_train_step(teacher, student, tx, schedule, objective, mesh)
+  state = {"s": init_state(student, tx, objective, jax.random.key(0))}
   batch = parallel.shard_batch(batch, mesh)
   rng = jax.random.key(2)
 

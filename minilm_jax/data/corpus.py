@@ -40,6 +40,18 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
     raise UserError(f"could not read corpus {corpus}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
+def first_sentences(data_config, cache_dir: str, n: int) -> list:
+  """The corpus's first `n` non-empty rows (for ETD-Impt's importance scores)."""
+  raw = _load_raw(data_config.corpus, data_config.corpus_config, cache_dir)
+  sentences = []
+  for text in raw[data_config.text_column]:
+    if isinstance(text, str) and text.strip():
+      sentences.append(text)
+      if len(sentences) == n:
+        break
+  return sentences
+
+
 def pack_blocks(token_rows, block_len: int):
   """Packs consecutive rows of token ids into blocks of at most `block_len` ids. An empty row ends a
   document (no block spans two documents); a row longer than a block is cut into whole blocks."""

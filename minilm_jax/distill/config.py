@@ -25,8 +25,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.student.intermediate_size = 1536
   c.student.dropout = 0.1
   c.student.layer = -1  # which student layer learns the relations; -1 = last
+  c.student.init = "random"  # "random", or "etd": extracted from the teacher (Extract Then Distill)
+
+  # ETD: how the student is extracted when student.init="etd".
+  c.etd = ml_collections.ConfigDict()
+  c.etd.method = "rand"  # "rand" (ETD-Rand) or "impt" (ETD-Impt: Taylor importance; needs the teacher's MLM head)
+  c.etd.hidden_consistency = True  # False: the ETD-wo-hidn-con ablation
+  c.etd.layers = "uniform"  # "uniform", "top" or "bottom"
+  c.etd.num_sentences = 10000  # ETD-Impt scores over the corpus's first sentences
+  c.etd.seed = 0
 
   c.loss = ml_collections.ConfigDict()
+  # "minilm", or a baseline: "layer_to_layer", "value_mse", "hidden_mse", "tinybert" (see distill/objectives.py)
+  c.loss.objective = "minilm"
+  c.loss.layer_map = "last"  # layer_to_layer: "last", "last_two", "first_and_last" or "all" student layers
   c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
   c.loss.num_relation_heads = 12
   # > 0: compute relations this many query rows at a time, so the [batch, A_r, L, L] relation

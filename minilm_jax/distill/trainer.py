@@ -17,11 +17,14 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from minilm_jax import checkpoint, parallel, runs
-from minilm_jax.data.corpus import BatchStream, load_blocks, pad_blocks
-from minilm_jax.distill import losses
+from minilm_jax.data.corpus import BatchStream, first_sentences, load_blocks, pad_blocks
+from minilm_jax.distill import etd, losses
+from minilm_jax.distill import objectives as objective_lib
+from minilm_jax.distill.objectives import make_objective
 from minilm_jax.errors import UserError
 from minilm_jax.loop import train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.models.heads import MaskedLM
 from minilm_jax.train_state import TrainState, make_optimizer
 
 
@@ -44,26 +47,47 @@ def resolve_layer(index: int, num_layers: int, what: str) -> int:
   return index % num_layers
 
 
-def init_state(student: Encoder, tx, rng) -> TrainState:
-  params = init_params(student.config, rng)
+def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
+  """A fresh train state: the given student parameters (ETD), or random ones, plus what the objective
+  learns besides (maps to the teacher's width, or an MLM head for soft-label distillation)."""
+  params = init_params(student.config, rng) if params is None else params
+  projection = objective.init_projection(jax.random.fold_in(rng, 1))
+  if projection:
+    params = {**params, "projection": projection}
+  if objective.soft_labels:
+    ids = jnp.zeros((1, 8), jnp.int32)
+    head = MaskedLM(student.config).init(jax.random.fold_in(rng, 2), ids, jnp.ones_like(ids))["params"]
+    params = {**params, "mlm_head": {k: v for k, v in head.items() if k != "encoder"}}
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, relations, num_relation_heads,
-                    teacher_layer: int, student_layer: int, mesh, query_chunk: int = 0):
-  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated."""
+def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, mlm=None):
+  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated.
+  For soft-label distillation `teacher_params` is {"encoder": ..., <MLM head>} and `mlm` holds the
+  tokenizer's (special_ids, mask_id)."""
 
   def per_device(state, batch, teacher_params, rng):
     ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-    # The teacher runs only up to the layer the loss reads, deterministically.
-    t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=teacher_layer + 1)
-    t_layer = jax.lax.stop_gradient(t_out.layers[teacher_layer])
-    dropout_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
+    step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
+    dropout_rng, mask_rng = jax.random.split(step_rng)
+    if objective.soft_labels:
+      ids, weights = objective_lib.mlm_mask(mask_rng, ids, mask, mlm[0], mlm[1], teacher.config.vocab_size)
+      t_logits = MaskedLM(teacher.config).apply({"params": teacher_params}, ids, mask, types)
+    else:
+      # The teacher runs only up to the deepest layer the loss reads, deterministically.
+      t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=objective.teacher_layers_needed)
 
     def loss_fn(params):
-      s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs={"dropout": dropout_rng},
-                            num_layers=student_layer + 1)
-      terms = losses.minilm_loss(t_layer, s_out.layers[student_layer], mask, relations, num_relation_heads, query_chunk)
+      rngs = {"dropout": dropout_rng}
+      if objective.soft_labels:
+        encoder = {k: v for k, v in params.items() if k != "mlm_head"}
+        s_logits = MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids, mask, types,
+                                                  deterministic=False, rngs=rngs)
+        terms = {"mlm_kd": objective_lib.soft_label_kl(jax.lax.stop_gradient(t_logits), s_logits, weights)}
+      else:
+        s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs=rngs,
+                              num_layers=objective.student_layers_needed)
+        terms = objective(t_out.layers, s_out.layers, mask, params.get("projection", {}))
       return sum(terms.values()), terms
 
     # Cast the replicated parameters to device-varying: their gradient is then this device's own,
@@ -88,36 +112,51 @@ class Distillation:
     if not workdir:
       raise UserError("--workdir is required: the directory for checkpoints and metrics")
     self.config, self.workdir = config, workdir
-    self.relations = losses.parse_relations(config.loss.relations)
     teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
     self.teacher = Encoder(teacher_config)
+    if config.student.init not in ("random", "etd"):
+      raise UserError(f"student.init={config.student.init!r}: use random or etd")
     self.student = Encoder(student_config(config, self.teacher.config))
     losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
                                 self.student.config.hidden_size)
     self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
     self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
+    self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
+                                    self.student_layer)
     if config.data.max_seq_length > self.teacher.config.max_position_embeddings:
       raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the teacher's "
                       f"{self.teacher.config.max_position_embeddings} positions: lower it")
     self.mesh = mesh or parallel.make_mesh()
     parallel.check_batch_divides(config.batch_size, self.mesh)
-    self.teacher_params = jax.device_put(teacher_params, parallel.replicated(self.mesh))
+    mlm_head = runs.load_mlm_head(config.teacher.path, teacher_config)
+    mlm = None
+    if self.objective.soft_labels:
+      if mlm_head is None:
+        raise UserError("loss.objective=mlm_kd needs the teacher's masked-LM head, and this teacher has none: use a "
+                        "checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
+      mlm = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
+    step_teacher = {"encoder": teacher_params, **mlm_head} if self.objective.soft_labels else teacher_params
+    self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
     blocks = load_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
     collate = partial(pad_blocks, seq_len=config.data.max_seq_length, pad_id=self.tokenizer.pad_token_id)
     self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
                               f"corpus {config.data.corpus}")
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
-    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.relations,
-                                      config.loss.num_relation_heads, self.teacher_layer, self.student_layer, self.mesh,
-                                      config.loss.query_chunk)
+    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, mlm)
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+    self.student_params = None
+    if config.student.init == "etd" and self.checkpoints.latest_step() is None:
+      self.student_params = etd.initial_student_params(
+          config.etd, teacher_config, jax.device_get(teacher_params), mlm_head,
+          self.student.config, lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n), self.tokenizer,
+          config.data.max_seq_length)
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
-    init = jax.jit(partial(init_state, self.student, self.tx), out_shardings=parallel.replicated(self.mesh))
+    init = jax.jit(partial(init_state, self.student, self.tx, self.objective), out_shardings=parallel.replicated(self.mesh))
     if self.checkpoints.latest_step() is None:
-      return init(rng), 0
+      return init(rng, self.student_params), 0
     saved = self.checkpoints.read_meta()["encoder"]
     if {**saved, "dtype": None} != {**self.student.config.to_dict(), "dtype": None}:
       raise UserError(f"{self.workdir} holds a run of another student ({saved['num_layers']}x{saved['hidden_size']}): "

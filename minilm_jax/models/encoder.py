@@ -148,6 +148,14 @@ class Embeddings(nn.Module):
     return nn.Dropout(c.hidden_dropout)(x, deterministic=deterministic)
 
 
+def _probe(module, name, x):
+  """Marks a neuron activation for importance scores (ETD-Impt): `sow`s it to "intermediates" and adds a
+  zero "perturbations" variable whose gradient is dL/dx. Both are no-ops unless those collections are
+  passed to `apply`, so ordinary calls pay nothing."""
+  module.sow("intermediates", name, x)
+  return module.perturb(name, x)
+
+
 def split_heads(x_BxLxD, num_heads):
   b, l, d = x_BxLxD.shape
   return x_BxLxD.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
@@ -164,6 +172,7 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, mask_BxL, deterministic):
     c = self.config
+    x_BxLxD = _probe(self, "input", x_BxLxD)
     q = split_heads(_dense(c.hidden_size, c, "query")(x_BxLxD), c.num_heads)
     k = split_heads(_dense(c.hidden_size, c, "key")(x_BxLxD), c.num_heads)
     v = split_heads(_dense(c.hidden_size, c, "value")(x_BxLxD), c.num_heads)
@@ -172,7 +181,7 @@ class SelfAttention(nn.Module):
     attention = jax.nn.softmax(scores, axis=-1)
     probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
     context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v)
-    out = _dense(c.hidden_size, c, "output")(merge_heads(context))
+    out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", merge_heads(context)))
     out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
     return out, (q, k, v, attention)
@@ -185,7 +194,7 @@ class TransformerLayer(nn.Module):
   def __call__(self, x_BxLxD, mask_BxL, deterministic):
     c = self.config
     h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, deterministic)
-    y = ACTIVATIONS[c.hidden_act](_dense(c.intermediate_size, c, "intermediate")(h))
+    y = _probe(self, "ffn", ACTIVATIONS[c.hidden_act](_dense(c.intermediate_size, c, "intermediate")(h)))
     y = nn.Dropout(c.hidden_dropout)(_dense(c.hidden_size, c, "output")(y), deterministic=deterministic)
     out = _layer_norm(c, "output_LayerNorm")(y + h)
     return LayerOutput(q=q, k=k, v=v, attention=attention, hidden=out)

@@ -9,6 +9,24 @@ from minilm_jax.models.encoder import Encoder, EncoderConfig
 CLASSIFICATION, SPAN = "classification", "span"
 
 
+class MaskedLM(nn.Module):
+  """The encoder with BERT's masked-LM head (transformers' `cls.predictions`): dense -> GELU ->
+  LayerNorm -> scores against the tied word embeddings + a bias. Logits [batch, length, vocab], float32."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+    c = self.config
+    out = Encoder(c, name="encoder")(input_ids, attention_mask, token_type_ids, deterministic)
+    h = nn.Dense(c.hidden_size, param_dtype=jnp.float32, name="transform")(out.last_hidden_state)
+    h = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False, name="transform_LayerNorm")(
+        nn.gelu(h, approximate=False))
+    embedding = self.variables["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
+    bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
+    return (h.astype(jnp.float32) @ embedding.T + bias).astype(jnp.float32)
+
+
 class SequenceClassifier(nn.Module):
   """Logits [batch, num_labels] (num_labels 1: a regression score) from the pooled [CLS] vector."""
 

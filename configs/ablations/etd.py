@@ -1,0 +1,32 @@
+"""ETD table 1 / table 2 as one batch of runs: a 6x384 student of BERT-base, each initialisation.
+
+  for v in random etd_rand etd_impt etd_wo_hidn_con etd_impt_top etd_impt_bottom; do
+    python -m minilm_jax.train --config configs/ablations/etd.py:$v --workdir workdirs/etd_$v
+  done
+
+ETD distils with the last-layer TinyBERT objective (attention-score MSE + hidden MSE through W_h),
+batch 128, lr 1e-4, 10% warm-up (ETD section 4.1).
+"""
+
+from minilm_jax.distill.config import paper_config
+
+VARIANTS = {
+    "random": {"init": "random"},
+    "etd_rand": {"init": "etd", "method": "rand"},
+    "etd_impt": {"init": "etd", "method": "impt"},
+    "etd_wo_hidn_con": {"init": "etd", "method": "impt", "hidden_consistency": False},
+    "etd_impt_top": {"init": "etd", "method": "impt", "layers": "top"},
+    "etd_impt_bottom": {"init": "etd", "method": "impt", "layers": "bottom"},
+}
+
+
+def get_config(variant="etd_impt"):
+  c = paper_config("bert-base-uncased", 6, 384, batch_size=128, lr=1e-4)
+  c.loss.objective = "tinybert"
+  c.optimizer.warmup_steps = c.num_steps // 10
+  v = VARIANTS[variant]
+  c.student.init = v["init"]
+  c.etd.method = v.get("method", "rand")
+  c.etd.hidden_consistency = v.get("hidden_consistency", True)
+  c.etd.layers = v.get("layers", "uniform")
+  return c

@@ -1,0 +1,152 @@
+"""Extract Then Distill (ETD): initialise a student from its teacher's parameters.
+
+1. Width-wise extraction to a "thin teacher" of the student's width: FFN neurons (intermediate
+   units), head neurons (dimensions inside each head; the number of heads is kept) and hidden
+   dimensions. With hidden consistency one set of hidden indices is used everywhere (embeddings,
+   every projection's input rows and output columns, every LayerNorm), so residual connections
+   still add up the same teacher dimensions; ETD-wo-hidn-con lets each layer pick its own.
+2. ETD-Rand picks indices at random (seeded); ETD-Impt keeps the most important neurons by the
+   first-order Taylor score |a * dL/da| (Michel et al., 2019) summed over the tokens of the first
+   training sentences, L the teacher's masked-LM loss. A hidden dimension's score is the sum over
+   layers of its MHA-input neuron scores.
+3. Depth: the student's layers are thin-teacher layers chosen uniformly (every L/M-th), or the
+   top or bottom M (the paper's ablations).
+"""
+
+import numpy as np
+from flax import traverse_util
+
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import EncoderConfig
+
+WIDTH_METHODS = ("rand", "impt", "rand_wo_hidn_con")
+DEPTH_STRATEGIES = ("uniform", "top", "bottom")
+
+
+def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uniform") -> list:
+  """0-based teacher layers for the student's layers. Uniform: teacher layer m * L / M for student layer m (1-based)."""
+  if not 0 < student_layers <= teacher_layers:
+    raise UserError(f"a {student_layers}-layer student cannot be taken from a {teacher_layers}-layer teacher: "
+                    f"use at most {teacher_layers} layers")
+  if strategy == "uniform":
+    if teacher_layers % student_layers:
+      raise UserError(f"uniform layer selection needs the student's depth ({student_layers}) to divide the "
+                      f"teacher's ({teacher_layers}): choose a divisor, or the top/bottom strategy")
+    step = teacher_layers // student_layers
+    return [m * step - 1 for m in range(1, student_layers + 1)]
+  if strategy == "top":
+    return list(range(teacher_layers - student_layers, teacher_layers))
+  if strategy == "bottom":
+    return list(range(student_layers))
+  raise UserError(f"unknown layer selection {strategy!r}: use one of {', '.join(DEPTH_STRATEGIES)}")
+
+
+def check_extractable(teacher: EncoderConfig, student: EncoderConfig):
+  if student.num_heads != teacher.num_heads:
+    raise UserError(f"ETD keeps the teacher's {teacher.num_heads} heads but the student has {student.num_heads}: "
+                    f"set student.num_heads={teacher.num_heads}")
+  for field in ("hidden_size", "intermediate_size"):
+    if getattr(student, field) > getattr(teacher, field):
+      raise UserError(f"the student is wider than its teacher ({field} {getattr(student, field)} > "
+                      f"{getattr(teacher, field)}): ETD can only extract a narrower student")
+
+
+def random_indices(teacher: EncoderConfig, student: EncoderConfig, seed: int, hidden_consistency: bool = True) -> dict:
+  """ETD-Rand: sorted random index sets, reproducible from `seed`."""
+  rng = np.random.default_rng(seed)
+  pick = lambda n, k: np.sort(rng.choice(n, k, replace=False))
+  head_dim, student_head_dim = teacher.head_dim, student.head_dim
+  shared_hidden = pick(teacher.hidden_size, student.hidden_size)
+  layers = []
+  for _ in range(teacher.num_layers):
+    layers.append({
+        "hidden": shared_hidden if hidden_consistency else pick(teacher.hidden_size, student.hidden_size),
+        "heads": np.stack([pick(head_dim, student_head_dim) for _ in range(teacher.num_heads)]),
+        "ffn": pick(teacher.intermediate_size, student.intermediate_size),
+    })
+  return {"hidden": shared_hidden, "layers": layers}
+
+
+def top_indices(scores: dict, student: EncoderConfig, hidden_consistency: bool = True) -> dict:
+  """ETD-Impt: the highest-scoring neurons (sorted by position). `scores` as `importance.taylor_scores`
+  returns. Without hidden consistency each layer keeps the top dimensions of its own MHA input."""
+  top = lambda s, k: np.sort(np.argsort(-np.asarray(s), kind="stable")[:k])
+  hidden = top(scores["hidden"], student.hidden_size)
+  layers = [{"hidden": hidden if hidden_consistency else top(layer["hidden"], student.hidden_size),
+             "heads": np.stack([top(h, student.head_dim) for h in layer["heads"]]),
+             "ffn": top(layer["ffn"], student.intermediate_size)} for layer in scores["layers"]]
+  return {"hidden": hidden, "layers": layers}
+
+
+def _columns(heads_HxK, head_dim):
+  """Flat Q/K/V columns of the kept dimensions of every head."""
+  return (np.arange(len(heads_HxK))[:, None] * head_dim + heads_HxK).reshape(-1)
+
+
+def extract(teacher_params, teacher: EncoderConfig, student: EncoderConfig, indices: dict,
+            layer_strategy: str = "uniform") -> dict:
+  """The student's parameters, taken from the teacher's by `indices` and the layer selection."""
+  check_extractable(teacher, student)
+  flat = traverse_util.flatten_dict(teacher_params, sep="/")
+  get = lambda name: np.asarray(flat[name])
+  out = {}
+  selected = select_layers(teacher.num_layers, student.num_layers, layer_strategy)
+  # With hidden consistency every layer shares one set; without, the embeddings follow the first kept layer.
+  emb_hidden = indices["layers"][selected[0]]["hidden"]
+  for name in ("word_embeddings/embedding", "position_embeddings/embedding", "token_type_embeddings/embedding"):
+    out[f"embeddings/{name}"] = get(f"embeddings/{name}")[:, emb_hidden]
+  for p in ("scale", "bias"):
+    out[f"embeddings/LayerNorm/{p}"] = get(f"embeddings/LayerNorm/{p}")[emb_hidden]
+  for s, t in enumerate(selected):
+    idx = indices["layers"][t]
+    hidden, ffn, cols = idx["hidden"], idx["ffn"], _columns(idx["heads"], teacher.head_dim)
+    src, dst = f"layer_{t}", f"layer_{s}"
+    for proj in ("query", "key", "value"):
+      out[f"{dst}/attention/{proj}/kernel"] = get(f"{src}/attention/{proj}/kernel")[np.ix_(hidden, cols)]
+      out[f"{dst}/attention/{proj}/bias"] = get(f"{src}/attention/{proj}/bias")[cols]
+    out[f"{dst}/attention/output/kernel"] = get(f"{src}/attention/output/kernel")[np.ix_(cols, hidden)]
+    out[f"{dst}/intermediate/kernel"] = get(f"{src}/intermediate/kernel")[np.ix_(hidden, ffn)]
+    out[f"{dst}/intermediate/bias"] = get(f"{src}/intermediate/bias")[ffn]
+    out[f"{dst}/output/kernel"] = get(f"{src}/output/kernel")[np.ix_(ffn, hidden)]
+    for name in ("attention/output/bias", "attention/LayerNorm/scale", "attention/LayerNorm/bias", "output/bias",
+                 "output_LayerNorm/scale", "output_LayerNorm/bias"):
+      out[f"{dst}/{name}"] = get(f"{src}/{name}")[hidden]
+  last = indices["layers"][selected[-1]]["hidden"]
+  out["pooler/kernel"] = get("pooler/kernel")[np.ix_(last, last)]
+  out["pooler/bias"] = get("pooler/bias")[last]
+  return traverse_util.unflatten_dict(out, sep="/")
+
+
+def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: int = 32):
+  """Tokenised, BERT-masked batches of the scoring sentences."""
+  from minilm_jax.distill.importance import mlm_mask
+
+  rng = np.random.default_rng(seed)
+  special = set(tokenizer.all_special_ids)
+  for start in range(0, len(sentences), batch_size):
+    enc = tokenizer(sentences[start:start + batch_size], truncation=True, max_length=max_len, padding="max_length",
+                    return_tensors="np")
+    ids, mask = enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
+    masked, weights = mlm_mask(ids, mask, special, tokenizer.mask_token_id, len(tokenizer), rng)
+    yield {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids), "masked_ids": masked,
+           "weights": weights}
+
+
+def initial_student_params(etd_config, teacher: EncoderConfig, teacher_params, mlm_head, student: EncoderConfig,
+                           sentences_fn, tokenizer, max_len: int):
+  """The student's parameters by ETD-Rand or ETD-Impt. `mlm_head` is the teacher's MLM head (None if it
+  has none); `sentences_fn(n)` gives the corpus's first n sentences (only ETD-Impt reads them)."""
+  check_extractable(teacher, student)
+  if etd_config.method == "rand":
+    indices = random_indices(teacher, student, etd_config.seed, etd_config.hidden_consistency)
+  elif etd_config.method == "impt":
+    if mlm_head is None:
+      raise UserError("the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
+                      "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head")
+    from minilm_jax.distill.importance import taylor_scores
+
+    batches = scoring_batches(sentences_fn(etd_config.num_sentences), tokenizer, max_len, etd_config.seed)
+    indices = top_indices(taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency)
+  else:
+    raise UserError(f"unknown etd.method {etd_config.method!r}: use rand or impt")
+  return extract(teacher_params, teacher, student, indices, etd_config.layers)

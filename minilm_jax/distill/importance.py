@@ -1,0 +1,70 @@
+"""First-order Taylor importance of neurons under the teacher's masked-LM loss (ETD-Impt).
+
+For a neuron with activation `a`, `I = |a * dL/da|` summed over the real tokens of the scoring
+sentences (Michel et al., 2019). `dL/da` comes from the encoder's zero "perturbations" (see
+`encoder._probe`), `a` from its sown "intermediates", in one backward pass per batch.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from minilm_jax.models.heads import MaskedLM
+
+MASK_PROB = 0.15
+
+
+def mlm_mask(input_ids, attention_mask, special_ids, mask_id: int, vocab_size: int, rng: np.random.Generator):
+  """BERT's masking: 15% of real, non-special tokens are predicted; of those 80% become [MASK], 10% a
+  random token, 10% stay. Returns (masked ids, label weights)."""
+  candidates = attention_mask.astype(bool) & ~np.isin(input_ids, list(special_ids))
+  chosen = (rng.random(input_ids.shape) < MASK_PROB) & candidates
+  roll = rng.random(input_ids.shape)
+  ids = np.where(chosen & (roll < 0.8), mask_id, input_ids)
+  ids = np.where(chosen & (roll >= 0.8) & (roll < 0.9), rng.integers(0, vocab_size, input_ids.shape), ids)
+  return ids.astype(np.int32), chosen.astype(np.float32)
+
+
+def mlm_loss(logits_BxLxV, labels_BxL, weights_BxL):
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, labels_BxL)
+  return jnp.sum(ce * weights_BxL) / jnp.maximum(jnp.sum(weights_BxL), 1.0)
+
+
+def _neuron_grads(model, params, perturbations, batch):
+  """(activations, dL/dactivations) of every probed neuron, for one batch."""
+
+  def loss(p):
+    logits, state = model.apply({"params": params, "perturbations": p}, batch["masked_ids"], batch["attention_mask"],
+                                batch["token_type_ids"], mutable=["intermediates"])
+    return mlm_loss(logits, batch["input_ids"], batch["weights"]), state["intermediates"]
+
+  grads, activations = jax.grad(loss, has_aux=True)(perturbations)
+  return jax.tree.map(lambda t: t[0], activations, is_leaf=lambda t: isinstance(t, tuple)), grads
+
+
+def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
+  """Scores of every neuron: {"hidden": [H], "layers": [{"hidden": [H] (MHA input), "heads": [A, d_k], "ffn": [I]}]}.
+
+  `batches` yield dicts with input_ids, attention_mask, token_type_ids, masked_ids, weights (numpy).
+  """
+  model = MaskedLM(config.replace(dtype="float32"))
+  params = {"encoder": encoder_params, **mlm_params}
+
+  @jax.jit
+  def batch_scores(batch):
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+        lambda: model.init(jax.random.key(0), batch["input_ids"], batch["attention_mask"])["perturbations"]))
+    activations, grads = _neuron_grads(model, params, zeros, batch)
+    real = batch["attention_mask"].astype(jnp.float32)[..., None]
+    return jax.tree.map(lambda a, g: jnp.sum(jnp.abs(a * g) * real, axis=(0, 1)), activations, grads)
+
+  total = None
+  for batch in batches:
+    scores = jax.device_get(batch_scores({k: jnp.asarray(v) for k, v in batch.items()}))
+    total = scores if total is None else jax.tree.map(np.add, total, scores)
+  encoder = total["encoder"]
+  layers = [{"hidden": encoder[f"layer_{i}"]["attention"]["input"],
+             "heads": encoder[f"layer_{i}"]["attention"]["heads"].reshape(config.num_heads, config.head_dim),
+             "ffn": encoder[f"layer_{i}"]["ffn"]} for i in range(config.num_layers)]
+  return {"hidden": sum(layer["hidden"] for layer in layers), "layers": layers}

@@ -1,0 +1,181 @@
+"""Baseline objectives against independent numpy references; layer mappings; the trainer runs each."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from minilm_jax.distill import losses
+from minilm_jax.distill.objectives import Objective, attention_score_mse, layer_pairs, masked_mse
+from minilm_jax.distill.trainer import Distillation
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import LayerOutput
+
+MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
+
+
+@pytest.mark.parametrize("teacher,student,variant,expected", [
+    (12, 6, "all", [(0, 1), (1, 3), (2, 5), (3, 7), (4, 9), (5, 11)]),
+    (12, 4, "all", [(0, 2), (1, 5), (2, 8), (3, 11)]),
+    (12, 3, "all", [(0, 3), (1, 7), (2, 11)]),
+    (6, 3, "all", [(0, 1), (1, 3), (2, 5)]),
+    (12, 3, "last", [(2, 11)]),
+    (12, 3, "last_two", [(1, 7), (2, 11)]),
+    (12, 3, "first_and_last", [(0, 3), (2, 11)]),
+    (12, 6, "first_and_last", [(0, 1), (5, 11)]),
+])
+def test_uniform_layer_mappings(teacher, student, variant, expected):
+  assert layer_pairs(teacher, student, variant) == expected
+
+
+def test_layer_mappings_that_cannot_exist():
+  with pytest.raises(UserError, match="no uniform layer mapping from a 12-layer teacher to a 5-layer student"):
+    layer_pairs(12, 5, "all")
+  with pytest.raises(UserError, match="needs a student of at least 2 layers"):
+    layer_pairs(12, 1, "last_two")
+  with pytest.raises(UserError, match="unknown loss.layer_map"):
+    layer_pairs(12, 6, "middle")
+
+
+def _layer(rng, heads, head_dim, length=6, batch=2):
+  d = {n: rng.standard_normal((batch, heads, length, head_dim)).astype(np.float32) for n in "qkv"}
+  d["hidden"] = rng.standard_normal((batch, length, heads * head_dim)).astype(np.float32)
+  return d
+
+
+def _lo(d):
+  return LayerOutput(q=jnp.asarray(d["q"]), k=jnp.asarray(d["k"]), v=jnp.asarray(d["v"]), attention=None,
+                     hidden=jnp.asarray(d["hidden"]))
+
+
+def _np_mse(s, t, mask):
+  """Mean of squared errors over real tokens and features."""
+  rows = mask.astype(bool)
+  return float(((s[rows] - t[rows]) ** 2).mean())
+
+
+def _np_score_mse(t, s, mask):
+  total, count = 0.0, 0
+  for b in range(mask.shape[0]):
+    n = int(mask[b].sum())
+    for h in range(t["q"].shape[1]):
+      st = t["q"][b, h, :n] @ t["k"][b, h, :n].T / np.sqrt(t["q"].shape[-1])
+      ss = s["q"][b, h, :n] @ s["k"][b, h, :n].T / np.sqrt(s["q"].shape[-1])
+      total += ((st - ss) ** 2).sum()
+      count += n * n
+  return total / count
+
+
+def _merge(x):
+  b, h, l, k = x.shape
+  return x.transpose(0, 2, 1, 3).reshape(b, l, h * k)
+
+
+def test_mse_losses_match_numpy():
+  rng = np.random.default_rng(0)
+  t, s = _layer(rng, 4, 6), _layer(rng, 4, 3)
+  w = rng.standard_normal((12, 24)).astype(np.float32)
+  np.testing.assert_allclose(float(masked_mse(jnp.asarray(s["hidden"]) @ w, jnp.asarray(t["hidden"]), jnp.asarray(MASK))),
+                             _np_mse(s["hidden"] @ w, t["hidden"], MASK), rtol=1e-5)
+  np.testing.assert_allclose(float(attention_score_mse(_lo(t), _lo(s), jnp.asarray(MASK))), _np_score_mse(t, s, MASK), rtol=1e-5)
+
+
+def _objective(name, pairs, student_width=12):
+  return Objective(name, tuple(pairs), ("qk", "vv"), 4, 0, 24, student_width)
+
+
+@pytest.mark.parametrize("name", ["value_mse", "hidden_mse", "tinybert"])
+def test_baseline_objectives_match_numpy(name):
+  rng = np.random.default_rng(1)
+  t, s = _layer(rng, 4, 6), _layer(rng, 4, 3)
+  objective = _objective(name, [(0, 0)])
+  projection = {k: {"kernel": jnp.asarray(rng.standard_normal(shape).astype(np.float32))}
+                for k, shape in objective.projection_shapes().items()}
+  terms = objective([_lo(t)], [_lo(s)], jnp.asarray(MASK), projection)
+  attention_kl = float(losses.minilm_loss(_lo(t), _lo(s), jnp.asarray(MASK), ("qk",), 4)["qk"])
+  if name == "value_mse":
+    w = np.asarray(projection["value"]["kernel"])
+    assert terms["value_mse"] == pytest.approx(_np_mse(_merge(s["v"]) @ w, _merge(t["v"]), MASK), rel=1e-5)
+    assert float(terms["qk"]) == pytest.approx(attention_kl, rel=1e-6)
+  elif name == "hidden_mse":
+    w = np.asarray(projection["hidden"]["kernel"])
+    assert terms["hidden_mse"] == pytest.approx(_np_mse(s["hidden"] @ w, t["hidden"], MASK), rel=1e-5)
+    assert float(terms["qk"]) == pytest.approx(attention_kl, rel=1e-6)
+  else:
+    w = np.asarray(projection["hidden"]["kernel"])
+    assert set(terms) == {"attention_mse", "hidden_mse"}
+    assert terms["attention_mse"] == pytest.approx(_np_score_mse(t, s, MASK), rel=1e-5)
+    assert terms["hidden_mse"] == pytest.approx(_np_mse(s["hidden"] @ w, t["hidden"], MASK), rel=1e-5)
+
+
+def test_same_width_needs_no_projection():
+  assert _objective("hidden_mse", [(0, 0)], student_width=24).projection_shapes() == {}
+
+
+def test_layer_to_layer_sums_minilm_at_every_pair():
+  rng = np.random.default_rng(2)
+  teacher = [_layer(rng, 4, 6) for _ in range(4)]
+  student = [_layer(rng, 4, 3) for _ in range(2)]
+  objective = _objective("layer_to_layer", layer_pairs(4, 2, "all"))
+  terms = objective([_lo(t) for t in teacher], [_lo(s) for s in student], jnp.asarray(MASK), {})
+  assert set(terms) == {"qk@0", "vv@0", "qk@1", "vv@1"}
+  for s, t in ((0, 1), (1, 3)):
+    expected = losses.minilm_loss(_lo(teacher[t]), _lo(student[s]), jnp.asarray(MASK), ("qk", "vv"), 4)
+    assert float(terms[f"qk@{s}"]) == pytest.approx(float(expected["qk"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("objective,layer_map", [("layer_to_layer", "all"), ("value_mse", "last"), ("hidden_mse", "last"),
+                                                 ("tinybert", "last")])
+def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, objective, layer_map):
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"loss.objective": objective, "loss.layer_map": layer_map})
+  run = Distillation(config, str(tmp_path / objective))
+  state = run.run()
+  if objective != "layer_to_layer":
+    assert state.params["projection"]  # the student (16 wide) learns a map to the teacher's 32
+  rows = [__import__("json").loads(l) for l in open(tmp_path / objective / "metrics.jsonl")]
+  assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_unknown_objective(tiny_teacher, tiny_corpus, tmp_path):
+  with pytest.raises(UserError, match="unknown loss.objective 'kd'"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "kd"}), str(tmp_path / "w"))
+
+
+def test_soft_label_kl_matches_numpy():
+  from minilm_jax.distill.objectives import soft_label_kl
+
+  rng = np.random.default_rng(3)
+  t, s = rng.standard_normal((2, 5, 11)), rng.standard_normal((2, 5, 11))
+  w = np.array([[1, 0, 1, 0, 0], [0, 0, 0, 1, 0]], np.float32)
+  p = np.exp(t) / np.exp(t).sum(-1, keepdims=True)
+  q = np.exp(s) / np.exp(s).sum(-1, keepdims=True)
+  expected = sum((p[b, l] * np.log(p[b, l] / q[b, l])).sum() for b, l in zip(*np.nonzero(w))) / w.sum()
+  got = soft_label_kl(jnp.asarray(t, jnp.float32), jnp.asarray(s, jnp.float32), jnp.asarray(w))
+  assert float(got) == pytest.approx(expected, rel=1e-5)
+  assert float(soft_label_kl(jnp.asarray(t), jnp.asarray(t), jnp.asarray(w))) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_mlm_mask_rates_and_special_tokens():
+  import jax
+  from minilm_jax.distill.objectives import mlm_mask
+
+  ids = jnp.asarray(np.random.default_rng(0).integers(10, 1000, (64, 128)))
+  ids = ids.at[:, 0].set(101).at[:, -1].set(102)
+  mask = jnp.ones_like(ids).at[:, 100:].set(0)
+  masked, weights = mlm_mask(jax.random.key(0), ids, mask, (0, 101, 102, 103), 103, 1000)
+  w = np.asarray(weights).astype(bool)
+  assert not w[:, 0].any() and not w[:, 100:].any()  # never [CLS] or padding
+  assert abs(w[:, 1:100].mean() - 0.15) < 0.01
+  replaced = np.asarray(masked)[w] == 103
+  assert abs(replaced.mean() - 0.8) < 0.03
+  assert (np.asarray(masked)[~w] == np.asarray(ids)[~w]).all()
+
+
+def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_mlm_teacher, tiny_teacher):
+  state = Distillation(tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}),
+                       str(tmp_path / "kd")).run()
+  assert state.params["mlm_head"]["bias"].shape == (30522,)
+  rows = [__import__("json").loads(l) for l in open(tmp_path / "kd" / "metrics.jsonl")]
+  assert all(np.isfinite(r["loss_mlm_kd"]) and r["loss_mlm_kd"] > 0 for r in rows)
+  with pytest.raises(UserError, match="needs the teacher's masked-LM head"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "mlm_kd"}), str(tmp_path / "no_head"))
