@@ -28,7 +28,8 @@ class RunCheckpoints:
 
   def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False):
     if read_only:
-      options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False)
+      options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False,
+                                             save_interval_steps=0)
     else:
       options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep)
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)

@@ -27,6 +27,9 @@ def run_program(main):
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # Orbax and datasets log every step at INFO
     try:
+      from minilm_jax.distributed import maybe_initialize
+
+      maybe_initialize()  # before any device is touched
       return main(argv)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)

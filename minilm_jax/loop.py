@@ -9,22 +9,35 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
 
 
 class _Preemption:
-  """Records SIGTERM so the loop can save the step it is on and stop cleanly."""
+  """Tells the loop when SIGTERM asks it to save the step it is on and stop. With several processes
+  each may see the signal at a different step, so JAX's distributed runtime (which receives the
+  signal itself) picks one step for all of them; a single process records the signal here."""
 
   def __init__(self):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self.multi_process = jax.process_count() > 1
+    if not self.multi_process:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     self.requested = True
 
+  def stop_at(self, step: int) -> bool:
+    if self.multi_process:
+      from jax.experimental import multihost_utils
+
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self.requested
+
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if not self.multi_process:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, checkpoints, meta: dict, workdir: str,
@@ -33,7 +46,7 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
 
   `after_step(done, state) -> dict` may add metrics (an evaluation at an epoch end). Returns the last state.
   """
-  start = int(state.step)
+  start = int(host_scalars(state.step))
   if start >= num_steps and checkpoints.latest_step() is None:
     # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
     checkpoints.save(start, state, {"next_batch": next_batch}, meta, force=True)
@@ -52,6 +65,7 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
       window_steps += 1
       done = step + 1
       # One scalar per step comes back to the host: a non-finite loss must stop the run before it is saved.
+      metrics = host_scalars(metrics)
       loss = float(metrics["loss"])
       if not np.isfinite(loss):
         raise UserError(f"non-finite loss ({loss}) at step {done}; the last good checkpoint (step "
@@ -60,11 +74,11 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
       extra = after_step(done, state) if after_step else {}
       if done % log_every == 0 or done == num_steps or extra:
         elapsed = time.perf_counter() - window_start
-        writer.write(done, {**jax.device_get(metrics), **extra, "step_time_s": elapsed / window_steps,
+        writer.write(done, {**metrics, **extra, "step_time_s": elapsed / window_steps,
                             "tokens_per_s": real_tokens / elapsed})
         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(metrics['lr']):.2e}")
         real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
-      if preemption.requested:
+      if preemption.stop_at(done):
         checkpoints.save(done, state, {"next_batch": next_batch}, meta, force=True)
         checkpoints.wait()
         tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume",

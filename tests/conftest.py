@@ -103,3 +103,14 @@ def apply_overrides(config, overrides: dict):
       node = node[p]
     node[leaf] = value
   return config
+
+
+def read_metrics(workdir):
+  """The last logged row of every step of a run's metrics.jsonl (a resumed run logs steps again)."""
+  import json
+
+  rows = {}
+  for line in open(os.path.join(workdir, "metrics.jsonl")):
+    row = json.loads(line)
+    rows[row["step"]] = row
+  return [rows[s] for s in sorted(rows)]

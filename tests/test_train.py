@@ -14,22 +14,13 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import tiny_config
+from conftest import read_metrics, tiny_config
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.distill.trainer import Distillation, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _metrics(workdir):
-  """The last logged row of every step (a resumed run logs steps again from its checkpoint)."""
-  rows = {}
-  for line in open(os.path.join(workdir, "metrics.jsonl")):
-    row = json.loads(line)
-    rows[row["step"]] = row
-  return [rows[s] for s in sorted(rows)]
 
 
 def _final_params(workdir):
@@ -45,7 +36,7 @@ def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_
   for n in (1, 8):
     workdir = str(tmp_path / f"devices{n}")
     state = Distillation(config, workdir, mesh=parallel.make_mesh(n)).run()
-    results[n] = (jax.device_get(state.params), _metrics(workdir))
+    results[n] = (jax.device_get(state.params), read_metrics(workdir))
   (single, single_metrics), (sharded, sharded_metrics) = results[1], results[8]
   single, sharded = (traverse_util.flatten_dict(p, sep="/") for p in (single, sharded))
   for name in single:
@@ -67,7 +58,7 @@ def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_pa
   state = run.run()
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.opt_state) if x.ndim)
-  assert np.isfinite(_metrics(str(tmp_path / "bf16"))[-1]["loss"])
+  assert np.isfinite(read_metrics(str(tmp_path / "bf16"))[-1]["loss"])
 
 
 def _train_cmd(workdir, *overrides):
@@ -105,7 +96,7 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   assert interrupted_at is not None and interrupted_at < 60
   subprocess.run(_train_cmd(killed, *steps), env=env, check=True, capture_output=True)
 
-  a, b = _metrics(straight), _metrics(killed)
+  a, b = read_metrics(straight), read_metrics(killed)
   assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 61))
   # Same batches in the same order: every step's loss is the uninterrupted run's.
   np.testing.assert_allclose([m["loss"] for m in b], [m["loss"] for m in a], rtol=1e-5)
@@ -122,7 +113,7 @@ def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-2000:]
   assert "SIGTERM: saved the checkpoint of step" in err
-  last_logged = _metrics(workdir)[-1]["step"]
+  last_logged = read_metrics(workdir)[-1]["step"]
   saved = checkpoint.RunCheckpoints(workdir, read_only=True).latest_step()
   assert saved == last_logged and saved < 100000
 
@@ -208,7 +199,7 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "configs", "demo.py"),
                   "--workdir", workdir, "--config.num_steps=2", "--config.batch_size=4", "--config.log_every=1"],
                  env=env, check=True, capture_output=True, cwd=str(tmp_path))
-  rows = _metrics(workdir)
+  rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
   assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
   meta = checkpoint.RunCheckpoints(workdir, read_only=True).read_meta()

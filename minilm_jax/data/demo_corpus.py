@@ -48,7 +48,7 @@ def write_demo_corpus(path: str) -> str:
       if sentences:
         documents.append("\n".join(sentences))
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + ".tmp"
+  tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may harvest at once
   with open(tmp, "w", encoding="utf-8") as f:
     f.write("\n\n".join(documents) + "\n")
   os.replace(tmp, path)  # atomic: an interrupted harvest never leaves a half corpus behind

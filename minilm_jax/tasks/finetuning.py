@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
+from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.loop import train_loop
 from minilm_jax.models.heads import task_model
@@ -74,7 +75,7 @@ class Predictor:
       n = len(rows["input_ids"])
       # The last batch is padded with copies of its last row (outputs dropped) to keep one compiled shape.
       batch = {k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset:offset + local] for k in MODEL_INPUTS}
-      out = jax.device_get(self.forward(params, parallel.shard_batch(batch, self.mesh)))
+      out = host_scalars(self.forward(params, parallel.shard_batch(batch, self.mesh)))
       outputs.append(jax.tree.map(lambda x: x[:n], out))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
 
@@ -90,6 +91,7 @@ class FineTuning:
   def __init__(self, config, workdir: str, mesh=None):
     if not workdir:
       raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+    check_same_config(config_json(config))
     self.config, self.workdir = config, workdir
     self.task = get_task(config.task)
     encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
@@ -169,5 +171,5 @@ class FineTuning:
       results.update(self.evaluate(state.params))
     if jax.process_index() == 0:
       with open(os.path.join(self.workdir, "results.json"), "w") as f:
-        json.dump({"task": self.task.name, "step": int(state.step), **results}, f, indent=2)
+        json.dump({"task": self.task.name, "step": int(host_scalars(state.step)), **results}, f, indent=2)
     return state, results

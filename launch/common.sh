@@ -1,0 +1,19 @@
+# shellcheck shell=bash
+# Shared by the launch scripts: KEY=VALUE settings before the program's flags.
+# parse_settings "ALLOWED NAMES" "$@" sets each allowed NAME given as NAME=VALUE and leaves the rest
+# of the arguments (the program's flags) in the array PROGRAM_ARGS.
+parse_settings() {
+  local allowed=" $1 "
+  shift
+  while [[ $# -gt 0 && "$1" == *=* && "$1" != --* ]]; do
+    local name="${1%%=*}"
+    if [[ "$allowed" != *" $name "* ]]; then
+      echo "error: unknown setting $name: use one of$allowed" >&2
+      exit 2
+    fi
+    printf -v "$name" '%s' "${1#*=}"
+    shift
+  done
+  # shellcheck disable=SC2034  # read by the script that sources this file
+  PROGRAM_ARGS=("$@")
+}
