@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from minilm_jax.distributed import host_scalars
+from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
 
@@ -38,6 +38,14 @@ class _Preemption:
   def restore(self):
     if not self.multi_process:
       signal.signal(signal.SIGTERM, self._previous)
+
+
+def begin_run(config, workdir: str):
+  """Checks shared by every training program before anything is loaded: a workdir to write to, and
+  (with several processes) that every process was started with the same config."""
+  if not workdir:
+    raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+  check_same_config(config_json(config))
 
 
 def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, checkpoints, meta: dict, workdir: str,

@@ -21,9 +21,8 @@ from minilm_jax.data.corpus import BatchStream, first_sentences, load_blocks, pa
 from minilm_jax.distill import etd, losses
 from minilm_jax.distill import objectives as objective_lib
 from minilm_jax.distill.objectives import make_objective
-from minilm_jax.distributed import check_same_config, config_json
 from minilm_jax.errors import UserError
-from minilm_jax.loop import train_loop
+from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.models.heads import MaskedLM
 from minilm_jax.train_state import TrainState, make_optimizer
@@ -110,9 +109,7 @@ class Distillation:
   """Everything a run needs, built and validated before any compute; `run()` then trains."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    if not workdir:
-      raise UserError("--workdir is required: the directory for checkpoints and metrics")
-    check_same_config(config_json(config))
+    begin_run(config, workdir)
     self.config, self.workdir = config, workdir
     teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
     self.teacher = Encoder(teacher_config)

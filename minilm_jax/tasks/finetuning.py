@@ -16,9 +16,9 @@ from tqdm import tqdm
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
-from minilm_jax.distributed import check_same_config, config_json, host_scalars
+from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
-from minilm_jax.loop import train_loop
+from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.heads import task_model
 from minilm_jax.train_state import TrainState, make_optimizer
 
@@ -80,18 +80,11 @@ class Predictor:
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
 
 
-def abstract_state(model, tx):
-  params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32))["params"])
-  return jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
-
-
 class FineTuning:
   """A fine-tuning run, built and validated before any compute; `run()` trains and evaluates."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    if not workdir:
-      raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
-    check_same_config(config_json(config))
+    begin_run(config, workdir)
     self.config, self.workdir = config, workdir
     self.task = get_task(config.task)
     encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
@@ -110,7 +103,8 @@ class FineTuning:
     optimizer = ml_collections.ConfigDict({**config.optimizer.to_dict(),
                                            "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)})
     self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
-    abstract = abstract_state(self.model, self.tx)
+    abstract = jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=self.tx.init(p)),
+                              runs.abstract_model_params(self.encoder_config, self.head))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                                        self.state_shardings)
