@@ -25,14 +25,18 @@ class BiLSTMEncoder(nn.Module):
     return jnp.concatenate([h_forward, h_backward], axis=-1)
 
 
-class BiLSTMClassifier(nn.Module):
-  """Logits [batch, num_labels] of one sentence; hidden 150 or 300, fc 200 or 400 in the thesis."""
+class _BiLSTMStudent(nn.Module):
+  """Sizes shared by both students: hidden 150 or 300 and fc 200 or 400 in the thesis."""
 
   vocab_size: int
   num_labels: int
   embed_dim: int = 300
   hidden: int = 150
   fc: int = 200
+
+
+class BiLSTMClassifier(_BiLSTMStudent):
+  """Logits [batch, num_labels] of one sentence."""
 
   @nn.compact
   def __call__(self, input_ids, attention_mask):
@@ -41,14 +45,8 @@ class BiLSTMClassifier(nn.Module):
     return nn.Dense(self.num_labels, name="logits")(nn.relu(nn.Dense(self.fc, name="fc")(h)))
 
 
-class SiameseBiLSTMClassifier(nn.Module):
+class SiameseBiLSTMClassifier(_BiLSTMStudent):
   """Logits [batch, num_labels] of a sentence pair, both sentences through the same embedding and BiLSTM."""
-
-  vocab_size: int
-  num_labels: int
-  embed_dim: int = 300
-  hidden: int = 150
-  fc: int = 200
 
   @nn.compact
   def __call__(self, ids_a, mask_a, ids_b, mask_b):
