@@ -111,10 +111,10 @@ class Distillation:
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
     self.config, self.workdir = config, workdir
-    teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
-    self.teacher = Encoder(teacher_config)
     if config.student.init not in ("random", "etd"):
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
+    teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
+    self.teacher = Encoder(teacher_config)
     self.student = Encoder(student_config(config, self.teacher.config))
     losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
                                 self.student.config.hidden_size)
@@ -127,7 +127,9 @@ class Distillation:
                       f"{self.teacher.config.max_position_embeddings} positions: lower it")
     self.mesh = mesh or parallel.make_mesh()
     parallel.check_batch_divides(config.batch_size, self.mesh)
-    mlm_head = runs.load_mlm_head(config.teacher.path, teacher_config)
+    # The teacher's MLM head costs a second read of its weights: only ETD-Impt and soft labels use it.
+    uses_mlm_head = self.objective.soft_labels or (config.student.init == "etd" and config.etd.method == "impt")
+    mlm_head = runs.load_mlm_head(config.teacher.path, teacher_config) if uses_mlm_head else None
     mlm = None
     if self.objective.soft_labels:
       if mlm_head is None:
