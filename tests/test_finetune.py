@@ -257,3 +257,14 @@ def test_attention_maps_png(tmp_path, tiny_teacher):
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", "--teacher", tiny_teacher, "--student",
                          tiny_teacher, "--out", str(out), "--heads", "7"], capture_output=True, text=True)
   assert proc.returncode == 2 and "has 4 heads" in proc.stderr
+
+
+def test_evaluating_every_checkpoint_of_a_run(tiny_teacher, sst2_dir, tmp_path):
+  """--all_steps: one row per kept checkpoint, each scored with its own parameters."""
+  run_dir = str(tmp_path / "steps")
+  FineTuning(finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=2, **{"checkpoint.every": 4, "checkpoint.keep": 3}),
+             run_dir).run()
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"), all_steps=True)
+  steps = [r["step"] for r in rows]
+  assert steps == sorted(steps) and len(steps) >= 2 and steps[-1] == 16
+  assert os.path.exists(tmp_path / "eval" / "steps" / f"step_{steps[0]}" / "dev_predictions.tsv")

@@ -54,19 +54,19 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
     jobs += [(workdir, step) for step in steps]
   rows, prepared = [], {}
   for workdir, step in tqdm(jobs, desc="evaluate", unit="checkpoint", disable=jax.process_index() != 0):
-    config = _run_config(workdir, data_dir)
-    task = get_task(config.task)
     encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
-    model = task_model(encoder_config, head)
-    predict = Predictor(model, mesh, parallel.tree_shardings(params, mesh), batch_size)
-    if workdir not in prepared:  # tokenise each run's data once, whatever its number of checkpoints
+    if workdir not in prepared:  # once per run, whatever its number of checkpoints: config, data, compiled forward
+      config = _run_config(workdir, data_dir)
+      task = get_task(config.task)
       splits = list(task.eval_splits)
       if config.data_dir:
         splits += [s for s in task.test_splits if os.path.isfile(os.path.join(config.data_dir, f"{s}.tsv"))]
-      prepared[workdir] = {s: task.prepare(s, config, tokenizer) for s in splits}
+      predict = Predictor(task_model(encoder_config, head), mesh, parallel.tree_shardings(params, mesh), batch_size)
+      prepared[workdir] = (config, task, predict, {s: task.prepare(s, config, tokenizer) for s in splits})
+    config, task, predict, data = prepared[workdir]
     target = os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")
     os.makedirs(target, exist_ok=True)
-    for split, (features, examples) in prepared[workdir].items():
+    for split, (features, examples) in data.items():
       outputs = predict(params, features, desc=split)
       if split in task.eval_splits:
         scores, predictions = task.evaluate(outputs, features, examples, config)
