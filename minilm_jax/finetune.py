@@ -3,14 +3,17 @@
 
 Evaluates on the task's dev split(s) after every epoch; writes `results.json`. With `--grid`, runs
 every `config.grid` learning rate x epochs pair and writes `grid.md` / `grid.csv` with the best marked.
+Several tasks (`--config.task=sst2,mrpc,stsb`) train the thesis's multi-task refined teacher: one
+encoder, one output layer per task, the tasks' batches shuffled together.
 """
 
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.errors import run_program
+from minilm_jax.errors import UserError, run_program
 from minilm_jax.tasks.finetuning import FineTuning
 from minilm_jax.tasks.grid import run_grid
+from minilm_jax.tasks.multitask import MultiTaskFineTuning
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (configs/finetune/*.py).",
                                           lock_config=True)
@@ -21,8 +24,13 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
+  multi_task = "," in _CONFIG.value.task
+  if _GRID.value and multi_task:
+    raise UserError("--grid tunes one task: run it per task, or drop --grid for multi-task refining")
   if _GRID.value:
     run_grid(_CONFIG.value, _WORKDIR.value)
+  elif multi_task:
+    MultiTaskFineTuning(_CONFIG.value, _WORKDIR.value).run()
   else:
     FineTuning(_CONFIG.value, _WORKDIR.value).run()
 

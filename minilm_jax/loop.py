@@ -67,7 +67,8 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
   try:
     for step in range(start, num_steps):
       local = stream.batch(next_batch)
-      real_tokens += int(local["attention_mask"].sum()) * jax.process_count()
+      # every attention mask counts: a sentence-pair LSTM batch has one per sentence
+      real_tokens += sum(int(v.sum()) for k, v in local.items() if k.startswith("attention_mask")) * jax.process_count()
       state, metrics = step_fn(state, local)
       next_batch += 1
       window_steps += 1

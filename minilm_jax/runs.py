@@ -85,6 +85,13 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
   return model.config, params, hf.load_tokenizer(path)
 
 
+def load_tokenizer_of(path: str):
+  """The tokenizer of a run's workdir or of a Hugging Face directory."""
+  if not os.path.isdir(path):
+    raise UserError(f"{path} does not exist: pass a run's workdir or a Hugging Face directory")
+  return hf.load_tokenizer(os.path.join(path, TOKENIZER_DIR) if checkpoint.is_run(path) else path)
+
+
 def load_mlm_head(path: str, config: EncoderConfig):
   """The masked-LM head of a Hugging Face teacher, or None (runs and encoder-only checkpoints have none)."""
   if checkpoint.is_run(path) or not os.path.isdir(path):

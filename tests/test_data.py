@@ -7,7 +7,7 @@ import pytest
 
 from functools import partial
 
-from minilm_jax.data.corpus import BatchStream, load_blocks, pack_blocks, pad_blocks
+from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError
 
 
@@ -78,3 +78,24 @@ def test_processes_read_disjoint_slices_of_the_global_batch():
 def test_padding_and_mask():
   b = _stream().batch(0)
   assert b["input_ids"].shape == (8, 6) and b["attention_mask"][:, :3].all() and not b["attention_mask"][:, 3:].any()
+
+
+def test_multi_task_stream_merges_and_shuffles_every_tasks_batches_each_epoch():
+  def stream(task, n):
+    rows = datasets.Dataset.from_dict({"attention_mask": [[1]] * n, "row": [f"{task}{i}" for i in range(n)]})
+    return BatchStream(rows, 4, 0, stack_columns, name=task)
+
+  make = lambda: MultiTaskStream({"a": stream("a", 12), "b": stream("b", 21)}, seed=3)  # 3 and 5 batches an epoch
+  tasks = make()
+  assert tasks.batches_per_epoch == 8
+  for epoch in range(2):
+    batches = [tasks.batch(epoch * 8 + i) for i in range(8)]
+    assert sorted(b["task"] for b in batches) == ["a"] * 3 + ["b"] * 5
+    for b in batches:
+      assert all(r.startswith(b["task"]) for r in b["row"])  # a batch is one task's
+    seen = [r for b in batches if b["task"] == "a" for r in b["row"]]
+    assert sorted(seen) == sorted(f"a{i}" for i in range(12))  # each epoch, each row of a once
+  orders = [[tasks.batch(e * 8 + i)["task"] for i in range(8)] for e in range(3)]
+  assert len({tuple(o) for o in orders}) > 1  # shuffled anew each epoch
+  resumed = make()  # a fresh stream (a restarted run) gives batch 13 without replaying 0-12
+  assert list(resumed.batch(13)["row"]) == list(tasks.batch(13)["row"])

@@ -139,3 +139,25 @@ class BatchStream:
 
   def batch(self, b: int) -> dict:
     return self.collate(self.rows[self.indices(b)])
+
+
+class MultiTaskStream:
+  """MKD's batches (thesis algorithm 1): every task's batches, merged and shuffled each epoch.
+
+  Each task keeps its own `BatchStream` (a fresh permutation of its rows every epoch); global batch
+  `b` is a fixed function of (seed, b) as there, and carries its task's name under "task".
+  """
+
+  def __init__(self, streams: dict, seed: int):
+    self.streams, self.seed = streams, seed
+    self.plan = [(task, i) for task, s in streams.items() for i in range(s.batches_per_epoch)]
+    self.batches_per_epoch = len(self.plan)
+    self._epoch, self._order = None, None
+
+  def batch(self, b: int) -> dict:
+    epoch, i = divmod(b, self.batches_per_epoch)
+    if epoch != self._epoch:
+      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.batches_per_epoch)
+    task, j = self.plan[self._order[i]]
+    stream = self.streams[task]
+    return {**stream.batch(epoch * stream.batches_per_epoch + j), "task": task}

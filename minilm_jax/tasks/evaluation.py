@@ -15,7 +15,7 @@ from tqdm import tqdm
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
-from minilm_jax.tasks.finetuning import Predictor, get_task
+from minilm_jax.tasks.finetuning import Predictor, get_task, task_forward
 
 
 def _run_config(workdir: str, data_dir: str) -> ml_collections.ConfigDict:
@@ -61,7 +61,7 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
       splits = list(task.eval_splits)
       if config.data_dir:
         splits += [s for s in task.test_splits if os.path.isfile(os.path.join(config.data_dir, f"{s}.tsv"))]
-      predict = Predictor(task_model(encoder_config, head), mesh, parallel.tree_shardings(params, mesh), batch_size)
+      predict = Predictor(task_forward(task_model(encoder_config, head)), mesh, parallel.tree_shardings(params, mesh), batch_size)
       prepared[workdir] = (config, task, predict, {s: task.prepare(s, config, tokenizer) for s in splits})
     config, task, predict, data = prepared[workdir]
     target = os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")

@@ -26,12 +26,17 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def get_task(name: str):
-  from minilm_jax.tasks import glue, squad
+  from minilm_jax.tasks import glue, squad, wordnet
 
-  tasks = {**glue.TASKS, **squad.TASKS}
+  tasks = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS}
   if name not in tasks:
     raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(tasks))}")
   return tasks[name]
+
+
+def task_forward(model):
+  """`forward(params, batch) -> outputs` of a task model, for `Predictor`."""
+  return partial(_apply, model)
 
 
 def _apply(model, params, batch, deterministic=True, rngs=None):
@@ -57,12 +62,13 @@ def make_train_step(model, task, tx, schedule, state_shardings, mesh):
 
 
 class Predictor:
-  """Batched, sharded inference of a task model: outputs for every row of a features dataset."""
+  """Batched, sharded inference: `forward(params, batch)` on every row of a features dataset;
+  `inputs` are the columns the batch takes (a task model's: the encoder inputs)."""
 
-  def __init__(self, model, mesh, param_shardings, batch_size: int):
+  def __init__(self, forward, mesh, param_shardings, batch_size: int, inputs=MODEL_INPUTS):
     parallel.check_batch_divides(batch_size, mesh)
-    self.mesh, self.batch_size = mesh, batch_size
-    self.forward = jax.jit(partial(_apply, model), in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
+    self.mesh, self.batch_size, self.inputs = mesh, batch_size, inputs
+    self.forward = jax.jit(forward, in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
                            out_shardings=parallel.replicated(mesh))
 
   def __call__(self, params, features, desc="predict"):
@@ -74,7 +80,7 @@ class Predictor:
       rows = features[start:start + self.batch_size]
       n = len(rows["input_ids"])
       # The last batch is padded with copies of its last row (outputs dropped) to keep one compiled shape.
-      batch = {k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset:offset + local] for k in MODEL_INPUTS}
+      batch = {k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset:offset + local] for k in self.inputs}
       out = host_scalars(self.forward(params, parallel.shard_batch(batch, self.mesh)))
       outputs.append(jax.tree.map(lambda x: x[:n], out))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
@@ -109,7 +115,7 @@ class FineTuning:
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                                        self.state_shardings)
     self.train_step = make_train_step(self.model, self.task, self.tx, self.schedule, self.state_shardings, self.mesh)
-    self.predict = Predictor(self.model, self.mesh, self.state_shardings.params, config.eval_batch_size)
+    self.predict = Predictor(task_forward(self.model), self.mesh, self.state_shardings.params, config.eval_batch_size)
     self._encoder_params = encoder_params
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 

@@ -1,0 +1,19 @@
+"""Distilled BiLSTM (thesis chapter 3): one task's fine-tuned teacher into a single-layer BiLSTM.
+
+  python -m minilm_jax.distill_task --config configs/task/distilled_bilstm.py --workdir <dir> \
+      --config.tasks=wordnet_supersense --config.teacher=<fine-tuning run of that task>
+
+Logit MSE on the training set augmented 10x (masking and POS-guided replacement, p = 0.1 each);
+AdaDelta (lr 1.0, rho 0.95), batch 50; BiLSTM 150 units, Dense+ReLU 200. Sentence-pair tasks:
+`--config.student.kind=siamese_bilstm`; small tasks (STS-B, MRPC): `--config.augment.size_factor=40
+--config.augment.n_iter=78`. Ablations: `--config.objective=soft_ce --config.temperature=...`,
+`--config.objective=hard` (gold labels, no augmentation).
+"""
+
+from minilm_jax.tasks.config import task_distillation_config
+
+
+def get_config():
+  c = task_distillation_config()
+  c.tasks = "wordnet_supersense"
+  return c

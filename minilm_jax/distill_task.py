@@ -1,0 +1,28 @@
+"""Task-specific and multi-task distillation (the thesis):
+`python -m minilm_jax.distill_task --config configs/task/<file>.py --workdir <dir>
+--config.teacher=<fine-tuning run(s)> [--config.tasks=<task[,task...]>]`.
+
+Augments each training set, labels it with the teacher (cached under the workdir), trains the
+student, evaluates every task's dev split after each epoch, writes `results.json`. Rerun the same
+command to resume.
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from minilm_jax.errors import run_program
+from minilm_jax.tasks.distillation import TaskDistillation
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Task distillation config (configs/task/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the teacher-logit cache, results.")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+  del argv
+  TaskDistillation(_CONFIG.value, _WORKDIR.value).run()
+
+
+if __name__ == "__main__":
+  run_program(main)

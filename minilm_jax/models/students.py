@@ -1,0 +1,93 @@
+"""Multi-task models of the thesis: a body shared by the tasks plus one head per task.
+
+Students (MKD's layout, section 4.2; a single-task student is the case of one task): heads
+Dense + ReLU -> Dense logits on the BiLSTM and bi-attentive LSTM bodies of `lstm`, or on the
+3-layer Transformer of section 4.1.3 (`TransformerBody`: the first layers of a teacher, the `[CLS]`
+vectors of every layer averaged). The multi-task refined teacher (section 4.1.1): BERT's pooled
+`[CLS]` (`PooledEncoderBody`) with one linear output layer per task.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import Encoder, EncoderConfig
+from minilm_jax.models.lstm import BiAttentiveBody, BiLSTMBody
+
+# How each kind reads a batch: "separate" sentences without special tokens (the LSTMs), or the
+# "joint" `[CLS] a [SEP] b [SEP]` sequence of the teacher (the Transformer).
+KINDS = {"bilstm": "separate", "siamese_bilstm": "separate", "biattentive": "separate", "transformer": "joint"}
+PAIR_KINDS = ("siamese_bilstm", "biattentive", "transformer")
+SINGLE_KINDS = ("bilstm", "biattentive", "transformer")
+
+
+class TransformerBody(nn.Module):
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = Encoder(self.config, name="encoder")(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                                               deterministic)
+    return jnp.mean(jnp.stack([layer.hidden[:, 0] for layer in out.layers]), axis=0).astype(jnp.float32)
+
+
+class PooledEncoderBody(nn.Module):
+  """BERT's pooled `[CLS]` vector, after dropout, as `SequenceClassifier` reads it."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    out = Encoder(self.config, name="encoder")(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                                               deterministic)
+    return nn.Dropout(self.config.hidden_dropout)(out.pooler_output, deterministic=deterministic).astype(jnp.float32)
+
+
+class TaskHead(nn.Module):
+  """Dense(fc) + ReLU -> Dense(labels); fc 0: the linear output layer alone."""
+
+  fc: int
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, features):
+    if self.fc:
+      features = nn.relu(nn.Dense(self.fc, name="fc")(features))
+    return nn.Dense(self.num_labels, name="logits")(features)
+
+
+class MultiTaskModel(nn.Module):
+  """`apply(params, batch, task)` -> logits [B, num_labels] of one task; without `task`, a dict of
+  every task's logits (what `init` uses to create every head)."""
+
+  body: nn.Module
+  heads: tuple  # ((task name, num_labels), ...)
+  fc: int
+
+  @nn.compact
+  def __call__(self, batch, task: str = None, deterministic: bool = True):
+    features = self.body(batch, deterministic)
+    heads = {name: TaskHead(self.fc, n, name=f"head_{name}") for name, n in self.heads}
+    if task is not None:
+      return heads[task](features).astype(jnp.float32)
+    return {name: head(features).astype(jnp.float32) for name, head in heads.items()}
+
+
+def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig = None) -> MultiTaskModel:
+  """The student of a config's `student` block; `encoder_config` is the teacher's (Transformer kind)."""
+  kind = student.kind
+  if kind == "bilstm" or kind == "siamese_bilstm":
+    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, pair=kind == "siamese_bilstm")
+  elif kind == "biattentive":
+    body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden)
+  elif kind == "transformer":
+    body = TransformerBody(encoder_config.replace(num_layers=student.num_layers, hidden_dropout=student.dropout,
+                                                  attention_dropout=student.dropout))
+  else:
+    raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
+  return MultiTaskModel(body, tuple(heads), student.fc)
+
+
+def refined_teacher(encoder_config: EncoderConfig, heads: tuple) -> MultiTaskModel:
+  """The multi-task refined teacher: shared encoder, one linear output layer per task."""
+  return MultiTaskModel(PooledEncoderBody(encoder_config), tuple(heads), 0)

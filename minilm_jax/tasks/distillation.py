@@ -1,0 +1,175 @@
+"""Task-specific and multi-task distillation (the thesis): a fine-tuned teacher's logits on the
+(augmented) training set, learnt by a small student (BiLSTM, bi-attentive LSTM, 3-layer Transformer).
+
+One trainer for both settings (`multitask.MultiTaskRun`): a student is a body shared by its tasks
+plus one head per task (thesis section 4.2); with one task it is chapter 3's distilled BiLSTM, with
+several it is MKD (algorithm 1). Teachers are fine-tuning runs of each task or a multi-task refined
+teacher. Their logits are computed once per training set, batched through the jitted teacher, and
+cached on disk.
+"""
+
+import hashlib
+import json
+import os
+
+import datasets
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from minilm_jax import checkpoint, parallel, runs
+from minilm_jax.data import augment
+from minilm_jax.errors import UserError
+from minilm_jax.loop import begin_run
+from minilm_jax.models.heads import task_model
+from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
+from minilm_jax.tasks.finetuning import Predictor, task_forward
+from minilm_jax.tasks.logit_losses import check_objective
+from minilm_jax.tasks.multitask import REFINED_TEACHER, MultiTaskRun, is_pair, parse_tasks, read_refined_teacher, \
+    task_features
+
+
+def task_optimizer(opt):
+  """The thesis's optimisers at a constant learning rate: AdaDelta (BiLSTM) or Adam (MKD)."""
+  if opt.name == "adadelta":
+    tx = optax.adadelta(opt.lr, rho=opt.rho, eps=opt.eps)
+  elif opt.name == "adam":
+    tx = optax.adam(opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps)
+  else:
+    raise UserError(f"optimizer.name={opt.name!r}: choose adadelta or adam")
+  return optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx) if opt.clip_norm > 0 else tx
+
+
+def transformer_init(encoder_params: dict, num_layers: int) -> dict:
+  """The 3-layer Transformer student's body from a teacher encoder: its embeddings, first layers and pooler."""
+  available = sum(k.startswith("layer_") for k in encoder_params)
+  if num_layers > available:
+    raise UserError(f"student.num_layers={num_layers} but the encoder to initialise from has {available} layers")
+  keep = {"embeddings", "pooler", *(f"layer_{i}" for i in range(num_layers))}
+  return {"encoder": {k: v for k, v in encoder_params.items() if k in keep}}
+
+
+def find_teachers(teacher_runs: list, tasks: list) -> dict:
+  """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
+  multi-task refined teacher trained on it)}; a one-line error for a task that has none."""
+  teaches = {}
+  for run in teacher_runs:
+    if not checkpoint.is_run(run):
+      raise UserError(f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)")
+    meta = runs.read_meta(run)
+    for name in meta["tasks"] if meta.get("model") == REFINED_TEACHER else [meta.get("task")]:
+      teaches.setdefault(name, run)
+  missing = [t.name for t in tasks if t.name not in teaches]
+  if missing:
+    raise UserError(f"task {', '.join(missing)} has no teacher: none of teacher={','.join(teacher_runs)} was fine-tuned on "
+                    f"it; fine-tune one (python -m minilm_jax.finetune --config.task={missing[0]} ...) and add its workdir")
+  return {t.name: teaches[t.name] for t in tasks}
+
+
+def _teacher(run: str, task, mesh):
+  """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
+  if runs.read_meta(run).get("model") == REFINED_TEACHER:
+    model, params, tokenizer = read_refined_teacher(run, mesh)
+    return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
+  encoder_config, head, params, tokenizer = runs.read_run(run, mesh=mesh)
+  return task_forward(task_model(encoder_config, head)), params, tokenizer
+
+
+def teacher_logits(run: str, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh,
+                   cache_dir: str) -> np.ndarray:
+  """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
+  the cache when the same teacher checkpoint already labelled the same texts at the same length."""
+  ckpt = checkpoint.RunCheckpoints(run, read_only=True)
+  step = ckpt.latest_step()
+  ckpt.close()
+  digest = hashlib.sha256(json.dumps([os.path.abspath(run), step, task.name, max_len]).encode())
+  for a, b in zip(examples["text_a"], examples["text_b"]):
+    digest.update(f"{a}\x00{b}\x01".encode())
+  path = os.path.join(cache_dir, f"{task.name}-teacher-{digest.hexdigest()[:20]}.npy")
+  if os.path.isfile(path):
+    return np.load(path)
+  forward, params, tokenizer = _teacher(run, task, mesh)
+  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
+  logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
+  if jax.process_index() == 0:
+    os.makedirs(cache_dir, exist_ok=True)
+    partial = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
+    np.save(partial, logits)
+    os.replace(partial, path)
+  return logits
+
+
+class TaskDistillation(MultiTaskRun):
+  """A task (or multi-task) distillation run, built and validated before any compute; `run()`
+  trains and evaluates. The student's vocabulary is the first teacher's tokenizer (WordPiece, as
+  the thesis's students)."""
+
+  def __init__(self, config, workdir: str, mesh=None):
+    begin_run(config, workdir)
+    self.config, self.workdir = config, workdir
+    self.tasks = parse_tasks(config.tasks)
+    kind = config.student.kind
+    if kind not in KINDS:
+      raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
+    for task in self.tasks:
+      check_objective(config.objective, task.head()["num_labels"], task.name)
+      if is_pair(task) and kind not in PAIR_KINDS:
+        raise UserError(f"{task.name} is a sentence-pair task but student.kind={kind!r} reads one sentence: "
+                        f"use one of {', '.join(PAIR_KINDS)}")
+      if not is_pair(task) and kind not in SINGLE_KINDS:
+        raise UserError(f"{task.name} is a single-sentence task but student.kind={kind!r} compares two: "
+                        f"use one of {', '.join(SINGLE_KINDS)}")
+    teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
+    if not teacher_runs:
+      raise UserError("config.teacher is empty: pass the workdir of a run fine-tuned on each task "
+                      "(its tokenizer is also the student's vocabulary)")
+    self.objective = config.objective
+    self.target = "label" if config.objective == "hard" else "teacher_logits"
+    self.teachers = find_teachers(teacher_runs, self.tasks) if self.target == "teacher_logits" else {}
+    self.tokenizer = runs.load_tokenizer_of(teacher_runs[0])
+    self.mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
+    self.cache_dir = config.cache_dir or os.path.join(workdir, "cache")
+    self.tag = augment.load_pos_tagger() if config.augment.enabled and self.target == "teacher_logits" else None
+    self.joint = KINDS[kind] == "joint"
+    self.encoder_config, self._init_body = None, None
+    if kind == "transformer":
+      encoder_config, params, _ = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
+      self.encoder_config, self._init_body = encoder_config, transformer_init(params, config.student.num_layers)
+    self.heads = tuple((t.name, t.head()["num_labels"]) for t in self.tasks)
+    self.model = make_student(config.student, self.heads, len(self.tokenizer), self.encoder_config)
+    self.desc = f"distill {config.tasks} -> {kind}"
+    self._build()
+
+  def _training_rows(self, task) -> datasets.Dataset:
+    """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented
+    unless augmentation is off."""
+    c = self.config
+    examples = task.load("train", c.data_dir, "")
+    if self.tag is not None:
+      a = c.augment
+      examples = augment.augment(examples, self.tag, self.tokenizer.mask_token, p_mask=a.p_mask, p_pos=a.p_pos,
+                                 n_iter=a.n_iter, size_factor=a.size_factor, seed=a.seed, desc=f"augment {task.name}")
+    features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
+    if self.target == "label":
+      return features
+    logits = teacher_logits(self.teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, self.mesh,
+                            self.cache_dir)
+    return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
+
+  def _init_params(self, rng):
+    params = self.model.init(rng, self.dummy_batch())["params"]
+    if self._init_body is not None:  # the Transformer starts from an encoder's first layers
+      params = {**params, "body": self._init_body}
+    return params
+
+  def _optimizer(self, num_steps):
+    return task_optimizer(self.config.optimizer), lambda step: jnp.asarray(self.config.optimizer.lr)
+
+  def meta(self) -> dict:
+    meta = {"model": "student", "student": self.config.student.to_dict(), "heads": [list(h) for h in self.heads],
+            "tasks": [t.name for t in self.tasks], "vocab_size": len(self.tokenizer),
+            "config": json.loads(self.config.to_json())}
+    if self.encoder_config is not None:
+      meta["encoder"] = self.encoder_config.to_dict()
+    return meta

@@ -1,0 +1,249 @@
+"""Multi-task training of one body with a head per task (thesis chapter 4), and its first use: the
+multi-task refined teacher (section 4.1.1), which the fine-tuning program trains when given
+several tasks (`--config.task=sst2,mrpc`).
+
+`MultiTaskRun` is what task distillation and multi-task refining share: every task's training rows
+in its own `BatchStream`, the streams' batches merged and shuffled each epoch (algorithm 1), one
+jitted train step per task (its inputs and head), each task's dev metrics after every epoch,
+Orbax checkpoints and resume through the common training loop. A subclass supplies the model, the
+rows, the initial parameters and the optimizer.
+"""
+
+import json
+import os
+
+import datasets
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from tqdm import tqdm
+
+from minilm_jax import checkpoint, parallel, runs
+from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
+from minilm_jax.distributed import host_scalars
+from minilm_jax.errors import UserError
+from minilm_jax.loop import begin_run, train_loop
+from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.students import refined_teacher
+from minilm_jax.tasks.finetuning import Predictor, get_task
+from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks.logit_losses import task_loss
+from minilm_jax.train_state import TrainState, make_optimizer
+
+SEPARATE_INPUTS = ("input_ids", "attention_mask")
+PAIR_INPUTS = ("input_ids_b", "attention_mask_b")
+JOINT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+REFINED_TEACHER = "refined_teacher"  # meta["model"] of a multi-task refined teacher's run
+
+
+def is_pair(task) -> bool:
+  return len(task.text_columns) > 1
+
+
+def parse_tasks(spec: str) -> list:
+  tasks = [get_task(name.strip()) for name in spec.split(",") if name.strip()]
+  if not tasks:
+    raise UserError("no task given: name a task, or a comma list of tasks for multi-task training")
+  for task in tasks:
+    if not isinstance(task, ClassificationTask):
+      raise UserError(f"{task.name} is not a sentence(-pair) classification or regression task: multi-task "
+                      f"training and task distillation take GLUE-style tasks")
+  return tasks
+
+
+def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_len: int) -> datasets.Dataset:
+  """Model inputs plus `label`: the `[CLS] a [SEP] b [SEP]` sequence (`joint`, the Transformers), or
+  each sentence on its own without special tokens (the LSTMs)."""
+  if joint:
+    return task.features(examples, tokenizer, max_len)
+
+  def tokenize(batch):
+    out = {"label": batch["label"]}
+    for column, (ids, mask) in (("text_a", SEPARATE_INPUTS), ("text_b", PAIR_INPUTS))[:1 + is_pair(task)]:
+      enc = tokenizer(batch[column], add_special_tokens=False, truncation=True, max_length=max_len,
+                      padding="max_length")
+      out[ids], out[mask] = enc["input_ids"], enc["attention_mask"]
+    return out
+
+  return examples.map(tokenize, batched=True, remove_columns=examples.column_names, desc=f"tokenise {task.name}")
+
+
+class MultiTaskRun:
+  """Subclasses set `config`, `workdir`, `tasks`, `tokenizer`, `model`, `mesh`, `joint`, `objective`
+  (a `logit_losses` objective) and `target` (the batch column it reads), implement
+  `_training_rows`, `_init_params`, `_optimizer` and `meta`, then call `_build()`."""
+
+  desc = "train"
+
+  def _training_rows(self, task) -> datasets.Dataset:
+    raise NotImplementedError
+
+  def _init_params(self, rng) -> dict:
+    raise NotImplementedError
+
+  def _optimizer(self, num_steps: int):
+    """(optax transformation, learning-rate schedule)."""
+    raise NotImplementedError
+
+  def meta(self) -> dict:
+    raise NotImplementedError
+
+  def inputs(self, task) -> tuple:
+    return JOINT_INPUTS if self.joint else SEPARATE_INPUTS + PAIR_INPUTS * is_pair(task)
+
+  def _build(self):
+    c = self.config
+    parallel.check_batch_divides(c.batch_size, self.mesh)
+    streams, self.eval_data = {}, {}
+    for task in self.tasks:
+      rows = self._training_rows(task).select_columns(list(self.inputs(task)) + [self.target])
+      streams[task.name] = BatchStream(rows, c.batch_size, c.seed, stack_columns, jax.process_index(),
+                                       jax.process_count(), f"{task.name} training set")
+      for split in task.eval_splits:
+        examples = task.load(split, c.data_dir, "")
+        features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
+        self.eval_data[(task.name, split)] = (features, examples)
+    self.stream = MultiTaskStream(streams, c.seed)
+    self.num_steps = c.epochs * self.stream.batches_per_epoch
+    self.tx, self.schedule = self._optimizer(self.num_steps)
+    abstract = jax.eval_shape(self._init_state, jax.random.key(0))
+    self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
+    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                                       self.state_shardings)
+    self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
+    self.predictors = {t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params,
+                                         c.eval_batch_size, self.inputs(t)) for t in self.tasks}
+    self.checkpoints = checkpoint.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
+
+  def dummy_batch(self) -> dict:
+    inputs = set().union(*(self.inputs(t) for t in self.tasks))
+    return {k: jnp.ones((1, self.config.max_seq_length), jnp.int32) for k in inputs}
+
+  def _init_state(self, rng):
+    params = self._init_params(rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+
+  def forward(self, task: str):
+    return lambda params, batch: self.model.apply({"params": params}, batch, task)
+
+  def _make_step(self, task: str):
+    """The jitted train step on one task's batch (each task's inputs and head give it its own compile)."""
+    c = self.config
+
+    def step(state, batch, rng):
+      def loss_fn(params):
+        logits = self.model.apply({"params": params}, batch, task, deterministic=False,
+                                  rngs={"dropout": jax.random.fold_in(rng, state.step)})
+        return task_loss(self.objective, logits, batch, c.get("temperature", 1.0))
+
+      loss, grads = jax.value_and_grad(loss_fn)(state.params)
+      updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+      new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+      return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": self.schedule(state.step)}
+
+    replicated = parallel.replicated(self.mesh)
+    return jax.jit(step, in_shardings=(self.state_shardings, parallel.batch_sharding(self.mesh), replicated),
+                   out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+
+  def initial_state(self):
+    if self.checkpoints.latest_step() is not None:
+      state, data, _ = self.checkpoints.restore(self.abstract_state)
+      return state, data["next_batch"]
+    state = jax.jit(self._init_state, out_shardings=self.state_shardings)(jax.random.key(self.config.seed))
+    return state, 0
+
+  def evaluate(self, params) -> dict:
+    """Every task's dev metrics, flat: {"<task>/dev/accuracy": ...}."""
+    results = {}
+    for (name, split), (features, examples) in self.eval_data.items():
+      task = get_task(name)
+      outputs = self.predictors[name](params, features, desc=f"evaluate {name} {split}")
+      results.update({f"{name}/{split}/{k}": v for k, v in task.score(task.predict(outputs), examples).items()})
+    return results
+
+  def run(self):
+    if jax.process_index() == 0:
+      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
+    state, next_batch = self.initial_state()
+    rng = jax.random.key(self.config.seed + 1)
+    per_epoch = self.stream.batches_per_epoch
+    results = {}
+
+    def step_fn(state, local):
+      task = local.pop("task")
+      return self.train_steps[task](state, parallel.shard_batch(local, self.mesh), rng)
+
+    def after_step(done, state):
+      if done % per_epoch and done != self.num_steps:
+        return {}
+      results.clear()
+      results.update(self.evaluate(state.params))
+      tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
+      return results
+
+    state = train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.num_steps,
+                       checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
+                       log_every=self.config.log_every, desc=self.desc, after_step=after_step)
+    if not results:  # resumed after the last step: evaluate what was saved
+      results.update(self.evaluate(state.params))
+    if jax.process_index() == 0:
+      with open(os.path.join(self.workdir, "results.json"), "w") as f:
+        json.dump({"tasks": [t.name for t in self.tasks], "step": int(host_scalars(state.step)), **results}, f, indent=2)
+    return state, results
+
+
+class MultiTaskFineTuning(MultiTaskRun):
+  """The multi-task refined teacher (thesis section 4.1.1, after MT-DNN): a pre-trained encoder
+  shared by every task, one linear output layer per task on the pooled `[CLS]`, trained on the sum
+  of the tasks' losses (cross-entropy; MSE for a similarity score) over their shuffled batches.
+  The fine-tuning config's settings (AdamW, warm-up, epochs, dropout) apply."""
+
+  joint, objective, target = True, "hard", "label"
+
+  def __init__(self, config, workdir: str, mesh=None):
+    begin_run(config, workdir)
+    self.config, self.workdir = config, workdir
+    self.tasks = parse_tasks(config.task)
+    encoder_config, self._encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
+    if config.max_seq_length > encoder_config.max_position_embeddings:
+      raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's "
+                      f"{encoder_config.max_position_embeddings} positions")
+    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+    self.heads = tuple((t.name, t.head()["num_labels"]) for t in self.tasks)
+    self.model = refined_teacher(self.encoder_config, self.heads)
+    self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
+    self.desc = f"multi-task refine {config.task}"
+    self._build()
+
+  def _training_rows(self, task):
+    return task.prepare("train", self.config, self.tokenizer)[0]
+
+  def _init_params(self, rng):
+    params = self.model.init(rng, self.dummy_batch())["params"]
+    return {**params, "body": {"encoder": self._encoder_params}}  # pre-trained encoder, fresh output layers
+
+  def _optimizer(self, num_steps):
+    c = self.config
+    opt = ml_collections.ConfigDict({**c.optimizer.to_dict(), "warmup_steps": int(c.optimizer.warmup_proportion * num_steps)})
+    return make_optimizer(opt, num_steps)
+
+  def meta(self) -> dict:
+    return {"model": REFINED_TEACHER, "encoder": self.encoder_config.to_dict(), "heads": [list(h) for h in self.heads],
+            "tasks": [t.name for t in self.tasks], "config": json.loads(self.config.to_json())}
+
+
+def read_refined_teacher(workdir: str, mesh):
+  """(model, params restored onto `mesh`, tokenizer) of a multi-task refined teacher's run."""
+  meta = runs.read_meta(workdir)
+  model = refined_teacher(EncoderConfig.from_dict(meta["encoder"]), tuple(tuple(h) for h in meta["heads"]))
+  ids = jnp.ones((1, 8), jnp.int32)
+  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dict(zip(JOINT_INPUTS, (ids,) * 3)))["params"])
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
+                          parallel.tree_shardings(abstract, mesh))
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  try:
+    params = ckpt.restore_params(abstract)
+  finally:
+    ckpt.close()
+  return model, params, runs.load_tokenizer_of(workdir)

@@ -1,0 +1,124 @@
+"""Two small labelled text tasks read from WordNet 3.0, which Debian ships as `wordnet-base`
+(`apt-get install wordnet-base`: the database in /usr/share/wordnet), so they need no download.
+
+- `wordnet_supersense` (one sentence): a noun's dictionary definition -> its lexicographer file
+  (supersense), five of them: animal, artifact, food, person, plant. "a member of the genus Canis"
+  -> animal. The words being defined are not in the text.
+- `wordnet_examples` (sentence pair): a definition and an example sentence -> does the example use
+  the word in this sense? The negatives are examples of another sense of the same word ("a sloping
+  land beside water" + "he cashed a check at the bank" -> 0), a word-sense task like WiC.
+
+Both are human-written text with human labels. Splits are fixed by a hash of the synset's offset
+(no synset is in two splits) and sized for the thesis's small-data setting: 2,000 training and
+1,000 dev examples.
+"""
+
+import dataclasses
+import os
+import re
+import zlib
+
+import datasets
+import numpy as np
+
+from minilm_jax.errors import UserError
+from minilm_jax.tasks.glue import ClassificationTask
+
+WORDNET_DIR = "/usr/share/wordnet"
+_LEXNAMES = {5: "animal", 6: "artifact", 13: "food", 18: "person", 20: "plant"}
+_SIZES = {"train": 2000, "dev": 1000}
+
+
+@dataclasses.dataclass(frozen=True)
+class Synset:
+  offset: str
+  lexfile: int
+  words: tuple
+  definition: str
+  examples: tuple
+
+
+def read_synsets(data_dir: str, pos: str = "noun") -> list:
+  """Every synset of `data.<pos>`: the line format of WordNet's wndb(5) man page."""
+  path = os.path.join(data_dir or WORDNET_DIR, f"data.{pos}")
+  if not os.path.isfile(path):
+    raise UserError(f"WordNet's {path} does not exist: `apt-get install wordnet-base`, or set data_dir to a "
+                    f"WordNet 3.0 dict folder")
+  synsets = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      if line.startswith("  "):  # the license header
+        continue
+      head, _, gloss = line.partition(" | ")
+      fields = head.split()
+      count = int(fields[3], 16)
+      words = tuple(w.replace("_", " ") for w in fields[4:4 + 2 * count:2])
+      definition = re.split(r';?\s*"', gloss, maxsplit=1)[0].strip().rstrip(";").strip()
+      examples = tuple(e.strip() for e in re.findall(r'"([^"]+)"', gloss) if len(e.split()) >= 3)
+      synsets.append(Synset(fields[0], int(fields[1]), words, definition, examples))
+  return synsets
+
+
+def _split_of(offset: str) -> str:
+  return "dev" if zlib.crc32(offset.encode()) % 5 == 0 else "train"
+
+
+def _take(rows: dict, split: str) -> datasets.Dataset:
+  """A fixed, shuffled subset of `_SIZES[split]` rows (every row when fewer)."""
+  order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(rows["label"]))[:_SIZES[split]]
+  return datasets.Dataset.from_dict({k: [v[i] for i in order] for k, v in rows.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class SupersenseTask(ClassificationTask):
+
+  def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
+    _check_split(self.name, split)
+    rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    for s in read_synsets(data_dir):
+      if s.lexfile in _LEXNAMES and _split_of(s.offset) == split:
+        rows["text_a"].append(s.definition)
+        rows["text_b"].append(None)
+        rows["label"].append(self.labels.index(_LEXNAMES[s.lexfile]))
+        rows["idx"].append(int(s.offset))
+        rows["group"].append("")
+    return _take(rows, split)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleMatchTask(ClassificationTask):
+
+  def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
+    _check_split(self.name, split)
+    synsets = [s for s in read_synsets(data_dir) if s.examples and _split_of(s.offset) == split]
+    senses = {}
+    for s in synsets:
+      for w in s.words:
+        senses.setdefault(w.lower(), []).append(s)
+    rng = np.random.default_rng(zlib.crc32(f"{self.name}/{split}".encode()))
+    rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    for s in synsets:
+      others = sorted({o.offset: o for w in s.words for o in senses[w.lower()] if o.offset != s.offset}.values(),
+                      key=lambda o: o.offset)
+      if not others:  # a word with one sense (with examples) makes no negative: leave the synset out
+        continue
+      other = others[rng.integers(len(others))]
+      for label, example in ((1, s.examples[rng.integers(len(s.examples))]),
+                             (0, other.examples[rng.integers(len(other.examples))])):
+        rows["text_a"].append(s.definition)
+        rows["text_b"].append(example)
+        rows["label"].append(label)
+        rows["idx"].append(int(s.offset))
+        rows["group"].append("")
+    return _take(rows, split)
+
+
+def _check_split(task: str, split: str):
+  if split not in _SIZES:
+    raise UserError(f"{task} has the splits {sorted(_SIZES)}, not {split!r}")
+
+
+TASKS = {t.name: t for t in (
+    SupersenseTask("wordnet_supersense", ("definition",), "", tuple(_LEXNAMES.values()), ("accuracy",), ("", ""), ()),
+    ExampleMatchTask("wordnet_examples", ("definition", "example"), "", ("0", "1"), ("accuracy", "f1"), ("", ""), ()),
+)}

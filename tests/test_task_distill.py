@@ -1,0 +1,140 @@
+"""Task and multi-task distillation end to end on the real WordNet tasks, with a tiny teacher:
+fine-tuned teachers, the multi-task refined teacher, teacher logits against transformers, the
+BiLSTM / bi-attentive / Transformer students, resume, and the one-line errors."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from minilm_jax.errors import UserError
+from minilm_jax.tasks.config import base_config, mkd_config, task_distillation_config
+from minilm_jax.tasks.distillation import TaskDistillation, teacher_logits
+from minilm_jax.tasks.finetuning import FineTuning, get_task
+from minilm_jax.tasks.multitask import MultiTaskFineTuning
+
+TASKS = ("wordnet_supersense", "wordnet_examples")
+
+
+def _finetune_config(init, task):
+  c = base_config()
+  c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.log_every = task, init, 1, 32, 32, 20
+  c.optimizer.lr = 1e-3
+  return c
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory, tiny_teacher):
+  """{task: a tiny teacher fine-tuned on it (one epoch)}."""
+  out = {}
+  for task in TASKS:
+    out[task] = str(tmp_path_factory.mktemp(task))
+    FineTuning(_finetune_config(tiny_teacher, task), out[task]).run()
+  return out
+
+
+@pytest.fixture(scope="module")
+def refined_teacher(tmp_path_factory, tiny_teacher):
+  workdir = str(tmp_path_factory.mktemp("refined"))
+  _, results = MultiTaskFineTuning(_finetune_config(tiny_teacher, ",".join(TASKS)), workdir).run()
+  return workdir, results
+
+
+def _student_config(tasks, teacher, **student):
+  c = task_distillation_config() if "," not in tasks else mkd_config()
+  c.tasks, c.teacher, c.max_seq_length, c.epochs, c.batch_size = tasks, teacher, 32, 1, 40
+  c.augment.size_factor, c.augment.n_iter = 2, 3
+  c.student.embed_dim, c.student.hidden, c.student.fc = 16, 8, 16
+  for k, v in student.items():
+    setattr(c.student, k, v)
+  c.log_every = 20
+  return c
+
+
+def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_path, teachers):
+  task = "wordnet_supersense"
+  c = _student_config(task, teachers[task])
+  c.cache_dir = str(tmp_path / "cache")
+  run = TaskDistillation(c, str(tmp_path / "a"))
+  assert 3000 < len(run.stream.streams[task].rows) <= 4000  # 2,000 originals and up to one copy each
+  _, results = run.run()
+  assert 0 <= results[f"{task}/dev/accuracy"] <= 1
+  saved = json.load(open(tmp_path / "a" / "results.json"))
+  assert saved["tasks"] == [task] and saved["step"] == run.num_steps
+  cached = os.listdir(c.cache_dir)
+  assert len(cached) == 1 and cached[0].endswith(".npy")
+  # A second run on the same augmented set reads the teacher logits from the cache.
+  stamp = os.path.getmtime(os.path.join(c.cache_dir, cached[0]))
+  again = TaskDistillation(c, str(tmp_path / "b"))
+  assert os.listdir(c.cache_dir) == cached and os.path.getmtime(os.path.join(c.cache_dir, cached[0])) == stamp
+  assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
+  # Rerunning the finished run resumes after its last step and reports the saved model's scores.
+  assert TaskDistillation(c, str(tmp_path / "a")).run()[1] == results
+
+
+def test_teacher_logits_match_transformers(tmp_path, teachers):
+  import torch
+  import transformers
+
+  from minilm_jax import parallel, runs
+
+  task = get_task("wordnet_examples")
+  examples = task.load("dev").select(range(16))
+  logits = teacher_logits(teachers[task.name], task, examples, 32, 16, parallel.make_mesh(), str(tmp_path))
+  runs.export_run(teachers[task.name], str(tmp_path / "hf"))
+  model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  enc = tokenizer(list(examples["text_a"]), list(examples["text_b"]), truncation=True, max_length=32, padding="max_length",
+                  return_tensors="pt")
+  with torch.no_grad():
+    expected = model(**enc).logits.numpy()
+  np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
+def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teacher):
+  workdir, teacher_results = refined_teacher
+  assert {f"{t}/dev/accuracy" for t in TASKS} <= set(teacher_results)
+  c = _student_config(",".join(TASKS), workdir)
+  c.augment.enabled, c.batch_size = False, 80  # augmentation has its own test; 25 batches per task
+  run = TaskDistillation(c, str(tmp_path / "mkd"))
+  assert set(run.stream.streams) == set(TASKS)
+  _, results = run.run()
+  for task in TASKS:
+    assert 0 <= results[f"{task}/dev/accuracy"] <= 1
+  metrics = [json.loads(line) for line in open(tmp_path / "mkd" / "metrics.jsonl")]
+  assert all(np.isfinite(m["loss"]) for m in metrics)
+
+
+def test_mkd_transformer_student_starts_from_the_teachers_layers(tmp_path, teachers, tiny_teacher):
+  c = _student_config(",".join(TASKS), ",".join(teachers.values()), kind="transformer", num_layers=2,
+                      init=tiny_teacher)
+  c.augment.enabled = False
+  _, results = TaskDistillation(c, str(tmp_path / "t")).run()
+  assert {f"{t}/dev/accuracy" for t in TASKS} <= set(results)
+
+
+def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
+  c = _student_config("wordnet_examples", teachers["wordnet_supersense"], kind="siamese_bilstm")
+  c.objective = "hard"  # gold labels: the supersense run only lends its tokenizer
+  run = TaskDistillation(c, str(tmp_path / "h"))
+  assert len(run.stream.streams["wordnet_examples"].rows) == 2000  # no augmentation
+  assert "wordnet_examples/dev/accuracy" in run.run()[1]
+
+
+def test_one_line_errors(tmp_path, teachers):
+  c = _student_config("wordnet_examples", teachers["wordnet_supersense"], kind="siamese_bilstm")
+  with pytest.raises(UserError, match="task wordnet_examples has no teacher"):
+    TaskDistillation(c, str(tmp_path / "e1"))
+  c = _student_config("wordnet_examples", teachers["wordnet_examples"])
+  with pytest.raises(UserError, match="wordnet_examples is a sentence-pair task but student.kind='bilstm'"):
+    TaskDistillation(c, str(tmp_path / "e2"))
+  c = _student_config("wordnet_supersense", teachers["wordnet_supersense"], kind="siamese_bilstm")
+  with pytest.raises(UserError, match="single-sentence task but student.kind='siamese_bilstm'"):
+    TaskDistillation(c, str(tmp_path / "e3"))
+  c = _student_config("wordnet_supersense", "")
+  with pytest.raises(UserError, match="config.teacher is empty"):
+    TaskDistillation(c, str(tmp_path / "e4"))
+  c = _student_config("squad2", teachers["wordnet_supersense"])
+  with pytest.raises(UserError, match="squad2 is not a sentence"):
+    TaskDistillation(c, str(tmp_path / "e5"))
