@@ -1,6 +1,8 @@
 """The training loop shared by distillation and fine-tuning: batches from a resumable stream,
 progress bar, metrics, a non-finite-loss stop, periodic and SIGTERM checkpoints."""
 
+import json
+import os
 import signal
 import sys
 import time
@@ -12,6 +14,7 @@ from tqdm import tqdm
 from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
+from minilm_jax.runs import TOKENIZER_DIR
 
 
 class _Preemption:
@@ -100,3 +103,33 @@ def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, check
     checkpoints.wait()
     writer.close()
   return state
+
+
+def fit(run, step_fn, summary: dict, desc: str):
+  """The `run()` of a fine-tuning or multi-task run: saves its tokenizer, starts from
+  `run.initial_state()` (fresh or resumed), trains with `step_fn(state, local_batch, rng)`, evaluates
+  `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
+  the last metrics to `results.json` after `summary`. Returns (state, metrics)."""
+  if jax.process_index() == 0:
+    run.tokenizer.save_pretrained(os.path.join(run.workdir, TOKENIZER_DIR))
+  state, next_batch = run.initial_state()
+  rng = jax.random.key(run.config.seed + 1)
+  per_epoch, results = run.stream.batches_per_epoch, {}
+
+  def after_step(done, state):
+    if done % per_epoch and done != run.num_steps:
+      return {}
+    results.clear()
+    results.update(run.evaluate(state.params))
+    tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
+    return results
+
+  state = train_loop(state, next_batch, step_fn=lambda state, local: step_fn(state, local, rng), stream=run.stream,
+                     num_steps=run.num_steps, checkpoints=run.checkpoints, meta=run.meta(), workdir=run.workdir,
+                     log_every=run.config.log_every, desc=desc, after_step=after_step)
+  if not results:  # resumed after the last step: evaluate what was saved
+    results.update(run.evaluate(state.params))
+  if jax.process_index() == 0:
+    with open(os.path.join(run.workdir, "results.json"), "w") as f:
+      json.dump({**summary, "step": int(host_scalars(state.step)), **results}, f, indent=2)
+  return state, results

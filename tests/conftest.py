@@ -6,7 +6,11 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import importlib.util  # noqa: E402
+
 import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -114,3 +118,11 @@ def read_metrics(workdir):
     row = json.loads(line)
     rows[row["step"]] = row
   return [rows[s] for s in sorted(rows)]
+
+
+def load_config_module(path):
+  """A config file (`get_config()`) as the programs' --config flag loads it: by path, not as a package."""
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

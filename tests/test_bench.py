@@ -82,3 +82,17 @@ def test_bench_etd_rows_and_etd_starts_below_random():
     assert by[(student, "etd-rand")]["loss_at_start"] < 0.9 * by[(student, "random")]["loss_at_start"]
     assert by[(student, "etd-impt")]["loss_at_start"] is None and "masked-LM head" in by[(student, "etd-impt")]["note"]
   assert all({"init", "loss_at_start"} <= set(r) for r in rows)
+
+
+def test_bench_task_distill_rows(tiny_teacher):
+  """The suite's code path on a tiny teacher: a teacher row and the three students, with `model` and `score`."""
+  from minilm_jax.benchmarks import task_distill
+
+  rows = task_distill.run(teacher_init=tiny_teacher, teacher_name="tiny BERT", teacher_epochs=1, epochs=1, size_factor=2, max_len=24,
+                          sizes=(16, 8, 16), mesh=parallel.make_mesh(1))
+  assert [r["model"].split(":")[0] for r in rows] == ["teacher", "distilled BiLSTM (logit MSE, augmented 2x)",
+                                                      "distilled BiLSTM (logit MSE, no augmentation)",
+                                                      "BiLSTM on labels alone"]
+  assert all(0 <= r["score"] <= 1 and r["task"] == "wordnet_supersense" for r in rows)
+  assert rows[1]["train_examples"] > rows[2]["train_examples"] == rows[3]["train_examples"] == 2000
+  assert abs(rows[1]["steps"] - rows[2]["steps"]) <= 0.1 * rows[2]["steps"] and rows[2]["steps"] == rows[3]["steps"]

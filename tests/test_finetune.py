@@ -14,7 +14,7 @@ import torch
 import transformers
 from flax import traverse_util
 
-from conftest import apply_overrides
+from conftest import ROOT, apply_overrides, load_config_module
 from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
@@ -22,7 +22,6 @@ from minilm_jax.tasks.config import base_config
 from minilm_jax.tasks.evaluation import evaluate_runs
 from minilm_jax.tasks.finetuning import FineTuning, get_task
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="session")
@@ -219,12 +218,7 @@ def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "finetune"))))
 def test_every_finetune_config_builds(name):
-  import importlib.util
-
-  spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(ROOT, "configs", "finetune", name))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = load_config_module(os.path.join(ROOT, "configs", "finetune", name)).get_config()
   task = get_task(config.task)
   from minilm_jax.models.encoder import EncoderConfig
 

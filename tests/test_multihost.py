@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import read_metrics
+from conftest import ROOT, read_metrics
 from minilm_jax import checkpoint, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(ROOT, "launch")
 STEPS = ["--config.num_steps=30", "--config.checkpoint.every=3"]
 

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import ROOT, load_config_module
 
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.config import base_config, mkd_config, task_distillation_config
@@ -138,3 +139,32 @@ def test_one_line_errors(tmp_path, teachers):
   c = _student_config("squad2", teachers["wordnet_supersense"])
   with pytest.raises(UserError, match="squad2 is not a sentence"):
     TaskDistillation(c, str(tmp_path / "e5"))
+
+
+def test_program_reports_bad_input_in_one_line(tmp_path, teachers):
+  import subprocess
+  import sys
+
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.distill_task", "--config", "configs/task/distilled_bilstm.py",
+                         "--workdir", str(tmp_path / "w"), "--config.tasks=wordnet_examples",
+                         "--config.student.kind=siamese_bilstm", f"--config.teacher={teachers['wordnet_supersense']}"],
+                        capture_output=True, text=True)
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: task wordnet_examples has no teacher")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "task"))))
+def test_every_task_config_builds(name):
+  import jax
+  import jax.numpy as jnp
+
+  from minilm_jax.models.encoder import EncoderConfig
+  from minilm_jax.models.students import make_student
+
+  config = load_config_module(os.path.join(ROOT, "configs", "task", name)).get_config()
+  tasks = [get_task(t) for t in config.tasks.split(",")]
+  model = make_student(config.student, tuple((t.name, t.head()["num_labels"]) for t in tasks), 30522, EncoderConfig())
+  batch = {k: jnp.ones((2, 8), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids", "input_ids_b",
+                                                     "attention_mask_b")}
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), batch))["params"]
+  assert {f"head_{t.name}" for t in tasks} <= set(shapes)

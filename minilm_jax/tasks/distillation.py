@@ -166,6 +166,9 @@ class TaskDistillation(MultiTaskRun):
   def _optimizer(self, num_steps):
     return task_optimizer(self.config.optimizer), lambda step: jnp.asarray(self.config.optimizer.lr)
 
+  def summary(self) -> dict:
+    return {"tasks": [t.name for t in self.tasks], "student": self.config.student.kind, "objective": self.objective}
+
   def meta(self) -> dict:
     meta = {"model": "student", "student": self.config.student.to_dict(), "heads": [list(h) for h in self.heads],
             "tasks": [t.name for t in self.tasks], "vocab_size": len(self.tokenizer),

@@ -4,7 +4,6 @@ batch split over `data`. XLA inserts the collectives, so the step is written for
 """
 
 import json
-import os
 from functools import partial
 
 import jax
@@ -18,7 +17,7 @@ from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run, train_loop
+from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.heads import task_model
 from minilm_jax.train_state import TrainState, make_optimizer
 
@@ -146,30 +145,7 @@ class FineTuning:
     return results
 
   def run(self):
-    if jax.process_index() == 0:
-      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
-    state, next_batch = self.initial_state()
-    rng = jax.random.key(self.config.seed + 1)
-    per_epoch = self.stream.batches_per_epoch
-    results = {}
-
-    def step_fn(state, local):
+    def step_fn(state, local, rng):
       return self.train_step(state, parallel.shard_batch(local, self.mesh), rng)
 
-    def after_step(done, state):
-      if done % per_epoch and done != self.num_steps:
-        return {}
-      results.clear()
-      results.update(self.evaluate(state.params))
-      tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
-      return results
-
-    state = train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.num_steps,
-                       checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
-                       log_every=self.config.log_every, desc=f"finetune {self.task.name}", after_step=after_step)
-    if not results:  # resumed after the last step: evaluate what was saved
-      results.update(self.evaluate(state.params))
-    if jax.process_index() == 0:
-      with open(os.path.join(self.workdir, "results.json"), "w") as f:
-        json.dump({"task": self.task.name, "step": int(host_scalars(state.step)), **results}, f, indent=2)
-    return state, results
+    return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")

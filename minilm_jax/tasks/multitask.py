@@ -10,20 +10,17 @@ rows, the initial parameters and the optimizer.
 """
 
 import json
-import os
 
 import datasets
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from tqdm import tqdm
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
-from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run, train_loop
+from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import refined_teacher
 from minilm_jax.tasks.finetuning import Predictor, get_task
@@ -163,34 +160,15 @@ class MultiTaskRun:
     return results
 
   def run(self):
-    if jax.process_index() == 0:
-      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
-    state, next_batch = self.initial_state()
-    rng = jax.random.key(self.config.seed + 1)
-    per_epoch = self.stream.batches_per_epoch
-    results = {}
-
-    def step_fn(state, local):
+    def step_fn(state, local, rng):
       task = local.pop("task")
       return self.train_steps[task](state, parallel.shard_batch(local, self.mesh), rng)
 
-    def after_step(done, state):
-      if done % per_epoch and done != self.num_steps:
-        return {}
-      results.clear()
-      results.update(self.evaluate(state.params))
-      tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
-      return results
+    return fit(self, step_fn, summary=self.summary(), desc=self.desc)
 
-    state = train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.num_steps,
-                       checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
-                       log_every=self.config.log_every, desc=self.desc, after_step=after_step)
-    if not results:  # resumed after the last step: evaluate what was saved
-      results.update(self.evaluate(state.params))
-    if jax.process_index() == 0:
-      with open(os.path.join(self.workdir, "results.json"), "w") as f:
-        json.dump({"tasks": [t.name for t in self.tasks], "step": int(host_scalars(state.step)), **results}, f, indent=2)
-    return state, results
+  def summary(self) -> dict:
+    """What `results.json` says of the run before its metrics."""
+    return {"tasks": [t.name for t in self.tasks]}
 
 
 class MultiTaskFineTuning(MultiTaskRun):
