@@ -3,7 +3,8 @@
 A workdir (of distillation, fine-tuning, or `convert --from-hf`) holds Orbax checkpoints whose
 `meta` names the encoder architecture (`encoder`) and, for fine-tuned models, the task head
 (`head`), plus the tokenizer in `tokenizer/`. Params are the encoder's, or a task model's
-`{"encoder": ..., <head>: ...}`.
+`{"encoder": ..., <head>: ...}`. Multi-task runs (`meta["model"]`: a refined teacher, or a task
+student) keep a Transformer encoder, if they have one, under `{"body": {"encoder": ...}}`.
 """
 
 import os
@@ -17,6 +18,7 @@ from minilm_jax.models.encoder import EncoderConfig, abstract_params
 from minilm_jax.models.heads import task_model
 
 TOKENIZER_DIR = "tokenizer"
+REFINED_TEACHER, STUDENT = "refined_teacher", "student"  # meta["model"] of the multi-task runs
 
 
 def abstract_model_params(config: EncoderConfig, head: dict = None):
@@ -40,18 +42,26 @@ def read_meta(workdir: str, step: int = None) -> dict:
 
 
 def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None):
-  """(encoder config, head or None, params, tokenizer) of a run's checkpoint (latest, or `step`).
-  With `mesh`, the parameters are restored straight onto it, sharded by `parallel`'s rules."""
+  """(encoder config, head or None, params, tokenizer) of a run's checkpoint (latest, or `step`);
+  of a multi-task run, its shared encoder alone (head None). With `mesh`, the parameters are
+  restored straight onto it, sharded by `parallel`'s rules."""
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   try:
     meta = ckpt.read_meta(step)
+    if "encoder" not in meta:
+      raise UserError(f"{workdir} holds a {meta.get('student', {}).get('kind')} student, which has no Transformer "
+                      f"encoder to load or export: its dev metrics are in results.json")
     config = EncoderConfig.from_dict({**meta["encoder"], "dtype": dtype})
-    head = meta.get("head")
+    multi_task = meta.get("model") in (REFINED_TEACHER, STUDENT)
+    head = None if multi_task else meta.get("head")
     abstract = abstract_model_params(config, head)
     if mesh is not None:
       abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                               parallel.tree_shardings(abstract, mesh))
-    params = ckpt.restore_params(abstract, step)
+    if multi_task:  # only the encoder of {"body": {"encoder": ...}, "head_<task>": ...}
+      params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
+    else:
+      params = ckpt.restore_params(abstract, step)
   finally:
     ckpt.close()
   return config, head, params, hf.load_tokenizer(os.path.join(workdir, TOKENIZER_DIR))

@@ -72,6 +72,13 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
   # Rerunning the finished run resumes after its last step and reports the saved model's scores.
   assert TaskDistillation(c, str(tmp_path / "a")).run()[1] == results
+  from minilm_jax import runs
+  from minilm_jax.tasks.evaluation import evaluate_runs
+
+  with pytest.raises(UserError, match="holds a bilstm student, which has no Transformer encoder"):
+    runs.export_run(str(tmp_path / "a"), str(tmp_path / "hf"))
+  with pytest.raises(UserError, match="is a multi-task run \\(student\\): batch evaluation takes single-task"):
+    evaluate_runs([str(tmp_path / "a")], str(tmp_path / "eval"))
 
 
 def test_teacher_logits_match_transformers(tmp_path, teachers):
@@ -107,12 +114,21 @@ def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teach
   assert all(np.isfinite(m["loss"]) for m in metrics)
 
 
-def test_mkd_transformer_student_starts_from_the_teachers_layers(tmp_path, teachers, tiny_teacher):
-  c = _student_config(",".join(TASKS), ",".join(teachers.values()), kind="transformer", num_layers=2,
-                      init=tiny_teacher)
+def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_path, refined_teacher):
+  import jax
+
+  from minilm_jax import runs
+
+  c = _student_config(",".join(TASKS), refined_teacher[0], kind="transformer", num_layers=2)
   c.augment.enabled = False
-  _, results = TaskDistillation(c, str(tmp_path / "t")).run()
+  run = TaskDistillation(c, str(tmp_path / "t"))
+  state, _ = run.initial_state()
+  teacher_encoder = runs.load_encoder(refined_teacher[0])[1]  # a multi-task run lends its shared encoder
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params["body"]["encoder"]), teacher_encoder)
+  _, results = run.run()
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(results)
+  runs.export_run(str(tmp_path / "t"), str(tmp_path / "hf"))  # the student's 2-layer encoder, as a HF directory
+  assert runs.load_encoder(str(tmp_path / "hf"))[0].num_layers == 2
 
 
 def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):

@@ -26,8 +26,7 @@ from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
 from minilm_jax.tasks.finetuning import Predictor, task_forward
 from minilm_jax.tasks.logit_losses import check_objective
-from minilm_jax.tasks.multitask import REFINED_TEACHER, MultiTaskRun, is_pair, parse_tasks, read_refined_teacher, \
-    task_features
+from minilm_jax.tasks.multitask import MultiTaskRun, is_pair, parse_tasks, read_refined_teacher, task_features
 
 
 def task_optimizer(opt):
@@ -58,7 +57,7 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
     if not checkpoint.is_run(run):
       raise UserError(f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)")
     meta = runs.read_meta(run)
-    for name in meta["tasks"] if meta.get("model") == REFINED_TEACHER else [meta.get("task")]:
+    for name in meta["tasks"] if meta.get("model") == runs.REFINED_TEACHER else [meta.get("task")]:
       teaches.setdefault(name, run)
   missing = [t.name for t in tasks if t.name not in teaches]
   if missing:
@@ -69,7 +68,7 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
 
 def _teacher(run: str, task, mesh):
   """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
-  if runs.read_meta(run).get("model") == REFINED_TEACHER:
+  if runs.read_meta(run).get("model") == runs.REFINED_TEACHER:
     model, params, tokenizer = read_refined_teacher(run, mesh)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
   encoder_config, head, params, tokenizer = runs.read_run(run, mesh=mesh)
@@ -170,7 +169,7 @@ class TaskDistillation(MultiTaskRun):
     return {"tasks": [t.name for t in self.tasks], "student": self.config.student.kind, "objective": self.objective}
 
   def meta(self) -> dict:
-    meta = {"model": "student", "student": self.config.student.to_dict(), "heads": [list(h) for h in self.heads],
+    meta = {"model": runs.STUDENT, "student": self.config.student.to_dict(), "heads": [list(h) for h in self.heads],
             "tasks": [t.name for t in self.tasks], "vocab_size": len(self.tokenizer),
             "config": json.loads(self.config.to_json())}
     if self.encoder_config is not None:

@@ -20,6 +20,9 @@ from minilm_jax.tasks.finetuning import Predictor, get_task, task_forward
 
 def _run_config(workdir: str, data_dir: str) -> ml_collections.ConfigDict:
   meta = runs.read_meta(workdir)
+  if "tasks" in meta:
+    raise UserError(f"{workdir} is a multi-task run ({meta.get('model')}): batch evaluation takes single-task "
+                    f"fine-tuning runs; its dev metrics per task are in its results.json")
   if "task" not in meta:
     raise UserError(f"{workdir} is not a fine-tuning run (its checkpoints have no task): fine-tune it first")
   config = ml_collections.ConfigDict(meta["config"])
@@ -44,10 +47,11 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
   """Evaluates every run (all its checkpoints, or the latest); returns the metric rows and writes
   `metrics.json`, predictions and submission files under `out_dir`."""
   mesh = mesh or parallel.make_mesh()
-  jobs = []
-  for workdir in workdirs:
+  jobs, configs = [], {}
+  for workdir in workdirs:  # every run checked before any is evaluated
     if not checkpoint.is_run(workdir):
       raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning workdirs")
+    configs[workdir] = _run_config(workdir, data_dir)
     ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
     steps = list(ckpt.manager.all_steps()) if all_steps else [ckpt.latest_step()]
     ckpt.close()
@@ -56,7 +60,7 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
   for workdir, step in tqdm(jobs, desc="evaluate", unit="checkpoint", disable=jax.process_index() != 0):
     encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
     if workdir not in prepared:  # once per run, whatever its number of checkpoints: config, data, compiled forward
-      config = _run_config(workdir, data_dir)
+      config = configs[workdir]
       task = get_task(config.task)
       splits = list(task.eval_splits)
       if config.data_dir:

@@ -31,7 +31,6 @@ from minilm_jax.train_state import TrainState, make_optimizer
 SEPARATE_INPUTS = ("input_ids", "attention_mask")
 PAIR_INPUTS = ("input_ids_b", "attention_mask_b")
 JOINT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-REFINED_TEACHER = "refined_teacher"  # meta["model"] of a multi-task refined teacher's run
 
 
 def is_pair(task) -> bool:
@@ -207,7 +206,7 @@ class MultiTaskFineTuning(MultiTaskRun):
     return make_optimizer(opt, num_steps)
 
   def meta(self) -> dict:
-    return {"model": REFINED_TEACHER, "encoder": self.encoder_config.to_dict(), "heads": [list(h) for h in self.heads],
+    return {"model": runs.REFINED_TEACHER, "encoder": self.encoder_config.to_dict(), "heads": [list(h) for h in self.heads],
             "tasks": [t.name for t in self.tasks], "config": json.loads(self.config.to_json())}
 
 
