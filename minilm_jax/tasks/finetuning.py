@@ -42,15 +42,13 @@ def _apply(model, params, batch, deterministic=True, rngs=None):
   return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=deterministic, rngs=rngs)
 
 
-def make_train_step(model, task, tx, schedule, state_shardings, mesh):
-  """`train_step(state, batch, rng) -> (state, metrics)`: jitted with shardings, the state donated."""
+def make_train_step(loss_of, tx, schedule, state_shardings, mesh):
+  """`train_step(state, batch, rng) -> (state, metrics)` minimising `loss_of(params, batch, rngs)`
+  (`rngs`: dropout's, fresh each step): jitted with shardings, the state donated."""
 
   def step(state, batch, rng):
-    def loss_fn(params):
-      outputs = _apply(model, params, batch, deterministic=False, rngs={"dropout": jax.random.fold_in(rng, state.step)})
-      return task.loss(outputs, batch)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    rngs = {"dropout": jax.random.fold_in(rng, state.step)}
+    loss, grads = jax.value_and_grad(loss_of)(state.params, batch, rngs)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
     return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
@@ -113,7 +111,8 @@ class FineTuning:
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
                                        self.state_shardings)
-    self.train_step = make_train_step(self.model, self.task, self.tx, self.schedule, self.state_shardings, self.mesh)
+    loss_of = lambda params, batch, rngs: self.task.loss(_apply(self.model, params, batch, False, rngs), batch)
+    self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh)
     self.predict = Predictor(task_forward(self.model), self.mesh, self.state_shardings.params, config.eval_batch_size)
     self._encoder_params = encoder_params
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)

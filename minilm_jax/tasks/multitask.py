@@ -15,7 +15,6 @@ import datasets
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
@@ -23,7 +22,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import refined_teacher
-from minilm_jax.tasks.finetuning import Predictor, get_task
+from minilm_jax.tasks.finetuning import Predictor, get_task, make_train_step
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.tasks.logit_losses import task_loss
 from minilm_jax.train_state import TrainState, make_optimizer
@@ -125,22 +124,13 @@ class MultiTaskRun:
 
   def _make_step(self, task: str):
     """The jitted train step on one task's batch (each task's inputs and head give it its own compile)."""
-    c = self.config
+    temperature = self.config.get("temperature", 1.0)
 
-    def step(state, batch, rng):
-      def loss_fn(params):
-        logits = self.model.apply({"params": params}, batch, task, deterministic=False,
-                                  rngs={"dropout": jax.random.fold_in(rng, state.step)})
-        return task_loss(self.objective, logits, batch, c.get("temperature", 1.0))
+    def loss_of(params, batch, rngs):
+      logits = self.model.apply({"params": params}, batch, task, deterministic=False, rngs=rngs)
+      return task_loss(self.objective, logits, batch, temperature)
 
-      loss, grads = jax.value_and_grad(loss_fn)(state.params)
-      updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-      new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-      return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": self.schedule(state.step)}
-
-    replicated = parallel.replicated(self.mesh)
-    return jax.jit(step, in_shardings=(self.state_shardings, parallel.batch_sharding(self.mesh), replicated),
-                   out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+    return make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh)
 
   def initial_state(self):
     if self.checkpoints.latest_step() is not None:
