@@ -55,6 +55,12 @@ def tree_shardings(abstract_tree, mesh: Mesh):
   return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
 
 
+def placed(abstract_tree, shardings):
+  """`abstract_tree`'s shapes and dtypes with `shardings`: the target that restores a checkpoint
+  (or builds a state) straight onto a mesh."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_tree, shardings)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA))
 

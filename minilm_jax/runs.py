@@ -56,8 +56,7 @@ def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None):
     head = None if multi_task else meta.get("head")
     abstract = abstract_model_params(config, head)
     if mesh is not None:
-      abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                              parallel.tree_shardings(abstract, mesh))
+      abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
     if multi_task:  # only the encoder of {"body": {"encoder": ...}, "head_<task>": ...}
       params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
     else:

@@ -109,8 +109,7 @@ class FineTuning:
     abstract = jax.eval_shape(lambda p: TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=self.tx.init(p)),
                               runs.abstract_model_params(self.encoder_config, self.head))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
-    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                                       self.state_shardings)
+    self.abstract_state = parallel.placed(abstract, self.state_shardings)
     loss_of = lambda params, batch, rngs: self.task.loss(_apply(self.model, params, batch, False, rngs), batch)
     self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh)
     self.predict = Predictor(task_forward(self.model), self.mesh, self.state_shardings.params, config.eval_batch_size)

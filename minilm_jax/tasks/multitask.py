@@ -104,8 +104,7 @@ class MultiTaskRun:
     self.tx, self.schedule = self._optimizer(self.num_steps)
     abstract = jax.eval_shape(self._init_state, jax.random.key(0))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
-    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                                       self.state_shardings)
+    self.abstract_state = parallel.placed(abstract, self.state_shardings)
     self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
     self.predictors = {t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params,
                                          c.eval_batch_size, self.inputs(t)) for t in self.tasks}
@@ -206,8 +205,7 @@ def read_refined_teacher(workdir: str, mesh):
   model = refined_teacher(EncoderConfig.from_dict(meta["encoder"]), tuple(tuple(h) for h in meta["heads"]))
   ids = jnp.ones((1, 8), jnp.int32)
   abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dict(zip(JOINT_INPUTS, (ids,) * 3)))["params"])
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract,
-                          parallel.tree_shardings(abstract, mesh))
+  abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   try:
     params = ckpt.restore_params(abstract)
