@@ -29,7 +29,8 @@ def main(argv):
     config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")
     ids = tokenizer([_SENTENCE.value], return_tensors="np")
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
-    out = Encoder(config).apply({"params": params}, *(jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask")))
+    inputs = (jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask"))
+    out = Encoder(config).apply({"params": params}, *inputs, return_attention=True)
     maps[f"{title} L{resolve_layer(layer, config.num_layers, f'--{title}_layer') + 1}"] = out.layers[layer].attention[0]
     heads = [int(h) for h in _HEADS.value]
     if max(heads) >= config.num_heads:

@@ -15,8 +15,9 @@ from minilm_jax import hf
 from minilm_jax.errors import UserError
 
 
-def _ours(model, params, batch):
-  return model.apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+def _ours(model, params, batch, return_attention=True):
+  return model.apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")),
+                     return_attention=return_attention)
 
 
 def _theirs(model_dir, batch, dtype=torch.float32):
@@ -41,7 +42,8 @@ def test_real_minilm_matches_transformers(minilm, minilm_dir):
   lengths = batch["attention_mask"].sum(1)
   assert len(set(lengths)) == len(SENTENCES), "the batch must mix lengths so padding is exercised"
   ours = _ours(model, params, batch)
-  _assert_parity(ours, _theirs(minilm_dir, batch), batch["attention_mask"])
+  theirs = _theirs(minilm_dir, batch)
+  _assert_parity(ours, theirs, batch["attention_mask"])
   # Every position, padding included, against float64: two float32 implementations each sit ~5e-5 from
   # the exact value after 6 layers (hidden states reach 10), so float64 is the fair judge of padded rows.
   exact = _theirs(minilm_dir, batch, torch.float64).last_hidden_state.numpy()
@@ -50,6 +52,12 @@ def test_real_minilm_matches_transformers(minilm, minilm_dir):
   b, length = batch["input_ids"].shape
   assert layer.q.shape == layer.k.shape == layer.v.shape == (b, 12, length, 32)
   assert layer.attention.shape == (b, 12, length, length)
+  # Without probabilities the layers run fused attention, held to the same bounds.
+  fused = _ours(model, params, batch, return_attention=False)
+  assert all(layer.attention is None for layer in fused.layers)
+  rows = batch["attention_mask"].astype(bool)
+  np.testing.assert_allclose(np.asarray(fused.last_hidden_state)[rows], theirs.last_hidden_state.numpy()[rows], atol=1e-4, rtol=0)
+  np.testing.assert_allclose(np.asarray(fused.last_hidden_state), exact, atol=1e-4, rtol=0)
 
 
 def test_tokenizer_does_not_inherit_padding_to_128(minilm):

@@ -70,7 +70,7 @@ def test_qk_relation_with_head_count_is_the_attention_distribution():
   config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)
   params = init_params(config, jax.random.key(1))
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 50, (3, 9)))
-  out = Encoder(config).apply({"params": params}, ids, jnp.asarray(MASK))
+  out = Encoder(config).apply({"params": params}, ids, jnp.asarray(MASK), return_attention=True)
   layer = out.layers[0]
   logp = losses.relation_log_probs(layer.q, layer.k, jnp.asarray(MASK), 4)
   np.testing.assert_allclose(np.exp(np.asarray(logp)), np.asarray(layer.attention), atol=1e-6)

@@ -107,7 +107,10 @@ def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, qu
     return total_B + chunk_kl(*inputs), None
 
   qmask_chunks = query_mask.reshape(-1, num_chunks, query_chunk).transpose(1, 0, 2)
-  kl_sum, _ = jax.lax.scan(body, jnp.zeros(mask_BxL.shape[0], jnp.float32), (chunks(tx), chunks(sx), qmask_chunks))
+  # The initial carry derives from the mask, not jnp.zeros: inside a shard_map step the mask varies
+  # over devices, and a scan's carry must have the same (device-varying) type in and out.
+  zeros_B = jnp.zeros_like(mask_BxL[:, 0], jnp.float32)
+  kl_sum, _ = jax.lax.scan(body, zeros_B, (chunks(tx), chunks(sx), qmask_chunks))
   return _normalise(kl_sum, num_relation_heads, mask_BxL)
 
 

@@ -89,7 +89,8 @@ class EncoderConfig:
 @flax.struct.dataclass
 class LayerOutput:
   """What one Transformer layer exposes. q/k/v: [batch, heads, length, head_dim];
-  attention: [batch, heads, length, length] (float32); hidden: the layer's output [batch, length, hidden]."""
+  attention: [batch, heads, length, length] (float32), or None unless the encoder was called with
+  `return_attention=True`; hidden: the layer's output [batch, length, hidden]."""
 
   q: jax.Array
   k: jax.Array
@@ -166,34 +167,57 @@ def merge_heads(x_BxHxLxK):
   return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
 
 
+def fused_attention_implementation(dtype, head_dim: int) -> str:
+  """Which kernel `jax.nn.dot_product_attention` runs: cuDNN's flash attention on GPUs for the
+  half-precision dtypes and head sizes it supports, XLA's (the same einsum-softmax-einsum as the
+  explicit path, without returning the probabilities) everywhere else."""
+  on_gpu = jax.default_backend() == "gpu"
+  if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128:
+    return "cudnn"
+  return "xla"
+
+
 class SelfAttention(nn.Module):
+  """Multi-head self-attention. The attention probabilities are materialised only when asked for
+  (`return_attention`) or when attention dropout must be applied to them; otherwise the fused
+  `jax.nn.dot_product_attention` computes the context without keeping [B, H, L, L] tensors."""
+
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic, return_attention=False):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
-    q = split_heads(_dense(c.hidden_size, c, "query")(x_BxLxD), c.num_heads)
-    k = split_heads(_dense(c.hidden_size, c, "key")(x_BxLxD), c.num_heads)
-    v = split_heads(_dense(c.hidden_size, c, "value")(x_BxLxD), c.num_heads)
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
-    scores = jnp.where(mask_BxL[:, None, None, :], scores, MASK_VALUE)
-    attention = jax.nn.softmax(scores, axis=-1)
-    probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
-    context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v)
-    out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", merge_heads(context)))
+    b, l, _ = x_BxLxD.shape
+    # [B, L, H, K]: the layout the fused kernel takes; transposed to [B, H, L, K] for the outputs.
+    q, k, v = (_dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
+               for name in ("query", "key", "value"))
+    dropout_on_probs = not deterministic and c.attention_dropout > 0
+    attention = None
+    if return_attention or dropout_on_probs:
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
+      scores = jnp.where(mask_BxL[:, None, None, :], scores, MASK_VALUE)
+      attention = jax.nn.softmax(scores, axis=-1)
+      probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
+      context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    else:
+      context = jax.nn.dot_product_attention(
+          q, k, v, mask=mask_BxL[:, None, None, :],
+          implementation=fused_attention_implementation(q.dtype, c.head_dim))
+    out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
-    return out, (q, k, v, attention)
+    heads_first = lambda t: t.transpose(0, 2, 1, 3)
+    return out, (heads_first(q), heads_first(k), heads_first(v), attention)
 
 
 class TransformerLayer(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic, return_attention=False):
     c = self.config
-    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, deterministic)
+    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, deterministic, return_attention)
     y = _probe(self, "ffn", ACTIVATIONS[c.hidden_act](_dense(c.intermediate_size, c, "intermediate")(h)))
     y = nn.Dropout(c.hidden_dropout)(_dense(c.hidden_size, c, "output")(y), deterministic=deterministic)
     out = _layer_norm(c, "output_LayerNorm")(y + h)
@@ -203,15 +227,16 @@ class TransformerLayer(nn.Module):
 class Encoder(nn.Module):
   """`apply({"params": p}, input_ids, attention_mask, token_type_ids) -> EncoderOutput`.
 
-  `deterministic=False` turns dropout on (needs a "dropout" rng). Every layer's Q/K/V and
-  attention are always returned: under `jit`, whatever the caller does not use is pruned.
+  `deterministic=False` turns dropout on (needs a "dropout" rng). Every layer's Q/K/V is returned
+  (under `jit`, whatever the caller does not use is pruned); its attention probabilities only with
+  `return_attention=True` (otherwise `None`: the layers run fused attention).
   """
 
   config: EncoderConfig
 
   @nn.compact
   def __call__(self, input_ids_BxL, attention_mask_BxL=None, token_type_ids_BxL=None,
-               deterministic: bool = True, num_layers: Optional[int] = None):
+               deterministic: bool = True, num_layers: Optional[int] = None, return_attention: bool = False):
     c = self.config
     if attention_mask_BxL is None:
       attention_mask_BxL = jnp.ones_like(input_ids_BxL)
@@ -222,7 +247,7 @@ class Encoder(nn.Module):
     embeddings = x
     layers = []
     for i in range(c.num_layers if num_layers is None else num_layers):
-      out = TransformerLayer(c, name=f"layer_{i}")(x, mask_BxL, deterministic)
+      out = TransformerLayer(c, name=f"layer_{i}")(x, mask_BxL, deterministic, return_attention)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
