@@ -31,14 +31,23 @@ class RunCheckpoints:
       options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False,
                                              save_interval_steps=0)
     else:
-      options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep)
+      for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
+        if value < 1:
+          raise UserError(f"{field}={value}: it must be at least 1 (a run keeps at least its latest checkpoint)")
+      options = ocp.CheckpointManagerOptions(max_to_keep=keep)
+    self.every = every
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)
 
   def latest_step(self):
     return self.manager.latest_step()
 
-  def save(self, step: int, state, data_position: dict, meta: dict, force: bool = False) -> bool:
-    return self.manager.save(step, force=force, args=ocp.args.Composite(
+  def due(self, step: int) -> bool:
+    """Whether the periodic schedule saves `step` (the training loop also saves the last step)."""
+    return step % self.every == 0
+
+  def save(self, step: int, state, data_position: dict, meta: dict) -> bool:
+    """Saves `step` now; the caller decides when (`due`, the last step, a preemption)."""
+    return self.manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)))
 
   def read_meta(self, step=None) -> dict:

@@ -1,16 +1,20 @@
 """The training loop shared by distillation and fine-tuning: batches from a resumable stream,
-progress bar, metrics, a non-finite-loss stop, periodic and SIGTERM checkpoints."""
+prefetched onto the devices, progress bar, metrics, a stop at a non-finite update, periodic and
+SIGTERM checkpoints."""
 
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
+from functools import partial
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
+from minilm_jax import parallel
 from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
@@ -51,54 +55,121 @@ def begin_run(config, workdir: str):
   check_same_config(config_json(config))
 
 
-def train_loop(state, next_batch: int, *, step_fn, stream, num_steps: int, checkpoints, meta: dict, workdir: str,
-               log_every: int, desc: str, after_step=None):
-  """Runs `state, metrics = step_fn(state, local_batch)` from `state.step` to `num_steps`.
+class _Prefetcher:
+  """Reads, collates and places the next batches on the devices in a background thread, up to
+  `depth` steps ahead, so that the host's work overlaps the device's step instead of preceding it.
+  Batches come out in stream order; an exception in the thread is raised by `next()`."""
 
-  `after_step(done, state) -> dict` may add metrics (an evaluation at an epoch end). Returns the last state.
+  def __init__(self, stream, first: int, last: int, place, depth: int = 2):
+    self._queue = queue.Queue(maxsize=depth)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._work, args=(stream, first, last, place), daemon=True,
+                                    name="batch-prefetch")
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def _work(self, stream, first, last, place):
+    try:
+      for b in range(first, last):
+        local = stream.batch(b)
+        # every attention mask counts: a sentence-pair LSTM batch has one per sentence
+        tokens = sum(int(v.sum()) for k, v in local.items() if k.startswith("attention_mask")) * jax.process_count()
+        if not self._put((place(local), tokens)):
+          return
+    except BaseException as e:  # handed to the training thread, which raises it
+      self._put(_Failure(e))
+
+  def next(self):
+    item = self._queue.get()
+    if isinstance(item, _Failure):
+      raise item.error
+    return item
+
+  def close(self):
+    self._stop.set()
+    self._thread.join()
+
+
+class _Failure:
+  def __init__(self, error):
+    self.error = error
+
+
+def _check_finite(pending: list, checkpoints):
+  """Reads the metrics of the steps since the last check (one transfer) and stops the run at the
+  first step whose update was skipped as non-finite. Returns the last step's metrics (None when
+  every step was checked already)."""
+  rows = host_scalars(pending)
+  pending.clear()
+  for done, metrics in rows:
+    if metrics["skipped"]:
+      raise UserError(f"non-finite loss or update at step {done} (loss {float(metrics['loss'])}): the update was not "
+                      f"applied and the run stops; the last checkpoint (step {checkpoints.latest_step()}) is intact: "
+                      f"lower the learning rate or enable gradient clipping (optimizer.clip_norm)")
+  return rows[-1][1] if rows else None
+
+
+def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int, checkpoints, meta: dict,
+               workdir: str, log_every: int, desc: str, after_step=None):
+  """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `num_steps`, the batches
+  read from `stream` and placed on `mesh` ahead of time (`_Prefetcher`).
+
+  Nothing is read back from the devices between log steps: the step skips a non-finite update on
+  the device (`train_state.guarded_update`), and the loop checks those flags at every log step,
+  before every save and at the end. `after_step(done, state) -> dict` may add metrics (an evaluation
+  at an epoch end). Returns the last state.
   """
   start = int(host_scalars(state.step))
   if start >= num_steps and checkpoints.latest_step() is None:
     # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
-    checkpoints.save(start, state, {"next_batch": next_batch}, meta, force=True)
+    checkpoints.save(start, state, {"next_batch": next_batch}, meta)
     checkpoints.wait()
     return state
-  writer = MetricWriter(workdir)
+  writer = MetricWriter(workdir, start)
   preemption = _Preemption()
-  real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+  prefetcher = _Prefetcher(stream, next_batch, next_batch + max(num_steps - start, 0),
+                           partial(parallel.shard_batch, mesh=mesh))
+  real_tokens, window_start, window_steps, pending = 0, time.perf_counter(), 0, []
   bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
   try:
     for step in range(start, num_steps):
-      local = stream.batch(next_batch)
-      # every attention mask counts: a sentence-pair LSTM batch has one per sentence
-      real_tokens += sum(int(v.sum()) for k, v in local.items() if k.startswith("attention_mask")) * jax.process_count()
-      state, metrics = step_fn(state, local)
+      batch, tokens = prefetcher.next()
+      state, metrics = step_fn(state, batch)
+      real_tokens += tokens
       next_batch += 1
       window_steps += 1
       done = step + 1
-      # One scalar per step comes back to the host: a non-finite loss must stop the run before it is saved.
-      metrics = host_scalars(metrics)
-      loss = float(metrics["loss"])
-      if not np.isfinite(loss):
-        raise UserError(f"non-finite loss ({loss}) at step {done}; the last good checkpoint (step "
-                        f"{checkpoints.latest_step()}) is kept: lower the learning rate or enable gradient clipping")
+      pending.append((done, metrics))
       bar.update(1)
       extra = after_step(done, state) if after_step else {}
       if done % log_every == 0 or done == num_steps or extra:
+        metrics = _check_finite(pending, checkpoints)
         elapsed = time.perf_counter() - window_start
         writer.write(done, {**metrics, **extra, "step_time_s": elapsed / window_steps,
                             "tokens_per_s": real_tokens / elapsed})
-        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{float(metrics['lr']):.2e}")
+        bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", lr=f"{float(metrics['lr']):.2e}")
         real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
       if preemption.stop_at(done):
-        checkpoints.save(done, state, {"next_batch": next_batch}, meta, force=True)
+        _check_finite(pending, checkpoints)
+        checkpoints.save(done, state, {"next_batch": next_batch}, meta)
         checkpoints.wait()
         tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume",
                    file=sys.stderr)
         return state
-      checkpoints.save(done, state, {"next_batch": next_batch}, meta, force=done == num_steps)
+      if checkpoints.due(done) or done == num_steps:
+        _check_finite(pending, checkpoints)
+        checkpoints.save(done, state, {"next_batch": next_batch}, meta)
   finally:
     bar.close()
+    prefetcher.close()
     preemption.restore()
     checkpoints.wait()
     writer.close()
@@ -109,7 +180,8 @@ def fit(run, step_fn, summary: dict, desc: str):
   """The `run()` of a fine-tuning or multi-task run: saves its tokenizer, starts from
   `run.initial_state()` (fresh or resumed), trains with `step_fn(state, local_batch, rng)`, evaluates
   `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
-  the last metrics to `results.json` after `summary`. Returns (state, metrics)."""
+  the last metrics to `results.json` after `summary`. Returns (state, metrics).
+  `step_fn` takes the batch already placed on `run.mesh`."""
   if jax.process_index() == 0:
     run.tokenizer.save_pretrained(os.path.join(run.workdir, TOKENIZER_DIR))
   state, next_batch = run.initial_state()
@@ -124,8 +196,8 @@ def fit(run, step_fn, summary: dict, desc: str):
     tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
 
-  state = train_loop(state, next_batch, step_fn=lambda state, local: step_fn(state, local, rng), stream=run.stream,
-                     num_steps=run.num_steps, checkpoints=run.checkpoints, meta=run.meta(), workdir=run.workdir,
+  state = train_loop(state, next_batch, step_fn=lambda state, batch: step_fn(state, batch, rng), stream=run.stream,
+                     mesh=run.mesh, num_steps=run.num_steps, checkpoints=run.checkpoints, meta=run.meta(), workdir=run.workdir,
                      log_every=run.config.log_every, desc=desc, after_step=after_step)
   if not results:  # resumed after the last step: evaluate what was saved
     results.update(run.evaluate(state.params))

@@ -7,15 +7,19 @@ import jax
 
 
 class MetricWriter:
+  """Appends to a run's metrics. A run resumed at `start_step` first drops what an interrupted
+  earlier attempt logged after that step (it will be logged again), from both files."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, start_step: int = 0):
     self.enabled = jax.process_index() == 0
     if self.enabled:
       from tensorboardX import SummaryWriter
 
       os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      path = os.path.join(workdir, "metrics.jsonl")
+      _drop_rows_after(path, start_step)
+      self._jsonl = open(path, "a")
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
   def write(self, step: int, scalars: dict):
     if not self.enabled:
@@ -31,3 +35,15 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def _drop_rows_after(path: str, step: int):
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+  if len(kept) != len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)

@@ -77,6 +77,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def shard_batch(local_batch: dict, mesh: Mesh) -> dict:
-  """This process's rows of a global batch -> global arrays sharded over `data`."""
+  """This process's rows of a global batch -> global arrays sharded over `data`. Entries that are
+  not arrays (a multi-task batch's task name) pass through."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+  return {k: jax.make_array_from_process_local_data(sharding, v) if isinstance(v, np.ndarray) else v
+          for k, v in local_batch.items()}

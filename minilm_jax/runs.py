@@ -114,7 +114,7 @@ def write_run_from_hf(hf_dir: str, workdir: str):
   ckpt = checkpoint.RunCheckpoints(workdir)
   if ckpt.latest_step() is not None:
     raise UserError(f"{workdir} already holds checkpoints: choose a new --out")
-  ckpt.save(0, {"params": params}, {}, {"encoder": config.to_dict(), "source": os.path.abspath(hf_dir)}, force=True)
+  ckpt.save(0, {"params": params}, {}, {"encoder": config.to_dict(), "source": os.path.abspath(hf_dir)})
   ckpt.wait()
   ckpt.close()
   tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))

@@ -1,10 +1,15 @@
-"""The train state and optimizer shared by distillation and fine-tuning."""
+"""The train state, optimizer and update shared by distillation and fine-tuning: gradient
+accumulation over micro-batches, and an update that is skipped, on the device, when it would make
+the state non-finite."""
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import traverse_util
+
+from minilm_jax.errors import UserError
 
 
 @flax.struct.dataclass
@@ -15,9 +20,12 @@ class TrainState:
 
 
 def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
-  """AdamW settings as the papers use them (betas 0.9/0.999, weight decay 0.01); callers add their warm-up field."""
+  """AdamW settings as the papers use them (betas 0.9/0.999, weight decay 0.01); callers add their warm-up field.
+  `accumulate_steps` K splits every batch into K micro-batches whose gradients are averaged before
+  one update: the update of the whole batch with the memory of one micro-batch."""
   return ml_collections.ConfigDict(dict(lr=lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                                        clip_norm=clip_norm))  # clip_norm 0: no clipping
+                                        clip_norm=clip_norm,  # 0: no clipping
+                                        accumulate_steps=1))
 
 
 def make_optimizer(opt, num_steps: int):
@@ -35,3 +43,53 @@ def make_optimizer(opt, num_steps: int):
   if opt.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
   return tx, schedule
+
+
+def check_accumulation(accumulate_steps: int, batch_per_device: int, what: str = "batch_size"):
+  if accumulate_steps < 1 or batch_per_device % accumulate_steps:
+    raise UserError(f"optimizer.accumulate_steps={accumulate_steps} does not split the {batch_per_device} examples "
+                    f"each device gets per step ({what} over the devices): use a divisor of {batch_per_device}")
+
+
+def _micro_batches(batch, k: int):
+  """[B, ...] -> [k, B/k, ...], micro-batch j holding rows j, j+k, j+2k, ...: strided, so that a
+  batch split over devices stays split the same way in every micro-batch."""
+  return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+
+
+def accumulated_value_and_grad(value_and_grad, params, batch, accumulate_steps: int):
+  """`value_and_grad(params, micro_batch, index) -> ((loss, aux), grads)` averaged over
+  `accumulate_steps` micro-batches of `batch`, scanned so that one micro-batch is alive at a time.
+  Equal to one pass over the whole batch when the loss is a mean over its examples."""
+  if accumulate_steps == 1:
+    return value_and_grad(params, batch, 0)
+  micro = _micro_batches(batch, accumulate_steps)
+  # The first micro-batch outside the scan: its result is the carry's initial value with exactly
+  # the types (device-varying inside shard_map) that the body returns.
+  first = value_and_grad(params, jax.tree.map(lambda x: x[0], micro), 0)
+
+  def body(total, inputs):
+    index, micro_batch = inputs
+    return jax.tree.map(jnp.add, total, value_and_grad(params, micro_batch, index)), None
+
+  rest = jax.tree.map(lambda x: x[1:], micro)
+  total, _ = jax.lax.scan(body, first, (jnp.arange(1, accumulate_steps), rest))
+  return jax.tree.map(lambda x: x / accumulate_steps, total)
+
+
+def all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)] + [jnp.bool_(True)]))
+
+
+def guarded_update(state: TrainState, grads, loss, tx):
+  """(state after one optimizer update, skipped). The update is applied only if the loss and the
+  new parameters and optimizer moments are all finite; otherwise the state keeps its parameters
+  and moments (its step still advances), and `skipped` is 1. The check stays on the device, so the
+  host need not read anything back every step, and a non-finite state can never be saved."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ok = jnp.isfinite(loss) & all_finite(params) & all_finite(opt_state)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+  new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
+                         opt_state=keep(opt_state, state.opt_state))
+  return new_state, 1.0 - ok.astype(jnp.float32)

@@ -15,7 +15,7 @@ from flax import traverse_util
 
 from conftest import ROOT, load_config_module, read_metrics, tiny_config
 from minilm_jax import checkpoint, parallel, runs
-from minilm_jax.distill.trainer import Distillation, student_config
+from minilm_jax.distill.trainer import Distillation, init_state, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
 
@@ -233,15 +233,37 @@ def test_missing_corpus_file(tiny_teacher, tmp_path):
     Distillation(tiny_config(tiny_teacher, str(tmp_path / "nope.txt")), str(tmp_path / "w"))
 
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_teacher, tiny_corpus, tmp_path):
+def test_non_finite_update_never_reaches_a_checkpoint(tiny_teacher, tiny_corpus, tmp_path):
+  """Divergence on a save step (the issue's `lr=1e6, checkpoint.every=3`): the step skips the
+  non-finite update on the device, the loop stops before saving, and every checkpoint left holds
+  finite parameters and optimizer moments."""
   workdir = str(tmp_path / "nan")
   Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2), workdir).run()
-  good = _final_params(workdir)
-  # An absurd learning rate blows the student up on the next steps.
-  blowup = tiny_config(tiny_teacher, tiny_corpus, num_steps=50, **{"optimizer.lr": 1e30, "optimizer.warmup_steps": 0})
-  with pytest.raises(UserError, match=r"non-finite loss .* at step \d+; the last good checkpoint \(step \d+\) is kept"):
+  blowup = tiny_config(tiny_teacher, tiny_corpus, num_steps=50, **{
+      "optimizer.lr": 1e30, "optimizer.warmup_steps": 0, "checkpoint.every": 3, "log_every": 10})
+  with pytest.raises(UserError, match=r"non-finite loss or update at step \d+ .* the last checkpoint \(step \d+\) is intact"):
     Distillation(blowup, workdir).run()
-  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
-  kept = ckpt.latest_step()
-  params = ckpt.restore_params(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), good), kept)
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+  run = Distillation(blowup, workdir)
+  abstract = jax.eval_shape(lambda: init_state(run.student, run.tx, run.objective, jax.random.key(0)))
+  assert run.checkpoints.manager.all_steps()
+  for step in run.checkpoints.manager.all_steps():
+    state, _, _ = run.checkpoints.restore(abstract, step)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state)), step
+
+
+def test_guarded_update_skips_non_finite_updates_on_the_device():
+  import jax.numpy as jnp
+  import optax
+
+  from minilm_jax.train_state import TrainState, guarded_update
+
+  tx = optax.adam(1e-2)
+  params = {"w": jnp.ones(3)}
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  applied, skipped = jax.jit(guarded_update, static_argnums=3)(state, {"w": jnp.ones(3)}, jnp.float32(1.0), tx)
+  assert float(skipped) == 0 and not np.allclose(applied.params["w"], 1.0)
+  for grads, loss in (({"w": jnp.array([1.0, jnp.nan, 1.0])}, 1.0), ({"w": jnp.ones(3)}, jnp.inf)):
+    kept, skipped = jax.jit(guarded_update, static_argnums=3)(applied, grads, jnp.float32(loss), tx)
+    assert float(skipped) == 1 and int(kept.step) == 2
+    for a, b in zip(jax.tree.leaves((kept.params, kept.opt_state)), jax.tree.leaves((applied.params, applied.opt_state))):
+      np.testing.assert_array_equal(a, b)

@@ -25,7 +25,8 @@ from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.models.heads import MaskedLM
-from minilm_jax.train_state import TrainState, make_optimizer
+from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
+                                     make_optimizer)
 
 
 def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
@@ -61,45 +62,52 @@ def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, mlm=None):
+def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, mlm=None,
+                    accumulate_steps: int = 1):
   """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated.
   For soft-label distillation `teacher_params` is {"encoder": ..., <MLM head>} and `mlm` holds the
-  tokenizer's (special_ids, mask_id)."""
+  tokenizer's (special_ids, mask_id). With `accumulate_steps` K each device's batch runs as K
+  micro-batches (teacher included) whose gradients are averaged before the one update.
+  `metrics["skipped"]` is 1 where a non-finite loss or update was not applied (`guarded_update`)."""
 
   def per_device(state, batch, teacher_params, rng):
-    ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
     step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
-    dropout_rng, mask_rng = jax.random.split(step_rng)
-    if objective.soft_labels:
-      ids, weights = objective_lib.mlm_mask(mask_rng, ids, mask, mlm[0], mlm[1], teacher.config.vocab_size)
-      t_logits = MaskedLM(teacher.config).apply({"params": teacher_params}, ids, mask, types)
-    else:
-      # The teacher runs only up to the deepest layer the loss reads, deterministically.
-      t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=objective.teacher_layers_needed)
 
-    def loss_fn(params):
-      rngs = {"dropout": dropout_rng}
+    def value_and_grad(params, micro_batch, index):
+      ids, mask, types = micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["token_type_ids"]
+      micro_rng = step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)
+      dropout_rng, mask_rng = jax.random.split(micro_rng)
       if objective.soft_labels:
-        encoder = {k: v for k, v in params.items() if k != "mlm_head"}
-        s_logits = MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids, mask, types,
-                                                  deterministic=False, rngs=rngs)
-        terms = {"mlm_kd": objective_lib.soft_label_kl(jax.lax.stop_gradient(t_logits), s_logits, weights)}
+        ids, weights = objective_lib.mlm_mask(mask_rng, ids, mask, mlm[0], mlm[1], teacher.config.vocab_size)
+        t_logits = MaskedLM(teacher.config).apply({"params": teacher_params}, ids, mask, types)
       else:
-        s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs=rngs,
-                              num_layers=objective.student_layers_needed)
-        terms = objective(t_out.layers, s_out.layers, mask, params.get("projection", {}))
-      return sum(terms.values()), terms
+        # The teacher runs only up to the deepest layer the loss reads, deterministically.
+        t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=objective.teacher_layers_needed)
+
+      def loss_fn(params):
+        rngs = {"dropout": dropout_rng}
+        if objective.soft_labels:
+          encoder = {k: v for k, v in params.items() if k != "mlm_head"}
+          s_logits = MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids, mask,
+                                                    types, deterministic=False, rngs=rngs)
+          terms = {"mlm_kd": objective_lib.soft_label_kl(jax.lax.stop_gradient(t_logits), s_logits, weights)}
+        else:
+          s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs=rngs,
+                                num_layers=objective.student_layers_needed)
+          terms = objective(t_out.layers, s_out.layers, mask, params.get("projection", {}))
+        return sum(terms.values()), terms
+
+      return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
     # Cast the replicated parameters to device-varying: their gradient is then this device's own,
     # and the pmean below is the one and only reduction (without the cast, JAX >= 0.7 already sums
     # the gradient over devices and a pmean on top would scale it by the device count).
     params = jax.lax.pcast(state.params, parallel.DATA, to="varying")
-    (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, terms), grads = accumulated_value_and_grad(value_and_grad, params, batch, accumulate_steps)
     grads = jax.lax.pmean(grads, parallel.DATA)
     metrics = jax.lax.pmean({"loss": loss, **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    new_state, skipped = guarded_update(state, grads, metrics["loss"], tx)
+    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step), "skipped": skipped}
 
   step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
   return jax.jit(step, donate_argnums=0)
@@ -143,7 +151,10 @@ class Distillation:
     self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
                               f"corpus {config.data.corpus}")
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
-    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, mlm)
+    accumulate = config.optimizer.accumulate_steps
+    check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
+    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, mlm,
+                                      accumulate)
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
     self.student_params = None
     if config.student.init == "etd" and self.checkpoints.latest_step() is None:
@@ -174,9 +185,9 @@ class Distillation:
     state, next_batch = self.initial_state()
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
 
-    def step_fn(state, local):
-      return self.train_step(state, parallel.shard_batch(local, self.mesh), self.teacher_params, dropout_rng)
+    def step_fn(state, batch):
+      return self.train_step(state, batch, self.teacher_params, dropout_rng)
 
-    return train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, num_steps=self.config.num_steps,
+    return train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, mesh=self.mesh, num_steps=self.config.num_steps,
                       checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
                       log_every=self.config.log_every, desc="distill")

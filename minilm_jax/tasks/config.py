@@ -90,6 +90,7 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.optimizer.b2 = 0.999
   c.optimizer.eps = 1e-6
   c.optimizer.clip_norm = 0.0  # 0: no clipping
+  c.optimizer.accumulate_steps = 1  # micro-batches per batch, gradients averaged before one update
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1

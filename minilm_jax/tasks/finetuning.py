@@ -19,7 +19,8 @@ from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.heads import task_model
-from minilm_jax.train_state import TrainState, make_optimizer
+from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
+                                     make_optimizer)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -42,16 +43,22 @@ def _apply(model, params, batch, deterministic=True, rngs=None):
   return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=deterministic, rngs=rngs)
 
 
-def make_train_step(loss_of, tx, schedule, state_shardings, mesh):
+def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_steps: int = 1):
   """`train_step(state, batch, rng) -> (state, metrics)` minimising `loss_of(params, batch, rngs)`
-  (`rngs`: dropout's, fresh each step): jitted with shardings, the state donated."""
+  (`rngs`: dropout's, fresh each step and micro-batch): jitted with shardings, the state donated.
+  `accumulate_steps` K averages the gradients of K micro-batches before the one update;
+  `metrics["skipped"]` is 1 where a non-finite loss or update was not applied."""
 
   def step(state, batch, rng):
-    rngs = {"dropout": jax.random.fold_in(rng, state.step)}
-    loss, grads = jax.value_and_grad(loss_of)(state.params, batch, rngs)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_state = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
-    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    step_rng = jax.random.fold_in(rng, state.step)
+
+    def value_and_grad(params, micro_batch, index):
+      rngs = {"dropout": step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)}
+      return jax.value_and_grad(lambda p: (loss_of(p, micro_batch, rngs), ()), has_aux=True)(params)
+
+    (loss, _), grads = accumulated_value_and_grad(value_and_grad, state.params, batch, accumulate_steps)
+    new_state, skipped = guarded_update(state, grads, loss, tx)
+    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step), "skipped": skipped}
 
   replicated = parallel.replicated(mesh)
   return jax.jit(step, in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
@@ -111,7 +118,9 @@ class FineTuning:
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     self.abstract_state = parallel.placed(abstract, self.state_shardings)
     loss_of = lambda params, batch, rngs: self.task.loss(_apply(self.model, params, batch, False, rngs), batch)
-    self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh)
+    accumulate = config.optimizer.accumulate_steps
+    check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
+    self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, accumulate)
     self.predict = Predictor(task_forward(self.model), self.mesh, self.state_shardings.params, config.eval_batch_size)
     self._encoder_params = encoder_params
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
@@ -143,7 +152,7 @@ class FineTuning:
     return results
 
   def run(self):
-    def step_fn(state, local, rng):
-      return self.train_step(state, parallel.shard_batch(local, self.mesh), rng)
+    def step_fn(state, batch, rng):
+      return self.train_step(state, batch, rng)
 
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")

@@ -25,7 +25,7 @@ from minilm_jax.models.students import refined_teacher
 from minilm_jax.tasks.finetuning import Predictor, get_task, make_train_step
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.tasks.logit_losses import task_loss
-from minilm_jax.train_state import TrainState, make_optimizer
+from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer
 
 SEPARATE_INPUTS = ("input_ids", "attention_mask")
 PAIR_INPUTS = ("input_ids_b", "attention_mask_b")
@@ -105,6 +105,7 @@ class MultiTaskRun:
     abstract = jax.eval_shape(self._init_state, jax.random.key(0))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     self.abstract_state = parallel.placed(abstract, self.state_shardings)
+    check_accumulation(c.optimizer.accumulate_steps, c.batch_size // self.mesh.shape[parallel.DATA])
     self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
     self.predictors = {t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params,
                                          c.eval_batch_size, self.inputs(t)) for t in self.tasks}
@@ -129,7 +130,8 @@ class MultiTaskRun:
       logits = self.model.apply({"params": params}, batch, task, deterministic=False, rngs=rngs)
       return task_loss(self.objective, logits, batch, temperature)
 
-    return make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh)
+    return make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh,
+                           self.config.optimizer.accumulate_steps)
 
   def initial_state(self):
     if self.checkpoints.latest_step() is not None:
@@ -148,9 +150,9 @@ class MultiTaskRun:
     return results
 
   def run(self):
-    def step_fn(state, local, rng):
-      task = local.pop("task")
-      return self.train_steps[task](state, parallel.shard_batch(local, self.mesh), rng)
+    def step_fn(state, batch, rng):
+      task = batch.pop("task")
+      return self.train_steps[task](state, batch, rng)
 
     return fit(self, step_fn, summary=self.summary(), desc=self.desc)
 

@@ -1,0 +1,96 @@
+"""The train steps as the programs call them (jitted, sharded over 8 fake devices): gradient
+accumulation equals one larger batch, and the query-chunked relation loss inside the `shard_map`
+step equals the full one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from minilm_jax import parallel
+from minilm_jax.distill.objectives import Objective
+from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.tasks import finetuning
+from minilm_jax.train_state import TrainState, check_accumulation
+
+TEACHER = EncoderConfig(vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                        initializer_range=0.5)
+STUDENT = TEACHER.replace(hidden_size=16, intermediate_size=32, initializer_range=0.02, hidden_dropout=0.0,
+                          attention_dropout=0.0)
+# Plain SGD: the update is linear in the gradient, so a wrongly scaled gradient shows in the parameters.
+SGD = optax.sgd(0.5)
+
+
+def _batch(batch_size=32, length=12, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(3, length + 1, batch_size)
+  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  return {"input_ids": rng.integers(1, 80, (batch_size, length)).astype(np.int32) * mask, "attention_mask": mask,
+          "token_type_ids": np.zeros((batch_size, length), np.int32)}
+
+
+def _distill_step(mesh, accumulate_steps=1, query_chunk=0, batch=None):
+  objective = Objective("minilm", ((1, 1),), ("qk", "vv"), 4, query_chunk, 32, 16)
+  step = make_train_step(Encoder(TEACHER), Encoder(STUDENT), SGD, lambda s: 0.5, objective, mesh,
+                         accumulate_steps=accumulate_steps)
+  state = jax.jit(lambda: init_state(Encoder(STUDENT), SGD, objective, jax.random.key(0)),
+                  out_shardings=parallel.replicated(mesh))()
+  teacher_params = jax.device_put(init_params(TEACHER, jax.random.key(1)), parallel.replicated(mesh))
+  new_state, metrics = step(state, parallel.shard_batch(batch or _batch(), mesh), teacher_params, jax.random.key(2))
+  return jax.device_get(new_state.params), jax.device_get(metrics)
+
+
+def _assert_same_step(a, b, rtol=1e-5):
+  (params_a, metrics_a), (params_b, metrics_b) = a, b
+  for name in ("loss", "grad_norm"):
+    np.testing.assert_allclose(metrics_a[name], metrics_b[name], rtol=rtol, err_msg=name)
+  for x, y in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b)):
+    np.testing.assert_allclose(x, y, atol=1e-6, rtol=rtol)
+
+
+@pytest.mark.parametrize("accumulate_steps", [4])
+def test_distillation_accumulation_equals_one_larger_batch(accumulate_steps):
+  """8 devices x 4 examples as `accumulate_steps` micro-batches against one pass. The MiniLM loss
+  is a mean over examples, so the mean of micro-batch gradients is the whole batch's gradient."""
+  mesh = parallel.make_mesh(8)
+  _assert_same_step(_distill_step(mesh, accumulate_steps), _distill_step(mesh, 1))
+
+
+@pytest.mark.parametrize("query_chunk", [5])  # a partial last chunk of 2 rows
+def test_chunked_loss_inside_the_sharded_step_equals_the_full_loss(query_chunk):
+  mesh = parallel.make_mesh(8)
+  _assert_same_step(_distill_step(mesh, query_chunk=query_chunk), _distill_step(mesh))
+  # and with accumulation, both inside one scan body
+  _assert_same_step(_distill_step(mesh, accumulate_steps=2, query_chunk=query_chunk), _distill_step(mesh))
+
+
+def _finetune_step(mesh, accumulate_steps):
+  model = Encoder(STUDENT)
+  params = init_params(STUDENT, jax.random.key(0))
+  targets = jnp.asarray(np.random.default_rng(3).standard_normal((32, 16)), jnp.float32)
+
+  def loss_of(p, batch, rngs):  # a per-example regression of the [CLS] state: a mean over examples
+    out = model.apply({"params": p}, batch["input_ids"], batch["attention_mask"], deterministic=False, rngs=rngs)
+    return jnp.mean((out.last_hidden_state[:, 0] - batch["target"]) ** 2)
+
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=SGD.init(params))
+  shardings = parallel.tree_shardings(jax.eval_shape(lambda: state), mesh)
+  step = finetuning.make_train_step(loss_of, SGD, lambda s: 0.5, shardings, mesh, accumulate_steps)
+  batch = {**_batch(), "target": np.asarray(targets)}
+  new_state, metrics = step(jax.device_put(state, shardings), parallel.shard_batch(batch, mesh), jax.random.key(1))
+  return jax.device_get(new_state.params), jax.device_get(metrics)
+
+
+def test_finetuning_accumulation_equals_one_larger_batch():
+  mesh = parallel.make_mesh(4, 2)  # data x model: the micro-batches stay split over `data`
+  _assert_same_step(_finetune_step(mesh, 4), _finetune_step(mesh, 1))
+
+
+def test_accumulation_that_does_not_divide_the_batch_is_one_line_error():
+  check_accumulation(4, 8)
+  for bad in (3, 0):
+    with pytest.raises(UserError, match=f"optimizer.accumulate_steps={bad} does not split the 8 examples"):
+      check_accumulation(bad, 8)
