@@ -17,3 +17,11 @@ parse_settings() {
   # shellcheck disable=SC2034  # read by the script that sources this file
   PROGRAM_ARGS=("$@")
 }
+
+# require_count NAME VALUE [MIN]: exits with one line unless VALUE is a whole number of at least MIN (default 1).
+require_count() {
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || (($2 < ${3:-1})); then
+    echo "error: $1=$2: it must be a whole number of at least ${3:-1}" >&2
+    exit 2
+  fi
+}

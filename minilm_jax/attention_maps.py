@@ -29,6 +29,9 @@ def main(argv):
     config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")
     ids = tokenizer([_SENTENCE.value], return_tensors="np")
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
+    if len(tokens) > config.max_position_embeddings:
+      raise UserError(f"the sentence is {len(tokens)} tokens long but the {title} has {config.max_position_embeddings} "
+                      f"positions: give a shorter --sentence (a map of that many tokens is unreadable anyway)")
     inputs = (jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask"))
     out = Encoder(config).apply({"params": params}, *inputs, return_attention=True)
     maps[f"{title} L{resolve_layer(layer, config.num_layers, f'--{title}_layer') + 1}"] = out.layers[layer].attention[0]

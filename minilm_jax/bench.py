@@ -1,7 +1,11 @@
-"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory|etd|task_distill> [--json FILE] [--repeats N] [--dtype D]`.
+"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory|etd|task_distill> [--json FILE] [flags]`.
 
 Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
 a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
+
+  bench distill --case paper --dtype bfloat16          # BERT-base shape -> 6x384 and 6x768, batch 256, lengths 128/512
+  bench distill --teacher 12x768 --student 6x384 --batch 64 --seq_len 128,512 --peers eager
+  bench inference --batch 32 --seq_len 128
 """
 
 import json
@@ -13,8 +17,9 @@ from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError, run_program
 
 SUITES = {
-    "distill": lambda: distill.run(_REPEATS.value, _DTYPE.value),
-    "inference": lambda: inference.run(_REPEATS.value, _DTYPE.value),
+    "distill": lambda: distill.run(_CASE.value, _REPEATS.value, _DTYPE.value, _TEACHER.value, _STUDENT.value,
+                                   _BATCH.value, _seq_lens(), _PEERS.value, _TRAIN_STEPS.value),
+    "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
     "memory": lambda: memory.run(),
     "etd": lambda: etd.run(_STEPS.value),
     "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
@@ -24,6 +29,24 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (af
 _STEPS = flags.DEFINE_integer("steps", 20, "etd: distillation steps after the starting loss.")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
+_CASE = flags.DEFINE_string("case", "cpu", "distill: the shapes, 'cpu' (2 CPU cores' worth) or 'paper' (batch 256, "
+                            "lengths 128 and 512, BERT-base shape -> 6x384 and 6x768).")
+_TEACHER = flags.DEFINE_string("teacher", None, "distill: the teacher instead of the case's: 'demo', a shape such as "
+                               "12x768 (random weights), or a Hugging Face directory.")
+_STUDENT = flags.DEFINE_list("student", None, "distill: student shapes instead of the case's, e.g. 6x384,6x768.")
+_BATCH = flags.DEFINE_integer("batch", None, "Batch size instead of the case's (inference: default 8).")
+_SEQ_LEN = flags.DEFINE_list("seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128).")
+_PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
+_TRAIN_STEPS = flags.DEFINE_integer("train_steps", 5, "distill: steps per timing window of the train program "
+                                    "(it runs two windows); 0 skips it.")
+_BATCHES = flags.DEFINE_integer("batches", 100, "inference: batches averaged over (the paper's protocol: 100).")
+
+
+def _seq_lens():
+  try:
+    return [int(n) for n in _SEQ_LEN.value] if _SEQ_LEN.value else None
+  except ValueError:
+    raise UserError(f"--seq_len {','.join(_SEQ_LEN.value)}: give whole numbers, e.g. 128,512") from None
 
 
 def main(argv):

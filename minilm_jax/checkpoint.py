@@ -6,9 +6,14 @@ step to a temporary directory and renames it when complete, so an interrupted sa
 the previous checkpoint.
 """
 
+import glob
 import os
+import shutil
+import sys
 
+import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from minilm_jax.errors import UserError
 
@@ -31,11 +36,8 @@ class RunCheckpoints:
       options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False,
                                              save_interval_steps=0)
     else:
-      for field, value in (("checkpoint.every", every), ("checkpoint.keep", keep)):
-        if value < 1:
-          raise UserError(f"{field}={value}: it must be at least 1 (a run keeps at least its latest checkpoint)")
       options = ocp.CheckpointManagerOptions(max_to_keep=keep)
-    self.every = every
+    self.every, self.read_only, self._failure = every, read_only, None
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)
 
   def latest_step(self):
@@ -46,28 +48,95 @@ class RunCheckpoints:
     return step % self.every == 0
 
   def save(self, step: int, state, data_position: dict, meta: dict) -> bool:
-    """Saves `step` now; the caller decides when (`due`, the last step, a preemption)."""
-    return self.manager.save(step, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)))
+    """Saves `step` now (asynchronously); the caller decides when (`due`, the last step, a preemption)."""
+    self.check()
+    try:
+      return self.manager.save(step, force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)))
+    except Exception as e:  # storage errors come as OSError, ValueError(RESOURCE_EXHAUSTED), ...
+      self._failed(e)
+
+  def check(self):
+    """Stops the run with one line as soon as an asynchronous save has failed (the training loop
+    asks every step), instead of at the next save."""
+    if self._failure is None:
+      try:
+        self.manager.check_for_errors()
+      except Exception as e:
+        self._failed(e)
+
+  def _failed(self, error: Exception):
+    """Removes the partial directory of the failed save (the earlier checkpoints stay) and raises
+    one line: where, what failed, and the free space there."""
+    directory = str(self.manager.directory)
+    for partial in glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")):
+      shutil.rmtree(partial, ignore_errors=True)
+    usage = shutil.disk_usage(directory)
+    self._failure = (f"saving a checkpoint in {directory} failed ({_brief(error)}); {usage.free / 2 ** 20:.1f} MiB of "
+                     f"{usage.total / 2 ** 20:.1f} MiB free there. The checkpoints saved before "
+                     f"({list(self.manager.all_steps())}) are kept: free space and rerun the same command to resume")
+    raise UserError(self._failure) from None
 
   def read_meta(self, step=None) -> dict:
     step = self._step(step)
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
   def restore(self, abstract_state, step=None):
-    """(state, data position, meta) of `step` (default latest), placed as `abstract_state`'s shardings say."""
-    step = self._step(step)
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+    """(state, data position, meta) of `step` (default: the newest that can be read), placed as
+    `abstract_state`'s shardings say."""
+    out = self._restore_intact(step, lambda s: self.manager.restore(s, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())))
     return out.state, out.data, out.meta
 
   def restore_params(self, abstract_params, step=None):
     """Only the parameters of a saved train state (a teacher needs no optimizer state)."""
-    step = self._step(step)
     target = {"params": abstract_params}
-    out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+    out = self._restore_intact(step, lambda s: self.manager.restore(s, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                     partial_restore=True))))
     return out.state["params"]
+
+  def _restore_intact(self, step, restore):
+    """`restore(step)`; without a step, of the newest step whose files can be read back. A newer
+    one that cannot (a file cut short by a crash or a full disk) is named in a warning and, when
+    this manager writes, moved to `<workdir>/damaged_checkpoints/` so that the run can save that
+    step again; it is never deleted."""
+    if step is not None:
+      step = self._step(step)
+      try:
+        return restore(step)
+      except Exception as e:  # Orbax and TensorStore raise many types for a damaged file
+        raise UserError(f"the checkpoint of step {step} in {self.manager.directory} cannot be read ({_brief(e)}): "
+                        f"choose another step (steps there: {list(self.manager.all_steps())})") from None
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    self._step(None)  # one line when there is none
+    damaged = []
+    for candidate in steps:
+      try:
+        out = restore(candidate)
+      except Exception as e:
+        damaged.append((candidate, e))
+        continue
+      if damaged:
+        print(f"warning: the checkpoint of step {damaged[0][0]} in {self.manager.directory} cannot be read "
+              f"({_brief(damaged[0][1])}); using step {candidate}, the newest that can", file=sys.stderr)
+        self._set_aside([s for s, _ in damaged])
+      return out
+    raise UserError(f"no checkpoint in {self.manager.directory} can be read (steps {steps}; the newest: "
+                    f"{_brief(damaged[0][1])}): start a new --workdir")
+
+  def _set_aside(self, steps):
+    if self.read_only:
+      return
+    if jax.process_index() == 0:
+      directory = str(self.manager.directory)
+      aside = os.path.join(os.path.dirname(directory), "damaged_checkpoints")
+      os.makedirs(aside, exist_ok=True)
+      for step in steps:
+        shutil.move(os.path.join(directory, str(step)), os.path.join(aside, str(step)))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("minilm_jax: damaged checkpoints set aside")
+    self.manager.reload()
 
   def _step(self, step):
     step = self.latest_step() if step is None else step
@@ -77,7 +146,16 @@ class RunCheckpoints:
     return step
 
   def wait(self):
-    self.manager.wait_until_finished()
+    if self._failure is not None:  # already reported; the manager's threads have nothing left to finish
+      return
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      self._failed(e)
 
   def close(self):
     self.manager.close()
+
+
+def _brief(error: Exception) -> str:
+  return f"{type(error).__name__}: {' '.join(str(error).split())[:160]}"

@@ -113,21 +113,30 @@ def config_to_hf(config: EncoderConfig) -> dict:
   return d
 
 
-def _read_tensors(model_dir: str) -> dict:
-  """All tensors of a checkpoint directory as numpy arrays, by their Hugging Face names."""
+def _load_safetensors(path: str) -> dict:
+  from safetensors import SafetensorError
   from safetensors.numpy import load_file
 
+  try:
+    return load_file(path)
+  except (SafetensorError, OSError) as e:
+    raise UserError(f"could not read the weights file {path} ({' '.join(str(e).split())[:120]}): it is damaged or "
+                    f"incomplete; copy or download it again") from None
+
+
+def _read_tensors(model_dir: str) -> dict:
+  """All tensors of a checkpoint directory as numpy arrays, by their Hugging Face names."""
   single = os.path.join(model_dir, "model.safetensors")
   index = os.path.join(model_dir, "model.safetensors.index.json")
   torch_bin = os.path.join(model_dir, "pytorch_model.bin")
   if os.path.exists(single):
-    return load_file(single)
+    return _load_safetensors(single)
   if os.path.exists(index):
     with open(index) as f:
       shards = sorted(set(json.load(f)["weight_map"].values()))
     tensors = {}
     for shard in shards:
-      tensors.update(load_file(os.path.join(model_dir, shard)))
+      tensors.update(_load_safetensors(os.path.join(model_dir, shard)))
     return tensors
   if os.path.exists(torch_bin):
     try:
@@ -255,7 +264,11 @@ def load_tokenizer(model_dir: str):
 
   if not any(os.path.exists(os.path.join(model_dir, f)) for f in _TOKENIZER_FILES):
     raise UserError(f"{model_dir} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer beside the weights")
-  tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+  try:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+  except Exception as e:  # a damaged tokenizer.json raises the Rust parser's own exception types
+    raise UserError(f"could not load the tokenizer in {model_dir} ({type(e).__name__}: {' '.join(str(e).split())[:120]}): "
+                    f"its files are damaged or incomplete; save the tokenizer again") from None
   backend = getattr(tokenizer, "_tokenizer", None)
   if backend is not None:
     backend.no_padding()

@@ -6,17 +6,18 @@ import json
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from functools import partial
 
 import jax
+from flax import traverse_util
 from tqdm import tqdm
 
 from minilm_jax import parallel
+from minilm_jax.checkpoint import RunCheckpoints, is_run
 from minilm_jax.distributed import check_same_config, config_json, host_scalars
-from minilm_jax.errors import UserError
+from minilm_jax.errors import Preempted, UserError
 from minilm_jax.metrics import MetricWriter
 from minilm_jax.runs import TOKENIZER_DIR
 
@@ -47,12 +48,51 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+# Config fields every training program has or may have, and their least allowed value.
+_AT_LEAST = {"log_every": 1, "num_steps": 0, "epochs": 1, "batch_size": 1, "eval_batch_size": 1,
+             "checkpoint.every": 1, "checkpoint.keep": 1, "optimizer.accumulate_steps": 1}
+
+
 def begin_run(config, workdir: str):
-  """Checks shared by every training program before anything is loaded: a workdir to write to, and
-  (with several processes) that every process was started with the same config."""
+  """Checks shared by every training program before anything is loaded or written: a workdir to
+  write to, fields in range, and (with several processes) that every process was started with the
+  same config."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+  for field, least in _AT_LEAST.items():
+    node, *rest = field.split(".")
+    value = config.get(node)
+    value = value.get(rest[0]) if rest and value is not None else value
+    if value is not None and value < least:
+      raise UserError(f"{field}={value} is out of range: it must be at least {least}")
   check_same_config(config_json(config))
+  _check_resumable(config, workdir)
+
+
+# What may change when a run is resumed: its length, logging, checkpointing and device layout.
+_MAY_CHANGE_ON_RESUME = ("num_steps", "epochs", "log_every", "checkpoint.", "mesh.", "eval_batch_size", "data.num_proc")
+
+
+def _check_resumable(config, workdir: str):
+  """A workdir that holds a run is resumed only with that run's config, but for the fields that
+  may change between restarts; anything else is refused with the differing fields."""
+  if not is_run(workdir):
+    return
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    if ckpt.latest_step() is None:
+      return
+    saved = traverse_util.flatten_dict(ckpt.read_meta().get("config", {}), sep=".")
+  finally:
+    ckpt.close()
+  now = traverse_util.flatten_dict(json.loads(config.to_json()), sep=".")
+  # Fields on one side only come from another version of this program, not from the user.
+  differing = sorted(k for k in saved.keys() & now.keys()
+                     if saved[k] != now[k] and not k.startswith(_MAY_CHANGE_ON_RESUME))
+  if differing:
+    changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in differing[:6])
+    raise UserError(f"{workdir} holds a run started with another config ({changes}{', ...' if len(differing) > 6 else ''}): "
+                    f"rerun with that run's settings, or use a new --workdir")
 
 
 class _Prefetcher:
@@ -111,9 +151,11 @@ def _check_finite(pending: list, checkpoints):
   pending.clear()
   for done, metrics in rows:
     if metrics["skipped"]:
+      latest = checkpoints.latest_step()
+      kept = "no checkpoint was saved yet" if latest is None else f"the last checkpoint (step {latest}) is intact"
       raise UserError(f"non-finite loss or update at step {done} (loss {float(metrics['loss'])}): the update was not "
-                      f"applied and the run stops; the last checkpoint (step {checkpoints.latest_step()}) is intact: "
-                      f"lower the learning rate or enable gradient clipping (optimizer.clip_norm)")
+                      f"applied and the run stops; {kept}: lower the learning rate or enable gradient clipping "
+                      f"(optimizer.clip_norm)")
   return rows[-1][1] if rows else None
 
 
@@ -148,6 +190,7 @@ def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int,
       window_steps += 1
       done = step + 1
       pending.append((done, metrics))
+      checkpoints.check()
       bar.update(1)
       extra = after_step(done, state) if after_step else {}
       if done % log_every == 0 or done == num_steps or extra:
@@ -161,9 +204,7 @@ def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int,
         _check_finite(pending, checkpoints)
         checkpoints.save(done, state, {"next_batch": next_batch}, meta)
         checkpoints.wait()
-        tqdm.write(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume",
-                   file=sys.stderr)
-        return state
+        raise Preempted(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume")
       if checkpoints.due(done) or done == num_steps:
         _check_finite(pending, checkpoints)
         checkpoints.save(done, state, {"next_batch": next_batch}, meta)
@@ -182,9 +223,9 @@ def fit(run, step_fn, summary: dict, desc: str):
   `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
   the last metrics to `results.json` after `summary`. Returns (state, metrics).
   `step_fn` takes the batch already placed on `run.mesh`."""
+  state, next_batch = run.initial_state()
   if jax.process_index() == 0:
     run.tokenizer.save_pretrained(os.path.join(run.workdir, TOKENIZER_DIR))
-  state, next_batch = run.initial_state()
   rng = jax.random.key(run.config.seed + 1)
   per_epoch, results = run.stream.batches_per_epoch, {}
 

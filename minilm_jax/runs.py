@@ -11,6 +11,8 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
 
 from minilm_jax import checkpoint, hf, parallel
 from minilm_jax.errors import UserError
@@ -125,5 +127,10 @@ def export_run(workdir: str, out_dir: str, step: int = None):
   if not checkpoint.is_run(workdir):
     raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run")
   config, head, params, tokenizer = read_run(workdir, step)
+  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  broken = [name for name, x in flat.items() if not np.isfinite(np.asarray(x)).all()]
+  if broken:
+    raise UserError(f"the checkpoint of {workdir} holds non-finite parameters ({len(broken)} of {len(flat)}, e.g. "
+                    f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate")
   hf.save(out_dir, config, params, tokenizer, head)
   return config, head

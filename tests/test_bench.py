@@ -8,13 +8,15 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 
 from minilm_jax import parallel
-from minilm_jax.benchmarks import distill, memory
+from minilm_jax.benchmarks import distill, inference, memory, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.errors import UserError
 from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
 
@@ -65,6 +67,46 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
   assert "chunked_bytes" in proc.stdout.splitlines()[0]
   # The issue's bound: at length 512 the chunked loss needs at most a quarter of the full loss's memory.
   assert written[-1]["chunked_bytes"] <= written[-1]["full_bytes"] / 4
+
+
+def test_analytic_flops_are_the_issues_formula():
+  """Per token, a full layer of width d at length S costs 24 d^2 + 4 S d; the teacher's layers below
+  the read one in full, plus that layer's Q/K/V (6 d^2) and two relations' logits (2 x 2 S d); the
+  student the same, three times."""
+  teacher, student, s = EncoderConfig(hidden_size=768, num_layers=12, intermediate_size=3072), EncoderConfig(
+      hidden_size=384, num_layers=6, intermediate_size=1536), 512
+  share = lambda layers, d: layers * (24 * d * d + 4 * s * d) + 6 * d * d + 2 * 2 * s * d
+  assert timing.distill_flops_per_token(teacher, 11, student, 5, s) == share(11, 768) + 3 * share(5, 384)
+  assert timing.encoder_flops_per_token(teacher, s) == 12 * (24 * 768 ** 2 + 4 * s * 768)
+
+
+def test_bench_distill_paper_case_at_tiny_sizes():
+  """The `paper` case's code path (ours bare and through the train program, both PyTorch peers)
+  with a tiny teacher and student, on CPU: every column filled, MFU only where a peak is known."""
+  rows = distill.run(case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[16, 8],
+                     train_steps=2)
+  assert [(r["student"], r["seq_len"], r["batch"]) for r in rows] == [("1x32x4", 16, 4), ("1x32x4", 8, 4)]
+  for row in rows:
+    for key in ("ours_tokens_per_s", "train_program_tokens_per_s", "torch_eager_tokens_per_s",
+                "torch_compile_tokens_per_s", "ratio_vs_eager", "ratio_vs_compile", "ours_mem_gib"):
+      assert row[key] > 0, key
+    assert row["mfu"] is None and timing.peak_flops() is None  # CPU
+
+
+def test_bench_inference_averages_its_batches():
+  rows = inference.run(num_batches=2, batch_size=2, seq_len=16)
+  assert [r["arch"] for r in rows] == ["12x768", "6x768", "12x384", "6x384", "4x384", "3x384"]
+  assert rows[0]["flop_ratio"] == 1.0 and rows[-1]["flop_ratio"] > 10 and all(r["seconds"] > 0 for r in rows)
+
+
+def test_bench_bad_shapes_are_one_line_errors():
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True,
+                        text=True)
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --seq_len"), proc.stderr
+  for kwargs, message in (({"teacher": "12by768"}, "is not LAYERSxHIDDEN"), ({"peers": ["jax"]}, "unknown PyTorch peers"),
+                          ({"case": "huge"}, "unknown distill case")):
+    with pytest.raises(UserError, match=message):
+      distill.run(**kwargs)
 
 
 def test_bench_unknown_suite_is_one_line_error():

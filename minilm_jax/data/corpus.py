@@ -37,7 +37,24 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   try:
     return datasets.load_dataset(kinds.pop(), data_files=files, split="train")
   except Exception as e:
-    raise UserError(f"could not read corpus {corpus}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    raise UserError(f"could not read corpus {corpus}: {_root_cause(e)}: fix or remove the file") from None
+
+
+def _root_cause(error: Exception) -> str:
+  """What went wrong underneath `datasets`' generic DatasetGenerationError: the first cause that
+  says more than "an error occurred" (a JSON parse error with its row, a byte that is not UTF-8,
+  an empty file)."""
+  causes, e = [], error
+  while e is not None and len(causes) < 8:
+    causes.append(e)
+    e = e.__cause__ or e.__context__
+  telling = [c for c in causes if type(c).__name__ != "DatasetGenerationError"] or causes
+  c = telling[0]
+  if isinstance(c, UnicodeDecodeError):
+    return f"it is not UTF-8 text (byte {c.object[c.start:c.start + 1]!r} at offset {c.start})"
+  if type(c).__name__ == "SchemaInferenceError":
+    return "it holds no rows"
+  return f"{type(c).__name__}: {' '.join(str(c).split())[:200]}"
 
 
 def first_sentences(data_config, cache_dir: str, n: int) -> list:

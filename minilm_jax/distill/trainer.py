@@ -169,10 +169,6 @@ class Distillation:
     init = jax.jit(partial(init_state, self.student, self.tx, self.objective), out_shardings=parallel.replicated(self.mesh))
     if self.checkpoints.latest_step() is None:
       return init(rng, self.student_params), 0
-    saved = self.checkpoints.read_meta()["encoder"]
-    if {**saved, "dtype": None} != {**self.student.config.to_dict(), "dtype": None}:
-      raise UserError(f"{self.workdir} holds a run of another student ({saved['num_layers']}x{saved['hidden_size']}): "
-                      f"use a new --workdir, or the config that run was started with")
     state, data, _ = self.checkpoints.restore(jax.eval_shape(init, rng))
     return state, data["next_batch"]
 
@@ -180,9 +176,9 @@ class Distillation:
     return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
 
   def run(self) -> TrainState:
+    state, next_batch = self.initial_state()  # refuses a workdir of another run before writing to it
     if jax.process_index() == 0:
       self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
-    state, next_batch = self.initial_state()
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
 
     def step_fn(state, batch):

@@ -1,0 +1,167 @@
+"""Bad input and faults (issue 14's table): each ends in one line and exit 2, or works; nothing
+saved is lost."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, read_metrics, tiny_config
+from minilm_jax import parallel
+from minilm_jax.distill.trainer import Distillation
+from minilm_jax.errors import UserError
+from minilm_jax.metrics import MetricWriter
+
+
+def _program(*args, program="train"):
+  return subprocess.run([sys.executable, "-m", f"minilm_jax.{program}", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def _one_line_error(proc, *expected):
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+  for text in expected:
+    assert text in lines[0], lines[0]
+  return lines[0]
+
+
+@pytest.mark.parametrize("program", ["train", "bench"])  # every program starts through errors.run_program
+def test_help_prints_the_flags_and_exits_0(program):
+  proc = _program("--help", program=program)
+  assert proc.returncode == 0 and "--" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_config_files_that_cannot_be_loaded(tmp_path):
+  _one_line_error(_program("--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")), "does not exist")
+  bad = tmp_path / "bad.py"
+  bad.write_text("def get_config(:\n")
+  _one_line_error(_program("--config", str(bad), "--workdir", str(tmp_path / "w")), "SyntaxError", "line 1")
+
+
+def test_unknown_config_field_is_named_plainly(tmp_path):
+  line = _one_line_error(_program("--config", "configs/demo.py", "--workdir", str(tmp_path / "w"),
+                                  "--config.student.num_layerz=3"))
+  assert "'num_layerz'" in line and '"num_layers"' in line and "\\" not in line
+
+
+def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher, tiny_corpus, tmp_path):
+  workdir = tmp_path / "w"
+  _one_line_error(_program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.log_every=0"),
+                  "log_every=0 is out of range: it must be at least 1")
+  for field, value in (("checkpoint.every", 0), ("checkpoint.keep", 0), ("num_steps", -5), ("batch_size", 0),
+                       ("optimizer.accumulate_steps", 0)):
+    with pytest.raises(UserError, match=f"{field}={value} is out of range"):
+      Distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
+  assert not workdir.exists()
+
+
+def test_checkpoints_follow_the_schedule_and_the_last_step(tiny_teacher, tiny_corpus, tmp_path):
+  """Saved: every `checkpoint.every` steps and the last; not step 1 (Orbax's own first-save rule)."""
+  run = Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=5, **{"checkpoint.every": 2, "checkpoint.keep": 5}),
+                     str(tmp_path / "w"))
+  run.run()
+  assert list(run.checkpoints.manager.all_steps()) == [2, 4, 5]
+
+
+def test_a_resumed_run_drops_what_was_logged_after_its_checkpoint(tmp_path):
+  writer = MetricWriter(str(tmp_path))
+  for step in range(1, 6):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  writer = MetricWriter(str(tmp_path), start_step=3)  # resumed from the checkpoint of step 3
+  writer.write(4, {"loss": 40.0})
+  writer.close()
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+  assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+
+
+def test_zero_accumulation_or_one_that_does_not_split_the_batch(tiny_teacher, tiny_corpus, tmp_path):
+  with pytest.raises(UserError, match="accumulate_steps=3 does not split the 8 examples"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"optimizer.accumulate_steps": 3}), str(tmp_path / "w"),
+                 mesh=parallel.make_mesh(1))
+
+
+def test_export_refuses_a_non_finite_checkpoint(tiny_teacher, tmp_path):
+  """A checkpoint that holds NaN (written by an older version, or by hand) is not exported as a model."""
+  import jax
+  import numpy as np
+
+  from minilm_jax import checkpoint, runs
+
+  workdir = str(tmp_path / "run")
+  runs.write_run_from_hf(tiny_teacher, workdir)
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  meta = ckpt.read_meta()
+  params = runs.read_run(workdir)[2]
+  params = jax.tree.map(np.asarray, params)
+  params["embeddings"]["word_embeddings"]["embedding"][3, 3] = np.nan
+  writer = checkpoint.RunCheckpoints(workdir)
+  writer.save(1, {"params": params}, {}, meta)
+  writer.wait()
+  with pytest.raises(UserError, match="non-finite parameters .*embeddings/word_embeddings/embedding.*--step"):
+    runs.export_run(workdir, str(tmp_path / "out"))
+  runs.export_run(workdir, str(tmp_path / "out"), step=0)
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_teacher, tiny_corpus, tmp_path, capfd):
+  """A state file cut short (a crash or a full disk during the save): the rerun warns, resumes from
+  the step before, keeps the damaged one aside, and export reads the intact one too."""
+  import glob
+  import os
+
+  from minilm_jax import runs
+
+  workdir = str(tmp_path / "w")
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3})
+  Distillation(config, workdir).run()
+  data_files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**"), recursive=True)
+                if os.path.isfile(f) and os.path.getsize(f) > 1000]
+  for f in data_files:
+    with open(f, "r+b") as handle:
+      handle.truncate(os.path.getsize(f) // 2)
+  runs.export_run(workdir, str(tmp_path / "exported"))  # read-only: falls back, moves nothing
+  assert "cannot be read" in capfd.readouterr().err and os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
+  config.num_steps = 4
+  run = Distillation(config, workdir)
+  run.run()
+  err = capfd.readouterr().err
+  assert "warning: the checkpoint of step 3" in err and "using step 2" in err
+  assert os.path.isdir(os.path.join(workdir, "damaged_checkpoints", "3"))
+  assert list(run.checkpoints.manager.all_steps()) == [2, 3, 4]  # keep=3
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 6 MiB tmpfs (needs root; skipped where mounting is not allowed)."""
+  import os
+
+  path = tmp_path / "small"
+  path.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(path)], capture_output=True).returncode:
+    pytest.skip("cannot mount a tmpfs here")
+  yield str(path)
+  subprocess.run(["umount", str(path)], capture_output=True)
+  assert not os.path.ismount(path)
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teacher, tiny_corpus, small_disk):
+  import glob
+  import os
+
+  from conftest import ROOT as root
+
+  workdir = os.path.join(small_disk, "w")
+  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.path.join(root, "tests"), XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(root, "tests", "tiny_config.py"),
+                         "--workdir", workdir, "--config.num_steps=40", "--config.checkpoint.every=2",
+                         "--config.checkpoint.keep=5"], env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "error: saving a checkpoint in" in proc.stderr and "No space left on device" in proc.stderr
+  assert not glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))  # the partial save is removed
+  from minilm_jax import checkpoint
+
+  steps = list(checkpoint.RunCheckpoints(workdir, read_only=True).manager.all_steps())
+  assert steps and max(steps) < 40
