@@ -165,3 +165,48 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
 
   steps = list(checkpoint.RunCheckpoints(workdir, read_only=True).manager.all_steps())
   assert steps and max(steps) < 40
+
+
+def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_teacher, tmp_path):
+  import os
+  import shutil
+
+  from minilm_jax import hf
+  from minilm_jax.data.corpus import load_blocks
+  from minilm_jax.distill.config import base_config
+
+  damaged = str(tmp_path / "teacher")
+  shutil.copytree(tiny_teacher, damaged)
+  weights = os.path.join(damaged, "model.safetensors")
+  with open(weights, "r+b") as f:
+    f.truncate(os.path.getsize(weights) // 2)
+  with pytest.raises(UserError, match="could not read the weights file .*model.safetensors .* damaged or incomplete"):
+    hf.load(damaged)
+  with open(os.path.join(damaged, "tokenizer.json"), "w") as f:
+    f.write('{"version": "1.0", "model": ')
+  with pytest.raises(UserError, match="could not load the tokenizer in .* damaged or incomplete"):
+    hf.load_tokenizer(damaged)
+
+  tokenizer = hf.load_tokenizer(tiny_teacher)
+  cases = {"bad.jsonl": (b'{"text": "a"}\n{"text": "b"\n', "JSON parse error"),
+           "binary.txt": (bytes(range(128, 256)) * 4, "not UTF-8 text"), "empty.txt": (b"", "holds no rows")}
+  for name, (content, message) in cases.items():
+    path = tmp_path / name
+    path.write_bytes(content)
+    data = base_config().data
+    data.corpus = str(path)
+    with pytest.raises(UserError, match=f"could not read corpus .*{name}: .*{message}"):
+      load_blocks(data, tokenizer, str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("setting", ["NUM_PROCESSES=0", "NUM_PROCESSES=-1", "NUM_PROCESSES=abc", "CPU_DEVICES=x"])
+def test_launcher_settings_that_are_not_counts(setting):
+  proc = subprocess.run(["bash", "launch/local.sh", setting, "--help"], capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 2 and proc.stderr.strip() == f"error: {setting}: it must be a whole number of at least 1"
+
+
+def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path):
+  proc = _program("--teacher", tiny_teacher, "--student", tiny_teacher, "--sentence", " ".join(["word"] * 100),
+                  "--out", str(tmp_path / "maps.png"), program="attention_maps")
+  _one_line_error(proc, "102 tokens long", "64 positions")
+  assert not (tmp_path / "maps.png").exists()
