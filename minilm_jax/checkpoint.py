@@ -69,6 +69,11 @@ class RunCheckpoints:
     """Removes the partial directory of the failed save (the earlier checkpoints stay) and raises
     one line: where, what failed, and the free space there."""
     directory = str(self.manager.directory)
+    self._failure = str(error)
+    try:  # let the save's other threads end first, or they write into the directory removed below
+      self.manager.wait_until_finished()
+    except Exception:  # the same failure, reported again
+      pass
     for partial in glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")):
       shutil.rmtree(partial, ignore_errors=True)
     usage = shutil.disk_usage(directory)
