@@ -176,7 +176,7 @@ class Distillation:
     return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
 
   def run(self) -> TrainState:
-    state, next_batch = self.initial_state()  # refuses a workdir of another run before writing to it
+    state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
     if jax.process_index() == 0:
       self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
