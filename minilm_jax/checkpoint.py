@@ -6,10 +6,13 @@ step to a temporary directory and renames it when complete, so an interrupted sa
 the previous checkpoint.
 """
 
+import errno
 import glob
+import logging
 import os
 import shutil
 import sys
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -29,9 +32,39 @@ def is_run(path: str) -> bool:
   return os.path.isdir(checkpoint_dir(path))
 
 
+def _quiet_orbax_failure_reports():
+  """A failed asynchronous save (a full disk) is reported by Orbax's threads many times over, with
+  tracebacks: hundreds of lines. Every such failure also reaches `RunCheckpoints` (through
+  `check_for_errors`, or as the exception of a restore), which reports it as one line, so these are
+  left out: Orbax's ERROR log records; asyncio's reports of write tasks whose exception nobody
+  retrieved; and, as the save unwinds, the TensorStore callbacks that find the event loop closed
+  (Python reports each as unraisable)."""
+  absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
+  if any(getattr(f, "_minilm_jax", False) for f in absl_logger.filters):
+    return
+
+  def not_an_orbax_error(record):
+    return record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+  def not_an_orbax_task(record):
+    return not ("exception was never retrieved" in record.getMessage() and "orbax" in record.getMessage())
+
+  not_an_orbax_error._minilm_jax = True
+  absl_logger.addFilter(not_an_orbax_error)
+  logging.getLogger("asyncio").addFilter(not_an_orbax_task)
+  previous_hook = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)):
+      previous_hook(unraisable)
+
+  sys.unraisablehook = hook
+
+
 class RunCheckpoints:
 
   def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False):
+    _quiet_orbax_failure_reports()
     if read_only:
       options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False,
                                              save_interval_steps=0)
@@ -74,10 +107,9 @@ class RunCheckpoints:
       self.manager.wait_until_finished()
     except Exception:  # the same failure, reported again
       pass
-    for partial in glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*")):
-      shutil.rmtree(partial, ignore_errors=True)
+    _remove_partial_saves(directory)
     usage = shutil.disk_usage(directory)
-    self._failure = (f"saving a checkpoint in {directory} failed ({_brief(error)}); {usage.free / 2 ** 20:.1f} MiB of "
+    self._failure = (f"saving a checkpoint in {directory} failed ({_storage_reason(error)}); {usage.free / 2 ** 20:.1f} MiB of "
                      f"{usage.total / 2 ** 20:.1f} MiB free there. The checkpoints saved before "
                      f"({list(self.manager.all_steps())}) are kept: free space and rerun the same command to resume")
     raise UserError(self._failure) from None
@@ -160,6 +192,29 @@ class RunCheckpoints:
 
   def close(self):
     self.manager.close()
+
+
+def _remove_partial_saves(directory: str):
+  """Removes the temporary directories of a failed save. TensorStore writes still in flight when
+  Orbax gave up can recreate one for a moment on a loaded machine, so removal repeats until the
+  directory stays away (a few seconds at most)."""
+  for _ in range(20):
+    partials = glob.glob(os.path.join(directory, "*.orbax-checkpoint-tmp*"))
+    if not partials:
+      return
+    for partial in partials:
+      shutil.rmtree(partial, ignore_errors=True)
+    time.sleep(0.25)
+
+
+def _storage_reason(error: Exception) -> str:
+  """The OS's words for a failed write (TensorStore buries them deep in a long message), else the error."""
+  text = str(error)
+  for reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), os.strerror(errno.EROFS),
+                 os.strerror(errno.EACCES)):
+    if reason in text:
+      return reason
+  return _brief(error)
 
 
 def _brief(error: Exception) -> str:

@@ -3,6 +3,7 @@ prefetched onto the devices, progress bar, metrics, a stop at a non-finite updat
 SIGTERM checkpoints."""
 
 import json
+import math
 import os
 import queue
 import signal
@@ -48,9 +49,40 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-# Config fields every training program has or may have, and their least allowed value.
-_AT_LEAST = {"log_every": 1, "num_steps": 0, "epochs": 1, "batch_size": 1, "eval_batch_size": 1,
-             "checkpoint.every": 1, "checkpoint.keep": 1, "optimizer.accumulate_steps": 1}
+# Config fields the training programs have (each program's config has some of them): the least
+# allowed value, and for probabilities the bound they must stay below.
+_RANGES = {
+    **dict.fromkeys(("log_every", "epochs", "batch_size", "eval_batch_size", "checkpoint.every", "checkpoint.keep",
+                     "optimizer.accumulate_steps", "student.num_layers", "student.hidden_size", "student.num_heads",
+                     "student.intermediate_size", "student.vocab_size", "student.embed_dim", "student.hidden",
+                     "student.fc", "loss.num_relation_heads", "etd.num_sentences", "data.num_proc", "n_best",
+                     "max_answer_length", "doc_stride", "augment.size_factor", "mesh.model"), (1, None)),
+    **dict.fromkeys(("seed", "etd.seed", "augment.seed", "num_steps", "optimizer.warmup_steps", "loss.query_chunk", "optimizer.lr", "optimizer.eps",
+                     "optimizer.weight_decay", "optimizer.clip_norm", "optimizer.rho", "augment.n_iter"),
+                    (0, None)),
+    **dict.fromkeys(("student.dropout", "dropout", "optimizer.b1", "optimizer.b2", "augment.p_mask",
+                     "augment.p_pos", "optimizer.warmup_proportion"), (0, 1)),
+    "data.max_seq_length": (2, None), "max_seq_length": (2, None),  # [CLS] and [SEP]
+}
+
+
+def check_ranges(config):
+  """One line for the first field that is out of its range, or a float that is not finite."""
+  flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
+  for field, value in flat.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise UserError(f"{field}={value} is not a finite number: give it a value")
+  for field, (least, below) in _RANGES.items():
+    value = flat.get(field)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+      continue
+    if value < least:
+      raise UserError(f"{field}={value} is out of range: it must be at least {least}")
+    if below is not None and value >= below:
+      raise UserError(f"{field}={value} is out of range: it must be below {below}")
+  mesh_data = flat.get("mesh.data")
+  if mesh_data is not None and mesh_data != -1 and mesh_data < 1:
+    raise UserError(f"mesh.data={mesh_data} is out of range: use -1 (every device) or a count of at least 1")
 
 
 def begin_run(config, workdir: str):
@@ -59,12 +91,7 @@ def begin_run(config, workdir: str):
   same config."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
-  for field, least in _AT_LEAST.items():
-    node, *rest = field.split(".")
-    value = config.get(node)
-    value = value.get(rest[0]) if rest and value is not None else value
-    if value is not None and value < least:
-      raise UserError(f"{field}={value} is out of range: it must be at least {least}")
+  check_ranges(config)
   check_same_config(config_json(config))
   _check_resumable(config, workdir)
 

@@ -11,6 +11,9 @@ import importlib.util  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# WordNet 3.0's noun synsets that the WordNet tasks' splits need (tests/data/wordnet/make_excerpt.py),
+# so the suite runs without `apt-get install wordnet-base` and reads the same rows everywhere.
+WORDNET_EXCERPT = os.path.join(ROOT, "tests", "data", "wordnet")
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -107,6 +110,15 @@ def apply_overrides(config, overrides: dict):
       node = node[p]
     node[leaf] = value
   return config
+
+
+def output_lines(stderr: str) -> list:
+  """A program's stderr without its progress bars (ours and `datasets`'; tqdm redraws them after
+  carriage returns): what is left is what the program said."""
+  import re
+
+  return [line for line in re.split(r"[\r\n]", stderr)
+          if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
 
 
 def read_metrics(workdir):

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import WORDNET_EXCERPT
 from scipy import stats
 
 from minilm_jax.data import augment
@@ -18,7 +19,7 @@ from minilm_jax.tasks.wordnet import TASKS
 def tagged():
   """spaCy's tags of the 2,000 training definitions of wordnet_supersense, and the tagger."""
   tag = augment.load_pos_tagger()
-  examples = TASKS["wordnet_supersense"].load("train")
+  examples = TASKS["wordnet_supersense"].load("train", WORDNET_EXCERPT)
   return tag, examples, tag(examples["text_a"])
 
 

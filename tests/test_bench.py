@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import WORDNET_EXCERPT
 
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, inference, memory, timing
@@ -114,11 +115,11 @@ def test_bench_unknown_suite_is_one_line_error():
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
 
 
-def test_bench_etd_rows_and_etd_starts_below_random():
+def test_bench_etd_rows_and_etd_starts_below_random(tiny_corpus):
   """The real all-MiniLM-L6-v2 teacher (no MLM head): ETD-Rand's student starts with a lower MiniLM loss."""
   from minilm_jax.benchmarks import etd
 
-  rows = etd.run(steps=1, batch_size=8)
+  rows = etd.run(steps=1, batch_size=8, corpus=tiny_corpus, mesh=parallel.make_mesh(1))
   by = {(r["student"], r["init"]): r for r in rows}
   for student in ("3x384", "3x192"):
     assert by[(student, "etd-rand")]["loss_at_start"] < 0.9 * by[(student, "random")]["loss_at_start"]
@@ -131,7 +132,7 @@ def test_bench_task_distill_rows(tiny_teacher):
   from minilm_jax.benchmarks import task_distill
 
   rows = task_distill.run(teacher_init=tiny_teacher, teacher_name="tiny BERT", teacher_epochs=1, epochs=1, size_factor=2, max_len=24,
-                          sizes=(16, 8, 16), mesh=parallel.make_mesh(1))
+                          sizes=(16, 8, 16), mesh=parallel.make_mesh(1), data_dir=WORDNET_EXCERPT)
   assert [r["model"].split(":")[0] for r in rows] == ["teacher", "distilled BiLSTM (logit MSE, augmented 2x)",
                                                       "distilled BiLSTM (logit MSE, no augmentation)",
                                                       "BiLSTM on labels alone"]

@@ -115,15 +115,23 @@ def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
 
 
-def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, tmp_path):
+def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2_dir, tmp_path):
   run_dir = str(tmp_path / "squad_run")
   config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
   _, results = FineTuning(config, run_dir).run()
   assert {"dev/exact", "dev/f1", "dev/HasAns_f1", "dev/NoAns_f1"} <= set(results)
   features, _ = get_task("squad2").prepare("dev", config, hf.load_tokenizer(tiny_teacher))
   assert len(features) > 40  # long sentences were split into several overlapping windows
-  rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
-  predictions = json.load(open(tmp_path / "eval" / "squad_run" / f"step_{rows[0]['step']}" / "dev_predictions.json"))
+  # The README's batch evaluation of a GLUE run and a SQuAD run together, through the program.
+  glue_run = str(tmp_path / "sst2_run")
+  FineTuning(finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1), glue_run).run()
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.evaluate", "--runs", f"{glue_run},{run_dir}", "--out",
+                         str(tmp_path / "eval")], capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.load(open(tmp_path / "eval" / "metrics.json"))
+  assert [(r["task"], r["split"]) for r in rows] == [("sst2", "dev"), ("squad2", "dev")]
+  assert "accuracy" in rows[0] and "f1" in rows[1] and "exact" in proc.stdout and "accuracy" in proc.stdout
+  predictions = json.load(open(tmp_path / "eval" / "squad_run" / f"step_{rows[1]['step']}" / "dev_predictions.json"))
   assert set(predictions) == {f"q{i}" for i in range(40)}
 
   out = str(tmp_path / "squad_hf")
@@ -237,9 +245,73 @@ def test_xnli_scores_overall_and_per_language(tmp_path, minilm):
   examples = task.load("dev", str(tmp_path))
   assert examples["group"] == ["en", "de", "de", "en"] and examples["label"] == [1, 2, 0, 2]
   scores = task.score(np.array([1, 2, 2, 0]), examples)
-  assert scores == {"accuracy": 0.5, "accuracy_de": 0.5, "accuracy_en": 0.5}
+  assert scores == {"accuracy": 0.5, "accuracy_de": 0.5, "accuracy_en": 0.5, "accuracy_average": 0.5}
   features = task.features(examples, tokenizer, 16)
   assert len(features[0]["input_ids"]) == 16 and features[0]["token_type_ids"][-1] in (0, 1)
+
+
+def test_xnli_trains_on_mnli_format_and_reports_dev_and_test_per_language(tmp_path, tiny_teacher):
+  """The paper's recipe: MNLI-format English training rows (no language column), model selection
+  on XNLI dev, accuracy per language and their average on XNLI's labelled test set."""
+  mnli_header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+                 "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n")
+  labels = ("entailment", "neutral", "contradiction")
+  train = [(f"A man number {i} sleeps.", f"Someone {i} rests.", labels[i % 3]) for i in range(24)]
+  (tmp_path / "train.tsv").write_text(mnli_header + "".join(
+      f"{i}\t{i}\t{i}e\tfiction\t()\t()\t()\t()\t{a}\t{b}\t{y}\t{y}\n" for i, (a, b, y) in enumerate(train)))
+  xnli_header = ("language\tgold_label\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+                 "sentence2_parse\tsentence1\tsentence2\tpromptID\tpairID\tgenre\tlabel1\n")
+  for split in ("dev", "test"):
+    rows = [(lang, labels[i % 3], f"Satz {i}.", f"Zweiter {i}.") for i in range(6) for lang in ("en", "de", "zh")]
+    (tmp_path / f"{split}.tsv").write_text(xnli_header + "".join(
+        f"{l}\t{y}\t()\t()\t()\t()\t{a}\t{b}\t{i}\t{i}\tfiction\t{y}\n" for i, (l, y, a, b) in enumerate(rows)))
+  run_dir = str(tmp_path / "xnli_run")
+  _, results = FineTuning(finetune_config(tiny_teacher, "xnli", str(tmp_path), max_seq_length=24, batch_size=8),
+                          run_dir).run()
+  for split in ("dev", "test"):
+    assert {f"{split}/accuracy_{l}" for l in ("en", "de", "zh")} | {f"{split}/accuracy_average"} <= set(results)
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
+  assert [r["split"] for r in rows] == ["dev", "test"]
+  assert rows[1]["accuracy"] == pytest.approx(results["test/accuracy"]) and "accuracy_zh" in rows[1]
+
+
+def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(tmp_path, tiny_teacher):
+  """The user's own data defined in the config alone; the exported transformers classifier names
+  and predicts the same classes as our evaluation."""
+  import csv
+
+  topics = ("sport", "music", "food", "travel", "money", "weather")
+  for split, count in (("train", 48), ("dev", 18)):
+    with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+      writer = csv.writer(f)
+      writer.writerow(["id", "sentence", "topic"])
+      for i in range(count):
+        writer.writerow([i, f"this line is about {topics[i % 6]}, number {i}", topics[i % 6]])
+  config = finetune_config(tiny_teacher, "custom", "", max_seq_length=16, epochs=2)
+  config.data.train, config.data.dev = str(tmp_path / "train.csv"), str(tmp_path / "dev.csv")
+  config.data.text_columns, config.data.label_column = "sentence", "topic"
+  run_dir = str(tmp_path / "custom_run")
+  _, results = FineTuning(config, run_dir).run()
+  assert {"dev/accuracy", "dev/macro_f1"} <= set(results)
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
+  assert rows[0]["accuracy"] == pytest.approx(results["dev/accuracy"])
+  ours = [line.split("\t")[1] for line in
+          open(tmp_path / "eval" / "custom_run" / f"step_{rows[0]['step']}" / "dev_predictions.tsv").read().splitlines()[1:]]
+  assert set(ours) <= set(topics)
+
+  out = str(tmp_path / "custom_hf")
+  runs.export_run(run_dir, out)
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+  assert sorted(model.config.id2label.values()) == sorted(topics)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  texts = [f"this line is about {topics[i % 6]}, number {i}" for i in range(18)]
+  with torch.no_grad():
+    logits = model(**tokenizer(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")).logits
+  assert [model.config.id2label[int(i)] for i in logits.argmax(-1)] == ours
+
+  config.data.text_columns = "sentence,missing"
+  with pytest.raises(UserError, match="has no column\\(s\\) \\['missing'\\]"):
+    FineTuning(config, str(tmp_path / "bad"))
 
 
 def test_attention_maps_png(tmp_path, tiny_teacher):

@@ -1,40 +1,25 @@
-"""Task metrics against scikit-learn/scipy, and the SQuAD 2.0 metric on hand-checked examples."""
+"""Task metrics and the SQuAD 2.0 metric on hand-checked examples."""
 
 import numpy as np
 import pytest
-import scipy.stats
-import sklearn.metrics
 
 from minilm_jax.tasks import metrics
 from minilm_jax.tasks.squad import SquadTask, exact_match, f1_score, normalize_answer, squad_v2_scores
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_classification_metrics_equal_sklearn(seed):
-  rng = np.random.default_rng(seed)
-  y, p = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
-  assert metrics.accuracy(y, p) == pytest.approx(sklearn.metrics.accuracy_score(y, p))
-  assert metrics.f1(y, p) == pytest.approx(sklearn.metrics.f1_score(y, p))
-  assert metrics.matthews(y, p) == pytest.approx(sklearn.metrics.matthews_corrcoef(y, p))
-  y3, p3 = rng.integers(0, 3, 200), rng.integers(0, 3, 200)  # multi-class MCC
-  assert metrics.matthews(y3, p3) == pytest.approx(sklearn.metrics.matthews_corrcoef(y3, p3))
-
-
-def test_degenerate_classification_metrics_match_sklearn():
-  y = np.array([1, 1, 1, 1])
-  assert metrics.matthews(y, y) == sklearn.metrics.matthews_corrcoef(y, y) == 0.0
-  z = np.zeros(4, int)
-  assert metrics.f1(z, z) == sklearn.metrics.f1_score(z, z, zero_division=0.0) == 0.0
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_correlations_equal_scipy_with_ties(seed):
-  rng = np.random.default_rng(seed)
-  x = rng.integers(0, 6, 100).astype(float)  # many ties, as STS-B's 0-5 scores have
-  y = x + rng.normal(0, 2, 100)
-  assert metrics.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y)[0])
-  assert metrics.spearman(x, y) == pytest.approx(scipy.stats.spearmanr(x, y)[0])
-  assert metrics.spearman(x, np.round(y)) == pytest.approx(scipy.stats.spearmanr(x, np.round(y))[0])
+def test_task_metrics_on_hand_computed_examples():
+  """The metric names the tasks use, each on an example worked by hand (the values come from
+  scikit-learn and scipy; these check that each name is wired to the right definition)."""
+  y, p = [1, 1, 0, 0, 1, 0], [1, 0, 0, 1, 1, 0]  # tp 2, fp 1, fn 1, tn 2
+  assert metrics.accuracy(y, p) == pytest.approx(4 / 6)
+  assert metrics.f1(y, p) == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))  # positive class 1 only
+  assert metrics.matthews(y, p) == pytest.approx((2 * 2 - 1 * 1) / np.sqrt(3 * 3 * 3 * 3))
+  y3, p3 = [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0]  # per-class F1: 1/2, 4/5, 2/3
+  assert metrics.macro_f1(y3, p3) == pytest.approx((1 / 2 + 4 / 5 + 2 / 3) / 3)
+  assert metrics.matthews([1, 1, 1], [1, 1, 1]) == 0.0 and metrics.f1([0, 0], [0, 0]) == 0.0  # degenerate: 0
+  assert metrics.pearson([1, 2, 3, 4], [2, 4, 6, 8]) == pytest.approx(1.0)
+  assert metrics.spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)  # ties share rank 2.5
+  assert np.isnan(metrics.pearson([1, 1, 1], [1, 2, 3]))  # a constant prediction has no correlation
 
 
 def test_squad_normalisation():

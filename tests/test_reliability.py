@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, read_metrics, tiny_config
+from conftest import ROOT, output_lines, read_metrics, tiny_config
 from minilm_jax import parallel
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
@@ -155,13 +155,29 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(root, "tests", "tiny_config.py"),
                          "--workdir", workdir, "--config.num_steps=40", "--config.checkpoint.every=2",
                          "--config.checkpoint.keep=5"], env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  assert "error: saving a checkpoint in" in proc.stderr and "No space left on device" in proc.stderr
+  lines = output_lines(proc.stderr)  # one line, not Orbax's threads' tracebacks
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error: saving a checkpoint in") and "No space left on device" in lines[0]
   assert not glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))  # the partial save is removed
   from minilm_jax import checkpoint
 
   steps = list(checkpoint.RunCheckpoints(workdir, read_only=True).manager.all_steps())
   assert steps and max(steps) < 40
+
+
+def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
+  """The demo corpus (megabytes of text) is the first thing a run writes: a disk that is already
+  full ends the run there with one line."""
+  import os
+
+  with open(os.path.join(small_disk, "filler"), "wb") as f:
+    f.write(b"\0" * (5 * 2 ** 20 + 2 ** 19))  # half a MiB of the 6 left
+  line = _one_line_error(_program("--config", "configs/demo.py", "--workdir", os.path.join(small_disk, "w"),
+                                  f"--config.teacher.path={tiny_teacher}", "--config.student.hidden_size=16",
+                                  "--config.student.num_heads=4", "--config.loss.num_relation_heads=4",
+                                  "--config.data.max_seq_length=32"),
+                         "No space left on device", "free space there")
+  assert "demo_corpus.txt" in line and not os.listdir(os.path.join(small_disk, "w", "data"))  # no partial file
 
 
 def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_teacher, tmp_path):

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_config_module
+from conftest import ROOT, WORDNET_EXCERPT, load_config_module
 
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.config import base_config, mkd_config, task_distillation_config
@@ -21,6 +21,7 @@ TASKS = ("wordnet_supersense", "wordnet_examples")
 def _finetune_config(init, task):
   c = base_config()
   c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.log_every = task, init, 1, 32, 32, 20
+  c.data_dir = WORDNET_EXCERPT
   c.optimizer.lr = 1e-3
   return c
 
@@ -45,6 +46,7 @@ def refined_teacher(tmp_path_factory, tiny_teacher):
 def _student_config(tasks, teacher, **student):
   c = task_distillation_config() if "," not in tasks else mkd_config()
   c.tasks, c.teacher, c.max_seq_length, c.epochs, c.batch_size = tasks, teacher, 32, 1, 40
+  c.data_dir = WORDNET_EXCERPT
   c.augment.size_factor, c.augment.n_iter = 2, 3
   c.student.embed_dim, c.student.hidden, c.student.fc = 16, 8, 16
   for k, v in student.items():
@@ -88,7 +90,7 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
   from minilm_jax import parallel, runs
 
   task = get_task("wordnet_examples")
-  examples = task.load("dev").select(range(16))
+  examples = task.load("dev", WORDNET_EXCERPT).select(range(16))
   logits = teacher_logits(teachers[task.name], task, examples, 32, 16, parallel.make_mesh(), str(tmp_path))
   runs.export_run(teachers[task.name], str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()

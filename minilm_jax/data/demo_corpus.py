@@ -49,7 +49,12 @@ def write_demo_corpus(path: str) -> str:
         documents.append("\n".join(sentences))
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may harvest at once
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write("\n\n".join(documents) + "\n")
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write("\n\n".join(documents) + "\n")
+  except OSError as e:  # a full disk: leave no partial file, and name the file in the error
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(e.errno, e.strerror, path) from None
   os.replace(tmp, path)  # atomic: an interrupted harvest never leaves a half corpus behind
   return path

@@ -7,7 +7,7 @@ from minilm_jax.train_state import adamw_config
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad2
+  c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad2, or custom (data.* below)
   c.init = ""  # a run's workdir (distillation, fine-tuning, convert --from-hf) or a Hugging Face directory
   c.data_dir = ""  # the task's folder of GLUE TSV / SQuAD JSON files; empty: the Hugging Face hub (online)
   c.language = ""  # XNLI from the hub: the language subset
@@ -21,6 +21,16 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optimizer = adamw_config(lr=3e-5, clip_norm=1.0)
   c.optimizer.warmup_proportion = 0.1  # of all steps, then linear decay to 0
+
+  # task=custom: your own data (CSV, TSV, JSON Lines or Parquet files; tasks/custom.py).
+  c.data = ml_collections.ConfigDict()
+  c.data.train = ""
+  c.data.dev = ""
+  c.data.text_columns = "text"  # one column, or two comma separated for sentence pairs
+  c.data.label_column = "label"
+  c.data.labels = ""  # class names, comma separated; empty: the training file's label values, sorted
+  c.data.regression = False  # True: one score per example (MSE), as STS-B
+  c.data.metrics = ""  # comma separated, the first picks the grid's best; empty: accuracy,macro_f1 (pearson,spearman)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the batch axis; -1: all that the model axis leaves

@@ -61,7 +61,7 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
     encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
     if workdir not in prepared:  # once per run, whatever its number of checkpoints: config, data, compiled forward
       config = configs[workdir]
-      task = get_task(config.task)
+      task = get_task(config.task, config)
       splits = list(task.eval_splits)
       if config.data_dir:
         splits += [s for s in task.test_splits if os.path.isfile(os.path.join(config.data_dir, f"{s}.tsv"))]

@@ -25,12 +25,18 @@ from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, chec
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def get_task(name: str):
-  from minilm_jax.tasks import glue, squad, wordnet
+def get_task(name: str, config=None):
+  """A named task, or (`custom`) the one a fine-tuning config's `data` fields define."""
+  from minilm_jax.tasks import custom, glue, squad, wordnet
 
+  if name == "custom":
+    if config is None or "data" not in config:
+      raise UserError("task custom is defined by a fine-tuning config's data.* fields: fine-tune it on its own "
+                      "(python -m minilm_jax.finetune --config.task=custom --config.data.train=...)")
+    return custom.custom_task(config.data)
   tasks = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS}
   if name not in tasks:
-    raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(tasks))}")
+    raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(tasks))}, or custom (your own files)")
   return tasks[name]
 
 
@@ -96,7 +102,7 @@ class FineTuning:
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
     self.config, self.workdir = config, workdir
-    self.task = get_task(config.task)
+    self.task = get_task(config.task, config)
     encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
     self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
     if config.max_seq_length > encoder_config.max_position_embeddings:

@@ -31,7 +31,7 @@ def run_grid(config, workdir: str):
 
 
 def _main_metric(config) -> str:
-  task = get_task(config.task)
+  task = get_task(config.task, config)
   return f"{task.eval_splits[0]}/{task.metrics[0]}"
 
 
