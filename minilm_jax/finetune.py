@@ -3,6 +3,8 @@
 
 Evaluates on the task's dev split(s) after every epoch; writes `results.json`. With `--grid`, runs
 every `config.grid` learning rate x epochs pair and writes `grid.md` / `grid.csv` with the best marked.
+`--config.seeds=N` runs every setting (the config's own without `--grid`) N times and reports each
+metric's mean and standard deviation.
 Several tasks (`--config.task=sst2,mrpc,stsb`) train the thesis's multi-task refined teacher: one
 encoder, one output layer per task, the tasks' batches shuffled together.
 """
@@ -29,6 +31,8 @@ def main(argv):
     raise UserError("--grid tunes one task: run it per task, or drop --grid for multi-task refining")
   if _GRID.value:
     run_grid(_CONFIG.value, _WORKDIR.value)
+  elif _CONFIG.value.seeds > 1 and not multi_task:
+    run_grid(_CONFIG.value, _WORKDIR.value, settings=[(_CONFIG.value.optimizer.lr, _CONFIG.value.epochs)])
   elif multi_task:
     MultiTaskFineTuning(_CONFIG.value, _WORKDIR.value).run()
   else:

@@ -52,14 +52,14 @@ class _Preemption:
 # Config fields the training programs have (each program's config has some of them): the least
 # allowed value, and for probabilities the bound they must stay below.
 _RANGES = {
-    **dict.fromkeys(("log_every", "epochs", "batch_size", "eval_batch_size", "checkpoint.every", "checkpoint.keep",
+    **dict.fromkeys(("log_every", "epochs", "seeds", "batch_size", "eval_batch_size", "checkpoint.every", "checkpoint.keep",
                      "optimizer.accumulate_steps", "student.num_layers", "student.hidden_size", "student.num_heads",
                      "student.intermediate_size", "student.vocab_size", "student.embed_dim", "student.hidden",
                      "student.fc", "loss.num_relation_heads", "etd.num_sentences", "data.num_proc", "n_best",
                      "max_answer_length", "doc_stride", "augment.size_factor", "mesh.model"), (1, None)),
-    **dict.fromkeys(("seed", "etd.seed", "augment.seed", "num_steps", "optimizer.warmup_steps", "loss.query_chunk", "optimizer.lr", "optimizer.eps",
-                     "optimizer.weight_decay", "optimizer.clip_norm", "optimizer.rho", "augment.n_iter"),
-                    (0, None)),
+    **dict.fromkeys(("seed", "etd.seed", "augment.seed", "num_steps", "optimizer.warmup_steps", "loss.query_chunk",
+                     "optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_norm", "optimizer.rho",
+                     "augment.n_iter"), (0, None)),
     **dict.fromkeys(("student.dropout", "dropout", "optimizer.b1", "optimizer.b2", "augment.p_mask",
                      "augment.p_pos", "optimizer.warmup_proportion"), (0, 1)),
     "data.max_seq_length": (2, None), "max_seq_length": (2, None),  # [CLS] and [SEP]
@@ -248,7 +248,8 @@ def fit(run, step_fn, summary: dict, desc: str):
   """The `run()` of a fine-tuning or multi-task run: saves its tokenizer, starts from
   `run.initial_state()` (fresh or resumed), trains with `step_fn(state, local_batch, rng)`, evaluates
   `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
-  the last metrics to `results.json` after `summary`. Returns (state, metrics).
+  the last metrics to `results.json` after `summary`, with every epoch's metrics and, where `run`
+  has a `selection_metric`, the best epoch by it. Returns (state, metrics).
   `step_fn` takes the batch already placed on `run.mesh`."""
   state, next_batch = run.initial_state()
   if jax.process_index() == 0:
@@ -270,6 +271,23 @@ def fit(run, step_fn, summary: dict, desc: str):
   if not results:  # resumed after the last step: evaluate what was saved
     results.update(run.evaluate(state.params))
   if jax.process_index() == 0:
+    epochs = _epoch_results(run.workdir, set(results), per_epoch)
+    best = {}
+    if run.selection_metric and epochs:
+      best_row = max(epochs, key=lambda row: row[run.selection_metric])
+      best = {"best_epoch": best_row["epoch"], "best": {run.selection_metric: best_row[run.selection_metric]}}
     with open(os.path.join(run.workdir, "results.json"), "w") as f:
-      json.dump({**summary, "step": int(host_scalars(state.step)), **results}, f, indent=2)
+      json.dump({**summary, "step": int(host_scalars(state.step)), **results, "epochs": epochs, **best}, f, indent=2)
   return state, results
+
+
+def _epoch_results(workdir: str, keys: set, per_epoch: int) -> list:
+  """Every evaluation of a run, from its `metrics.jsonl` (which a resumed run keeps up to its
+  checkpoint): [{"epoch", "step", metric: value, ...}] in step order."""
+  rows = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      if keys and keys <= set(row):
+        rows[row["step"]] = {k: row[k] for k in sorted(keys)}
+  return [{"epoch": math.ceil(step / per_epoch), "step": step, **rows[step]} for step in sorted(rows)]

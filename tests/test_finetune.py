@@ -119,7 +119,7 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
   run_dir = str(tmp_path / "squad_run")
   config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
   _, results = FineTuning(config, run_dir).run()
-  assert {"dev/exact", "dev/f1", "dev/HasAns_f1", "dev/NoAns_f1"} <= set(results)
+  assert {"dev/exact", "dev/f1", "dev/HasAns_f1", "dev/NoAns_f1", "dev/best_f1", "dev/best_f1_thresh"} <= set(results)
   features, _ = get_task("squad2").prepare("dev", config, hf.load_tokenizer(tiny_teacher))
   assert len(features) > 40  # long sentences were split into several overlapping windows
   # The README's batch evaluation of a GLUE run and a SQuAD run together, through the program.
@@ -144,6 +144,37 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
     theirs = model(**{k: torch.tensor(v) for k, v in batch.items()})
   np.testing.assert_allclose(np.asarray(start), theirs.start_logits.numpy(), atol=1e-4)
   np.testing.assert_allclose(np.asarray(end), theirs.end_logits.numpy(), atol=1e-4)
+
+
+def test_squad1_end_to_end_always_answers(tiny_teacher, squad_dir, tmp_path):
+  """SQuAD 1.1 files (the answerable questions of the 2.0 fixture): every question gets a span,
+  and the scores are the official 1.1 exact match and F1."""
+  data = json.load(open(os.path.join(squad_dir, "dev-v2.0.json")))
+  for paragraph in data["data"][0]["paragraphs"]:
+    paragraph["qas"] = [qa for qa in paragraph["qas"] if not qa.pop("is_impossible")]
+  for name in ("train-v1.1.json", "dev-v1.1.json"):
+    (tmp_path / name).write_text(json.dumps(data))
+  run_dir = str(tmp_path / "squad1_run")
+  config = finetune_config(tiny_teacher, "squad1", str(tmp_path), max_seq_length=24, doc_stride=8, epochs=1)
+  _, results = FineTuning(config, run_dir).run()
+  assert set(results) == {"dev/exact", "dev/f1", "dev/total"} and results["dev/total"] == 26
+  rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
+  predictions = json.load(open(tmp_path / "eval" / "squad1_run" / f"step_{rows[0]['step']}" / "dev_predictions.json"))
+  assert len(predictions) == 26 and all(predictions.values())  # no empty answers
+
+
+def test_mlqa_trains_on_squad1_and_reports_each_language(tiny_teacher, squad_dir, tmp_path):
+  """MLQA's files beside SQuAD 1.1's: English dev for selection, test scores per language."""
+  data = json.load(open(os.path.join(squad_dir, "dev-v2.0.json")))
+  for paragraph in data["data"][0]["paragraphs"]:
+    paragraph["qas"] = [qa for qa in paragraph["qas"] if not qa.pop("is_impossible")]
+  for name in ("train-v1.1.json", "dev-context-en-question-en.json", "test-context-en-question-en.json",
+               "test-context-de-question-de.json"):
+    (tmp_path / name).write_text(json.dumps(data))
+  config = finetune_config(tiny_teacher, "mlqa", str(tmp_path), max_seq_length=24, doc_stride=8, epochs=1)
+  _, results = FineTuning(config, str(tmp_path / "mlqa_run")).run()
+  assert {"dev/f1_en", "test/f1_en", "test/f1_de", "test/exact_de", "test/f1"} <= set(results)
+  assert "dev/f1_de" not in results  # model selection on English only, as the paper
 
 
 def _convert(*args):
@@ -219,9 +250,24 @@ def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_
   scores = [r["dev/accuracy"] for r in rows]
   assert best == int(np.argmax(scores))
   csv_rows = open(tmp_path / "grid.csv").read().splitlines()
-  assert csv_rows[0].startswith("lr,epochs,dev/accuracy") and [l.split(",")[-1] for l in csv_rows[1:]].count("1") == 1
+  assert csv_rows[0].startswith("lr,epochs,seeds,dev/accuracy") and [l.split(",")[-1] for l in csv_rows[1:]].count("1") == 1
   marked = [l for l in open(tmp_path / "grid.md").read().splitlines() if l.startswith("| ") and "**best**" in l]
   assert len(marked) == 1 and marked[0].startswith(f"| {rows[best]['lr']} |")
+
+
+def test_grid_with_seeds_reports_mean_and_std_and_picks_by_the_mean(tiny_teacher, sst2_dir, tmp_path):
+  from minilm_jax.tasks.grid import run_grid
+
+  config = finetune_config(tiny_teacher, "sst2", sst2_dir)
+  config.grid.lrs, config.grid.epochs, config.seeds = (1e-3, 1e-4), (1,), 2
+  rows, best = run_grid(config, str(tmp_path))
+  for row in rows:
+    runs_of = [json.load(open(os.path.join(row["workdir"], f"seed{k}", "results.json")))["dev/accuracy"] for k in (0, 1)]
+    assert row["seeds"] == 2 and row["dev/accuracy"] == pytest.approx(np.mean(runs_of))
+    assert row["dev/accuracy_std"] == pytest.approx(np.std(runs_of, ddof=1))
+  assert best == int(np.argmax([r["dev/accuracy"] for r in rows]))
+  header = open(tmp_path / "grid.csv").read().splitlines()[0].split(",")
+  assert header[:5] == ["lr", "epochs", "seeds", "dev/accuracy", "dev/accuracy_std"]
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "finetune"))))
@@ -266,10 +312,14 @@ def test_xnli_trains_on_mnli_format_and_reports_dev_and_test_per_language(tmp_pa
     (tmp_path / f"{split}.tsv").write_text(xnli_header + "".join(
         f"{l}\t{y}\t()\t()\t()\t()\t{a}\t{b}\t{i}\t{i}\tfiction\t{y}\n" for i, (l, y, a, b) in enumerate(rows)))
   run_dir = str(tmp_path / "xnli_run")
-  _, results = FineTuning(finetune_config(tiny_teacher, "xnli", str(tmp_path), max_seq_length=24, batch_size=8),
-                          run_dir).run()
+  _, results = FineTuning(finetune_config(tiny_teacher, "xnli", str(tmp_path), max_seq_length=24, batch_size=8,
+                                          epochs=2), run_dir).run()
   for split in ("dev", "test"):
     assert {f"{split}/accuracy_{l}" for l in ("en", "de", "zh")} | {f"{split}/accuracy_average"} <= set(results)
+  saved = json.load(open(os.path.join(run_dir, "results.json")))  # every epoch, the best chosen on dev
+  assert [e["epoch"] for e in saved["epochs"]] == [1, 2] and saved["epochs"][-1]["test/accuracy"] == results["test/accuracy"]
+  best = max(saved["epochs"], key=lambda e: e["dev/accuracy"])
+  assert saved["best_epoch"] == best["epoch"] and saved["best"] == {"dev/accuracy": best["dev/accuracy"]}
   rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
   assert [r["split"] for r in rows] == ["dev", "test"]
   assert rows[1]["accuracy"] == pytest.approx(results["test/accuracy"]) and "accuracy_zh" in rows[1]

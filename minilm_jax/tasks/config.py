@@ -7,7 +7,7 @@ from minilm_jax.train_state import adamw_config
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad2, or custom (data.* below)
+  c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad1, squad2, mlqa, or custom (data.*)
   c.init = ""  # a run's workdir (distillation, fine-tuning, convert --from-hf) or a Hugging Face directory
   c.data_dir = ""  # the task's folder of GLUE TSV / SQuAD JSON files; empty: the Hugging Face hub (online)
   c.language = ""  # XNLI from the hub: the language subset
@@ -18,6 +18,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.dropout = 0.1
   c.dtype = "float32"  # bfloat16 on accelerators
   c.seed = 0
+  c.seeds = 1  # > 1: every setting runs with seeds seed, seed + 1, ...; tables give mean and std
 
   c.optimizer = adamw_config(lr=3e-5, clip_norm=1.0)
   c.optimizer.warmup_proportion = 0.1  # of all steps, then linear decay to 0
@@ -52,6 +53,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.n_best = 20
   c.max_answer_length = 30
   c.null_score_threshold = 0.0
+  return c
+
+
+def squad_config(task: str) -> ml_collections.ConfigDict:
+  """SQuAD 1.1 or 2.0 (supplementary section 4): max length 384, windows every 128 tokens, batch
+  32, lr 6e-5, 3 epochs."""
+  c = base_config()
+  c.task = task
+  c.max_seq_length = 384
+  c.batch_size = 32
+  c.eval_batch_size = 64
+  c.epochs = 3
+  c.optimizer.lr = 6e-5
+  c.grid.lrs = (4e-5, 6e-5)
+  c.grid.epochs = (3,)
   return c
 
 

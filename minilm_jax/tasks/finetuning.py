@@ -108,6 +108,7 @@ class FineTuning:
     if config.max_seq_length > encoder_config.max_position_embeddings:
       raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's {encoder_config.max_position_embeddings} positions")
     self.head = self.task.head()
+    self.selection_metric = f"{self.task.eval_splits[0]}/{self.task.metrics[0]}"  # results.json's best epoch
     self.model = task_model(self.encoder_config, self.head)
     self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
     parallel.check_batch_divides(config.batch_size, self.mesh)

@@ -1,33 +1,54 @@
-"""A hyper-parameter grid as one batch job: every (learning rate, epochs) pair is a fine-tuning run in
-its own sub-workdir; the results table (Markdown and CSV) marks the best setting by the task's main metric."""
+"""A hyper-parameter grid as one batch job: every (learning rate, epochs) pair is `seeds` fine-tuning
+runs (seeds `seed`, `seed + 1`, ...), each in its own sub-workdir; the results table (Markdown and
+CSV) gives every metric's mean and standard deviation over the seeds (the papers report the mean of
+several runs) and marks the best setting by the mean of the task's main metric."""
 
 import copy
 import csv
 import os
 
 import jax
+import numpy as np
 
 from minilm_jax.errors import UserError
+from minilm_jax.loop import check_ranges
 from minilm_jax.tasks.finetuning import FineTuning, get_task
 
 
-def run_grid(config, workdir: str):
+def run_grid(config, workdir: str, settings=None):
+  """`settings`: the (lr, epochs) pairs; default every pair of `config.grid`."""
   if not workdir:
     raise UserError("--workdir is required: the grid's runs and tables go there")
+  check_ranges(config)  # before the first run: `seeds` is the grid's, the runs record seeds=1
+  settings = settings or [(lr, epochs) for lr in config.grid.lrs for epochs in config.grid.epochs]
   rows = []
-  for lr in config.grid.lrs:
-    for epochs in config.grid.epochs:
-      setting = copy.deepcopy(config)
-      setting.optimizer.lr, setting.epochs = lr, epochs
-      run_dir = os.path.join(workdir, f"lr{lr:g}_epochs{epochs}")
+  for lr, epochs in settings:
+    name = f"lr{lr:g}_epochs{epochs}"
+    per_seed = []
+    for k in range(config.seeds):
+      run = copy.deepcopy(config)
+      # Each run is one seed; its recorded config says so, so adding seeds later reuses the runs made.
+      run.optimizer.lr, run.epochs, run.seed, run.seeds = lr, epochs, config.seed + k, 1
+      run_dir = os.path.join(workdir, name if config.seeds == 1 else os.path.join(name, f"seed{config.seed + k}"))
       # Each run resumes or reuses its own checkpoints, so an interrupted grid continues where it stopped.
-      _, results = FineTuning(setting, run_dir).run()
-      rows.append({"lr": lr, "epochs": epochs, "workdir": run_dir, **results})
+      per_seed.append(FineTuning(run, run_dir).run()[1])
+    rows.append({"lr": lr, "epochs": epochs, "seeds": config.seeds, "workdir": os.path.join(workdir, name),
+                 **_mean_and_std(per_seed)})
   main_metric = _main_metric(config)
   best = max(range(len(rows)), key=lambda i: rows[i][main_metric])
   if jax.process_index() == 0:
     write_tables(rows, best, main_metric, workdir)
   return rows, best
+
+
+def _mean_and_std(results: list) -> dict:
+  """{metric: mean over the runs, metric_std: their sample standard deviation (0 for one run)}."""
+  out = {}
+  for key in results[0]:
+    values = np.asarray([r[key] for r in results], np.float64)
+    out[key] = float(values.mean())
+    out[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+  return out
 
 
 def _main_metric(config) -> str:
@@ -36,14 +57,15 @@ def _main_metric(config) -> str:
 
 
 def write_tables(rows, best: int, main_metric: str, workdir: str):
-  columns = ["lr", "epochs"] + [k for k in rows[0] if "/" in k] + ["workdir"]
+  columns = ["lr", "epochs", "seeds"] + [k for k in rows[0] if "/" in k] + ["workdir"]
   with open(os.path.join(workdir, "grid.csv"), "w", newline="") as f:
     writer = csv.DictWriter(f, columns + ["best"], extrasaction="ignore")
     writer.writeheader()
     for i, row in enumerate(rows):
       writer.writerow({**row, "best": int(i == best)})
   cell = lambda c, v: f"{v:g}" if c == "lr" else f"{v:.4f}" if isinstance(v, float) else str(v)
-  lines = [f"The best setting by `{main_metric}` is marked in the last column.", "", "| " + " | ".join(columns + ["best"]) + " |",
+  lines = [f"The best setting by the mean of `{main_metric}` over {rows[0]['seeds']} seed(s) is marked in the last "
+           f"column; `_std`: the standard deviation over the seeds.", "", "| " + " | ".join(columns + ["best"]) + " |",
            "|" + " --- |" * (len(columns) + 1)]
   for i, row in enumerate(rows):
     lines.append("| " + " | ".join(cell(c, row[c]) for c in columns) + f" | {'**best**' if i == best else ''} |")

@@ -70,6 +70,7 @@ class MultiTaskRun:
   `_training_rows`, `_init_params`, `_optimizer` and `meta`, then call `_build()`."""
 
   desc = "train"
+  selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
 
   def _training_rows(self, task) -> datasets.Dataset:
     raise NotImplementedError

@@ -1,19 +1,24 @@
-"""SQuAD 2.0: extractive question answering with unanswerable questions.
+"""SQuAD 1.1 and 2.0: extractive question answering (2.0 adds unanswerable questions).
 
 Inputs `[CLS] question [SEP] passage [SEP]`, passages longer than `max_seq_length` split into
 windows overlapping by `doc_stride` tokens. An answer is a (start, end) token span; an
 unanswerable question (or an answer outside the window) is the span at [CLS]. Decoding takes the
 n-best starts and ends of every window, keeps spans inside the passage no longer than
-`max_answer_length`, and answers "" when the best null score beats the best span by more than
-`null_score_threshold`. The metric is the official SQuAD 2.0 exact match and F1.
+`max_answer_length`; SQuAD 2.0 answers "" when the best null score beats the best span by more
+than `null_score_threshold` (SQuAD 1.1 always answers). The metrics are the official exact match
+and F1 (each the maximum over the gold answers), for 2.0 with HasAns/NoAns and the official
+evaluation's best threshold beside the fixed one.
 """
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
 import string
+import sys
+import unicodedata
 
 import datasets
 import jax.numpy as jnp
@@ -23,10 +28,7 @@ import optax
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SPAN
 
-_FILES = {"train": ("train-v2.0.json", "train.json"), "dev": ("dev-v2.0.json", "dev.json")}
-
-
-def _read_json(path: str) -> datasets.Dataset:
+def _read_json(path: str, task: str) -> datasets.Dataset:
   try:
     with open(path, encoding="utf-8") as f:
       articles = json.load(f)["data"]
@@ -41,11 +43,12 @@ def _read_json(path: str) -> datasets.Dataset:
           rows["answer_texts"].append([a["text"] for a in answers])
           rows["answer_starts"].append([a["answer_start"] for a in answers])
   except (KeyError, TypeError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is not a SQuAD 2.0 JSON file ({type(e).__name__}: {e}): expected data/paragraphs/qas") from None
+    raise UserError(f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected "
+                    f"data/paragraphs/qas") from None
   return datasets.Dataset.from_dict(dict(rows))
 
 
-# --- the official SQuAD 2.0 evaluation --------------------------------------------------------
+# --- the official SQuAD evaluation (1.1: exact match and F1; 2.0 adds no-answer questions) ----
 
 def normalize_answer(s: str) -> str:
   """Lower case, drop punctuation and the articles a/an/the, collapse white space."""
@@ -89,10 +92,32 @@ def squad_v2_scores(gold_answers: dict, predictions: dict) -> dict:
   return scores
 
 
+def best_threshold_scores(gold_answers: dict, spans: dict) -> dict:
+  """The official SQuAD 2.0 evaluation's best threshold (its `find_best_thresh`, with our null-score
+  margin as the no-answer probability): answering exactly the questions whose margin is at most
+  the threshold, the exact match and F1 (in %) of the best threshold for each, and the threshold.
+  `spans`: id -> (best span's text, null score minus span score)."""
+  out = {}
+  for name, metric in (("exact", exact_match), ("f1", f1_score)):
+    # Every question unanswered scores the unanswerable ones; answering one more (in margin order)
+    # adds its span's score if it has an answer, and loses 1 if it has none.
+    golds = {q: [a for a in answers if normalize_answer(a)] for q, answers in gold_answers.items()}
+    score = best = sum(not g for g in golds.values())
+    threshold = 0.0
+    for qid in sorted(golds, key=lambda q: spans[q][1]):
+      text, margin = spans[qid]
+      score += max(metric(g, text) for g in golds[qid]) if golds[qid] else -bool(text)
+      if score > best:
+        best, threshold = score, float(margin)
+    out[f"best_{name}"], out[f"best_{name}_thresh"] = 100 * best / len(golds), threshold
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class SquadTask:
   name: str = "squad2"
   hub: str = "rajpurkar/squad_v2"
+  version: int = 2  # 1: every question has an answer; the null span is never predicted
   eval_splits: tuple = ("dev",)
   test_splits: tuple = ()
   metrics: tuple = ("f1", "exact")
@@ -103,14 +128,16 @@ class SquadTask:
 
   def load(self, split: str, data_dir: str = "") -> datasets.Dataset:
     if data_dir:
-      for name in _FILES[split]:
+      names = (f"{split}-v{'1.1' if self.version == 1 else '2.0'}.json", f"{split}.json")
+      for name in names:
         if os.path.isfile(os.path.join(data_dir, name)):
-          return _read_json(os.path.join(data_dir, name))
-      raise UserError(f"squad2: no {' or '.join(_FILES[split])} in {data_dir}: set data_dir to a folder of SQuAD 2.0 JSON files")
+          return _read_json(os.path.join(data_dir, name), self.name)
+      raise UserError(f"{self.name}: no {' or '.join(names)} in {data_dir}: set data_dir to a folder of the task's "
+                      f"JSON files")
     try:
       raw = datasets.load_dataset(self.hub, split=split.replace("dev", "validation"))
     except Exception as e:  # offline, ...: the hub's exception types vary by version
-      raise UserError(f"squad2: could not load {self.hub} from the hub ({type(e).__name__}): set data_dir") from None
+      raise UserError(f"{self.name}: could not load {self.hub} from the hub ({type(e).__name__}): set data_dir") from None
     return raw.map(lambda r: {"answer_texts": r["answers"]["text"], "answer_starts": r["answers"]["answer_start"]},
                    remove_columns=["answers", "title"])
 
@@ -144,7 +171,7 @@ class SquadTask:
       return dict(out)
 
     features = examples.map(windows, batched=True, with_indices=True, remove_columns=examples.column_names,
-                            desc=f"squad2 {split} windows")
+                            desc=f"{self.name} {split} windows")
     return features, examples
 
   def loss(self, outputs, batch):
@@ -153,14 +180,15 @@ class SquadTask:
     return jnp.mean(ce(start_logits, batch["start_positions"]) + ce(end_logits, batch["end_positions"])) / 2
 
   def decode(self, outputs, features, examples, n_best: int = 20, max_answer_length: int = 30,
-             null_score_threshold: float = 0.0) -> dict:
-    """id -> predicted answer text ("" for no answer)."""
+             null_score_threshold: float = 0.0):
+    """(id -> predicted answer text, "" for no answer; id -> (best span's text, how far the null
+    score beats it)), the second for the official evaluation's best threshold."""
     start_logits, end_logits = outputs
     by_example = collections.defaultdict(list)
     for f, example in enumerate(features["example_index"]):
       by_example[example].append(f)
     all_offsets = features["offsets"]
-    predictions = {}
+    predictions, spans = {}, {}
     for e, row in enumerate(examples):
       best_null, best_span, best_text = np.inf, -np.inf, ""
       for f in by_example[e]:
@@ -172,15 +200,116 @@ class SquadTask:
               continue
             if s[a] + t[b] > best_span:
               best_span, best_text = s[a] + t[b], row["context"][offsets[a][0]:offsets[b][1]]
-      predictions[row["id"]] = "" if best_null - best_span > null_score_threshold else best_text
-    return predictions
+      answers_nothing = self.version == 2 and best_null - best_span > null_score_threshold
+      predictions[row["id"]] = "" if answers_nothing else best_text
+      spans[row["id"]] = (best_text, best_null - best_span)
+    return predictions, spans
 
   def evaluate(self, outputs, features, examples, config=None):
     settings = {} if config is None else dict(n_best=config.n_best, max_answer_length=config.max_answer_length,
                                               null_score_threshold=config.null_score_threshold)
-    predictions = self.decode(outputs, features, examples, **settings)
+    predictions, spans = self.decode(outputs, features, examples, **settings)
     gold = dict(zip(examples["id"], examples["answer_texts"]))
-    return squad_v2_scores(gold, predictions), predictions
+    scores = squad_v2_scores(gold, predictions)
+    if self.version == 1:  # SQuAD 1.1's official script reports exact match and F1 alone
+      return {k: scores[k] for k in ("exact", "f1", "total")}, predictions
+    return {**scores, **best_threshold_scores(gold, spans)}, predictions
 
 
-TASKS = {"squad2": SquadTask()}
+# --- MLQA (MiniLM table 13): train on SQuAD 1.1, stop early on MLQA's English dev set, report test F1/EM per language
+
+MLQA_LANGUAGES = ("en", "es", "de", "ar", "hi", "vi", "zh")
+# MLQA's answer normalisation (its paper, section 4.2, and its evaluation script): lower case, no
+# punctuation (every Unicode punctuation character), no articles of the answer's language, and
+# tokens split on whitespace, except Chinese, where every CJK character (and punctuation) is a token.
+@functools.cache
+def _unicode_punctuation() -> frozenset:
+  return frozenset(chr(i) for i in range(sys.maxunicode + 1)
+                   if unicodedata.category(chr(i)).startswith("P")) | frozenset(string.punctuation)
+
+_ARTICLES = {
+    "en": r"\b(a|an|the)\b", "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
+    "de": r"\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b",
+    "vi": r"\b(của|là|cái|chiếc|những)\b", "ar": r"\sال^|ال", "hi": None, "zh": None,
+}
+
+
+def _mixed_segmentation(text: str) -> list:
+  tokens, run = [], ""
+  for char in text:
+    if re.match(r"[\u4e00-\u9fa5]", char) or char in _unicode_punctuation():
+      tokens += run.split() + [char]
+      run = ""
+    else:
+      run += char
+  return tokens + run.split()
+
+
+def mlqa_normalize(text: str, language: str) -> list:
+  """The tokens MLQA's exact match and F1 compare, for an answer in `language`."""
+  if language not in _ARTICLES:
+    raise UserError(f"MLQA has no language {language!r}: use one of {', '.join(MLQA_LANGUAGES)}")
+  punctuation = _unicode_punctuation()
+  text = "".join(c for c in text.lower() if c not in punctuation)
+  if _ARTICLES[language]:
+    text = re.sub(_ARTICLES[language], " ", text)
+  return _mixed_segmentation(text) if language == "zh" else text.split()
+
+
+def mlqa_scores(examples, predictions: dict) -> dict:
+  """Exact match and F1 (in %) per language of `examples` (each the maximum over its gold
+  answers), and their averages over the languages."""
+  exact, f1 = collections.defaultdict(list), collections.defaultdict(list)
+  for row in examples:
+    language, predicted = row["language"], mlqa_normalize(predictions[row["id"]], row["language"])
+    golds = [mlqa_normalize(a, language) for a in row["answer_texts"]]
+    exact[language].append(max(float(g == predicted) for g in golds))
+    f1[language].append(max(_token_f1(g, predicted) for g in golds))
+  scores = {}
+  for language in sorted(exact):
+    scores[f"exact_{language}"], scores[f"f1_{language}"] = 100 * np.mean(exact[language]), 100 * np.mean(f1[language])
+  scores["exact"] = float(np.mean([scores[f"exact_{l}"] for l in exact]))
+  scores["f1"] = float(np.mean([scores[f"f1_{l}"] for l in exact]))
+  return scores
+
+
+def _token_f1(gold: list, predicted: list) -> float:
+  same = sum((collections.Counter(gold) & collections.Counter(predicted)).values())
+  if same == 0:
+    return 0.0
+  precision, recall = same / len(predicted), same / len(gold)
+  return 2 * precision * recall / (precision + recall)
+
+
+@dataclasses.dataclass(frozen=True)
+class MlqaTask(SquadTask):
+  """Local files only: SQuAD 1.1's `train-v1.1.json`, and MLQA's `dev-context-en-question-en.json`
+  (model selection, as the paper) and `test-context-<l>-question-<l>.json` for each language there."""
+  name: str = "mlqa"
+  hub: str = ""
+  version: int = 1
+  eval_splits: tuple = ("dev", "test")
+
+  def load(self, split: str, data_dir: str = "") -> datasets.Dataset:
+    if not data_dir:
+      raise UserError("mlqa reads local files: set data_dir to a folder with SQuAD 1.1's train-v1.1.json and MLQA's "
+                      "dev-context-en-question-en.json and test-context-<l>-question-<l>.json")
+    if split == "train":
+      return super().load(split, data_dir)
+    parts = []
+    for language in ("en",) if split == "dev" else MLQA_LANGUAGES:
+      path = os.path.join(data_dir, f"{split}-context-{language}-question-{language}.json")
+      if os.path.isfile(path):
+        rows = _read_json(path, self.name)
+        parts.append(rows.add_column("language", [language] * len(rows)))
+    if not parts:
+      raise UserError(f"mlqa: no {split}-context-<l>-question-<l>.json in {data_dir} (l: {', '.join(MLQA_LANGUAGES)})")
+    return datasets.concatenate_datasets(parts)
+
+  def evaluate(self, outputs, features, examples, config=None):
+    settings = {} if config is None else dict(n_best=config.n_best, max_answer_length=config.max_answer_length)
+    predictions, _ = self.decode(outputs, features, examples, **settings)
+    return mlqa_scores(examples, predictions), predictions
+
+
+TASKS = {t.name: t for t in (SquadTask(), SquadTask("squad1", "rajpurkar/squad", version=1), MlqaTask())}
