@@ -38,9 +38,25 @@ def teachers(tmp_path_factory, tiny_teacher):
 
 @pytest.fixture(scope="module")
 def refined_teacher(tmp_path_factory, tiny_teacher):
-  workdir = str(tmp_path_factory.mktemp("refined"))
-  _, results = MultiTaskFineTuning(_finetune_config(tiny_teacher, ",".join(TASKS)), workdir).run()
+  """Each task from its own folder (`data_dir` a comma list): the second a copy of the excerpt."""
+  import shutil
+
+  workdir, second = str(tmp_path_factory.mktemp("refined")), str(tmp_path_factory.mktemp("wordnet_copy"))
+  shutil.copy(os.path.join(WORDNET_EXCERPT, "data.noun"), second)
+  config = _finetune_config(tiny_teacher, ",".join(TASKS))
+  config.data_dir = f"{WORDNET_EXCERPT},{second}"
+  _, results = MultiTaskFineTuning(config, workdir).run()
   return workdir, results
+
+
+def test_per_task_data_folders():
+  from minilm_jax.tasks.multitask import parse_tasks, task_data_dirs
+
+  tasks = parse_tasks(",".join(TASKS))
+  assert task_data_dirs(tasks, "a, b") == {TASKS[0]: "a", TASKS[1]: "b"}
+  assert task_data_dirs(tasks, "a") == {TASKS[0]: "a", TASKS[1]: "a"}
+  with pytest.raises(UserError, match="data_dir names 3 folders for 2 tasks"):
+    task_data_dirs(tasks, "a,b,c")
 
 
 def _student_config(tasks, teacher, **student):

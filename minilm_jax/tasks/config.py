@@ -9,7 +9,9 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad1, squad2, mlqa, or custom (data.*)
   c.init = ""  # a run's workdir (distillation, fine-tuning, convert --from-hf) or a Hugging Face directory
-  c.data_dir = ""  # the task's folder of GLUE TSV / SQuAD JSON files; empty: the Hugging Face hub (online)
+  # The task's folder of GLUE TSV / SQuAD JSON files (several tasks: one folder for all, or a comma
+  # list of one per task); empty: the Hugging Face hub (online).
+  c.data_dir = ""
   c.language = ""  # XNLI from the hub: the language subset
   c.max_seq_length = 128
   c.batch_size = 32
@@ -80,7 +82,9 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   # Fine-tuning run workdirs, comma separated: each task takes its teacher logits from the first run
   # fine-tuned on it. The first run's tokenizer (WordPiece) is the student's vocabulary.
   c.teacher = ""
-  c.data_dir = ""  # the tasks' data folder (GLUE TSV files; WordNet's dict folder); empty: each task's default
+  # The tasks' data folder (GLUE TSV files; WordNet's dict folder), or a comma list of one per task;
+  # empty: each task's default.
+  c.data_dir = ""
   c.max_seq_length = 64
   c.objective = "mse"  # mse (teacher logits), soft_ce (teacher probabilities at `temperature`), hard (gold labels)
   c.temperature = 1.0

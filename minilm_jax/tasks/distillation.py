@@ -144,7 +144,7 @@ class TaskDistillation(MultiTaskRun):
     """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented
     unless augmentation is off."""
     c = self.config
-    examples = task.load("train", c.data_dir, "")
+    examples = task.load("train", self.data_dirs[task.name], "")
     if self.tag is not None:
       a = c.augment
       examples = augment.augment(examples, self.tag, self.tokenizer.mask_token, p_mask=a.p_mask, p_pos=a.p_pos,

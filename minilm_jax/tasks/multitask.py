@@ -47,6 +47,18 @@ def parse_tasks(spec: str) -> list:
   return tasks
 
 
+def task_data_dirs(tasks, data_dir: str) -> dict:
+  """{task name: its data folder}. `data_dir` is one folder for every task (empty: the hub), or a
+  comma list of one folder per task, in the order of the tasks (GLUE keeps each task in its own)."""
+  dirs = [d.strip() for d in data_dir.split(",")] if data_dir else [""]
+  if len(dirs) == 1:
+    return {t.name: dirs[0] for t in tasks}
+  if len(dirs) != len(tasks):
+    raise UserError(f"data_dir names {len(dirs)} folders for {len(tasks)} tasks ({', '.join(t.name for t in tasks)}): "
+                    f"give one folder per task, in the same order, or one folder for all")
+  return {t.name: d for t, d in zip(tasks, dirs)}
+
+
 def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_len: int) -> datasets.Dataset:
   """Model inputs plus `label`: the `[CLS] a [SEP] b [SEP]` sequence (`joint`, the Transformers), or
   each sentence on its own without special tokens (the LSTMs)."""
@@ -90,6 +102,7 @@ class MultiTaskRun:
 
   def _build(self):
     c = self.config
+    self.data_dirs = task_data_dirs(self.tasks, c.data_dir)
     parallel.check_batch_divides(c.batch_size, self.mesh)
     streams, self.eval_data = {}, {}
     for task in self.tasks:
@@ -97,7 +110,7 @@ class MultiTaskRun:
       streams[task.name] = BatchStream(rows, c.batch_size, c.seed, stack_columns, jax.process_index(),
                                        jax.process_count(), f"{task.name} training set")
       for split in task.eval_splits:
-        examples = task.load(split, c.data_dir, "")
+        examples = task.load(split, self.data_dirs[task.name], "")
         features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
         self.eval_data[(task.name, split)] = (features, examples)
     self.stream = MultiTaskStream(streams, c.seed)
@@ -186,7 +199,7 @@ class MultiTaskFineTuning(MultiTaskRun):
     self._build()
 
   def _training_rows(self, task):
-    return task.prepare("train", self.config, self.tokenizer)[0]
+    return task.features(task.load("train", self.data_dirs[task.name]), self.tokenizer, self.config.max_seq_length)
 
   def _init_params(self, rng):
     params = self.model.init(rng, self.dummy_batch())["params"]
