@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -22,26 +21,6 @@ from minilm_jax.tasks.config import base_config
 from minilm_jax.tasks.evaluation import evaluate_runs
 from minilm_jax.tasks.finetuning import FineTuning, get_task
 
-
-
-@pytest.fixture(scope="session")
-def sentences(tiny_corpus):
-  return [l for l in open(tiny_corpus).read().split("\n") if l and "\t" not in l]
-
-
-@pytest.fixture(scope="session")
-def sst2_dir(tmp_path_factory, sentences):
-  """An SST-2-format task folder from real sentences; label 1 when a sentence starts with 'Return'."""
-  d = tmp_path_factory.mktemp("sst2")
-  rng = random.Random(0)
-  rows = [(s, int(s.startswith("Return"))) for s in sentences]
-  pos, neg = [r for r in rows if r[1]][:48], [r for r in rows if not r[1]][:48]
-  rows = pos + neg
-  rng.shuffle(rows)
-  for name, part in (("train", rows[:64]), ("dev", rows[64:])):
-    (d / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
-  (d / "test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in enumerate(rows[64:80])))
-  return str(d)
 
 
 @pytest.fixture(scope="session")

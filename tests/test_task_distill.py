@@ -4,6 +4,8 @@ BiLSTM / bi-attentive / Transformer students, resume, and the one-line errors.""
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from conftest import ROOT, WORDNET_EXCERPT, load_config_module
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.config import base_config, mkd_config, task_distillation_config
 from minilm_jax.tasks.distillation import TaskDistillation, teacher_logits
+from minilm_jax.tasks.evaluation import evaluate_runs
 from minilm_jax.tasks.finetuning import FineTuning, get_task
 from minilm_jax.tasks.multitask import MultiTaskFineTuning
 
@@ -91,12 +94,13 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   # Rerunning the finished run resumes after its last step and reports the saved model's scores.
   assert TaskDistillation(c, str(tmp_path / "a")).run()[1] == results
   from minilm_jax import runs
-  from minilm_jax.tasks.evaluation import evaluate_runs
 
   with pytest.raises(UserError, match="holds a bilstm student, which has no Transformer encoder"):
     runs.export_run(str(tmp_path / "a"), str(tmp_path / "hf"))
-  with pytest.raises(UserError, match="is a multi-task run \\(student\\): batch evaluation takes single-task"):
-    evaluate_runs([str(tmp_path / "a")], str(tmp_path / "eval"))
+  # Batch evaluation restores the student and reproduces the run's own dev score.
+  rows = evaluate_runs([str(tmp_path / "a")], str(tmp_path / "eval"))
+  assert [(r["task"], r["split"]) for r in rows] == [(task, "dev")]
+  assert rows[0]["accuracy"] == pytest.approx(results[f"{task}/dev/accuracy"])
 
 
 def test_teacher_logits_match_transformers(tmp_path, teachers):
@@ -130,6 +134,13 @@ def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teach
     assert 0 <= results[f"{task}/dev/accuracy"] <= 1
   metrics = [json.loads(line) for line in open(tmp_path / "mkd" / "metrics.jsonl")]
   assert all(np.isfinite(m["loss"]) for m in metrics)
+  # Batch evaluation of the MKD student and of its refined teacher: every task's dev score, as in training.
+  rows = evaluate_runs([str(tmp_path / "mkd"), workdir], str(tmp_path / "eval"))
+  scores = {(r["run"], r["task"]): r["accuracy"] for r in rows}
+  for task in TASKS:
+    assert scores[(str(tmp_path / "mkd"), task)] == pytest.approx(results[f"{task}/dev/accuracy"])
+    assert scores[(workdir, task)] == pytest.approx(teacher_results[f"{task}/dev/accuracy"])
+  assert os.path.isfile(tmp_path / "eval" / "mkd" / f"step_{run.num_steps}" / f"{TASKS[1]}_dev_predictions.tsv")
 
 
 def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_path, refined_teacher):
@@ -155,6 +166,23 @@ def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
   run = TaskDistillation(c, str(tmp_path / "h"))
   assert len(run.stream.streams["wordnet_examples"].rows) == 2000  # no augmentation
   assert "wordnet_examples/dev/accuracy" in run.run()[1]
+
+
+def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path, tiny_teacher, sst2_dir):
+  """`python -m minilm_jax.evaluate` on a BiLSTM student of SST-2: dev accuracy and the GLUE server's SST-2.tsv."""
+  c = _student_config("sst2", tiny_teacher)  # gold labels: the tiny teacher only lends its tokenizer
+  c.objective, c.data_dir, c.batch_size = "hard", sst2_dir, 16
+  _, results = TaskDistillation(c, str(tmp_path / "student")).run()
+  out = tmp_path / "eval"
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.evaluate", "--runs", str(tmp_path / "student"), "--out",
+                         str(out), "--eval_batch_size", "16"], capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  (row,) = json.load(open(out / "metrics.json"))
+  assert (row["task"], row["split"]) == ("sst2", "dev") and row["accuracy"] == pytest.approx(results["sst2/dev/accuracy"])
+  (step,) = os.listdir(out / "student")
+  submission = (out / "student" / step / "SST-2.tsv").read_text().splitlines()
+  assert submission[0] == "index\tprediction" and len(submission) == 17
+  assert all(line.split("\t")[1] in ("0", "1") for line in submission[1:])
 
 
 def test_one_line_errors(tmp_path, teachers):

@@ -26,7 +26,7 @@ from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
 from minilm_jax.tasks.finetuning import Predictor, task_forward
 from minilm_jax.tasks.logit_losses import check_objective
-from minilm_jax.tasks.multitask import MultiTaskRun, is_pair, parse_tasks, read_refined_teacher, task_features
+from minilm_jax.tasks.multitask import MultiTaskRun, is_pair, parse_tasks, read_multitask_run, task_features
 
 
 def task_optimizer(opt):
@@ -69,7 +69,7 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
 def _teacher(run: str, task, mesh):
   """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
   if runs.read_meta(run).get("model") == runs.REFINED_TEACHER:
-    model, params, tokenizer = read_refined_teacher(run, mesh)
+    model, params, tokenizer, _, _ = read_multitask_run(run, mesh)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
   encoder_config, head, params, tokenizer = runs.read_run(run, mesh=mesh)
   return task_forward(task_model(encoder_config, head)), params, tokenizer

@@ -1,12 +1,16 @@
 """Batch evaluation: many fine-tuned runs (and checkpoints) x their tasks in one job.
 
-Per run and step: metrics of every dev split, predictions, and for GLUE tasks whose data folder
-holds test files, submission files in the GLUE server's format. Checkpoints are restored straight
+Runs: fine-tuning runs (one task), and multi-task runs (the refined teacher, and the task-distilled
+LSTM and Transformer students, one head per task). Per run, step and task: metrics of every labelled
+split, predictions, and for GLUE tasks whose data folder holds test files, submission files in the
+GLUE server's format (the thesis's tables are test-server numbers). Checkpoints are restored straight
 onto this job's own mesh.
 """
 
+import dataclasses
 import json
 import os
+from functools import partial
 
 import jax
 import ml_collections
@@ -16,19 +20,69 @@ from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
 from minilm_jax.tasks.finetuning import Predictor, get_task, task_forward
+from minilm_jax.tasks.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
 
 
-def _run_config(workdir: str, data_dir: str) -> ml_collections.ConfigDict:
+def _run_config(workdir: str, data_dir: str):
+  """(the run's config, with `data_dir` when given; whether it is a multi-task run)."""
   meta = runs.read_meta(workdir)
-  if "tasks" in meta:
-    raise UserError(f"{workdir} is a multi-task run ({meta.get('model')}): batch evaluation takes single-task "
-                    f"fine-tuning runs; its dev metrics per task are in its results.json")
-  if "task" not in meta:
-    raise UserError(f"{workdir} is not a fine-tuning run (its checkpoints have no task): fine-tune it first")
+  if "task" not in meta and "tasks" not in meta:
+    raise UserError(f"{workdir} is not a fine-tuning or task-distillation run (its checkpoints have no task): "
+                    f"fine-tune it first")
   config = ml_collections.ConfigDict(meta["config"])
   if data_dir:
     config.data_dir = data_dir
-  return config
+  return config, meta.get("model") in (runs.REFINED_TEACHER, runs.STUDENT)
+
+
+@dataclasses.dataclass
+class _TaskEvaluation:
+  """One task of a run: its compiled forward and its splits' (features, examples)."""
+
+  task: object
+  predict: Predictor
+  data: dict
+  prefix: str  # before the predictions' file names: the task's name in a multi-task run
+
+
+def _splits(task, data_dir: str) -> list:
+  """The labelled splits, plus the unlabelled test splits whose files are in `data_dir`."""
+  tests = [s for s in task.test_splits if data_dir and os.path.isfile(os.path.join(data_dir, f"{s}.tsv"))]
+  return list(task.eval_splits) + tests
+
+
+def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, batch_size: int, prepare: bool):
+  """(params of the checkpoint, and when `prepare` the run's `_TaskEvaluation`s). A fine-tuning run
+  has one task; a multi-task run (refined teacher, or LSTM/Transformer student) one per head."""
+  if multi_task:
+    model, params, tokenizer, tasks, joint = read_multitask_run(workdir, mesh, step)
+    if not prepare:
+      return params, None
+    shardings, dirs = parallel.tree_shardings(params, mesh), task_data_dirs(tasks, config.data_dir)
+    evaluations = []
+    for task in tasks:
+      forward = partial(_apply_task, model, task.name)
+      data = {s: _features(task, s, dirs[task.name], joint, tokenizer, config) for s in _splits(task, dirs[task.name])}
+      evaluations.append(_TaskEvaluation(task, Predictor(forward, mesh, shardings, batch_size, model_inputs(joint, task)),
+                                         data, f"{task.name}_"))
+    return params, evaluations
+  encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
+  if not prepare:
+    return params, None
+  task = get_task(config.task, config)
+  predict = Predictor(task_forward(task_model(encoder_config, head)), mesh, parallel.tree_shardings(params, mesh),
+                      batch_size)
+  data = {s: task.prepare(s, config, tokenizer) for s in _splits(task, config.data_dir)}
+  return params, [_TaskEvaluation(task, predict, data, "")]
+
+
+def _apply_task(model, task_name, params, batch):
+  return model.apply({"params": params}, batch, task_name)
+
+
+def _features(task, split: str, data_dir: str, joint: bool, tokenizer, config):
+  examples = task.load(split, data_dir, "")
+  return task_features(joint, task, examples, tokenizer, config.max_seq_length), examples
 
 
 def _write_predictions(task, predictions, examples, path: str):
@@ -50,7 +104,7 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
   jobs, configs = [], {}
   for workdir in workdirs:  # every run checked before any is evaluated
     if not checkpoint.is_run(workdir):
-      raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning workdirs")
+      raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning or task-distillation workdirs")
     configs[workdir] = _run_config(workdir, data_dir)
     ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
     steps = list(ckpt.manager.all_steps()) if all_steps else [ckpt.latest_step()]
@@ -58,27 +112,23 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
     jobs += [(workdir, step) for step in steps]
   rows, prepared = [], {}
   for workdir, step in tqdm(jobs, desc="evaluate", unit="checkpoint", disable=jax.process_index() != 0):
-    encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
-    if workdir not in prepared:  # once per run, whatever its number of checkpoints: config, data, compiled forward
-      config = configs[workdir]
-      task = get_task(config.task, config)
-      splits = list(task.eval_splits)
-      if config.data_dir:
-        splits += [s for s in task.test_splits if os.path.isfile(os.path.join(config.data_dir, f"{s}.tsv"))]
-      predict = Predictor(task_forward(task_model(encoder_config, head)), mesh, parallel.tree_shardings(params, mesh), batch_size)
-      prepared[workdir] = (config, task, predict, {s: task.prepare(s, config, tokenizer) for s in splits})
-    config, task, predict, data = prepared[workdir]
+    # Once per run, whatever its number of checkpoints: data and compiled forwards.
+    config, multi_task = configs[workdir]
+    params, evaluations = _read_checkpoint(workdir, step, config, multi_task, mesh, batch_size, workdir not in prepared)
+    evaluations = prepared.setdefault(workdir, evaluations)
     target = os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")
     os.makedirs(target, exist_ok=True)
-    for split, (features, examples) in data.items():
-      outputs = predict(params, features, desc=split)
-      if split in task.eval_splits:
-        scores, predictions = task.evaluate(outputs, features, examples, config)
-        rows.append({"run": workdir, "task": task.name, "step": step, "split": split, **scores})
-        _write_predictions(task, predictions, examples, os.path.join(target, f"{split}_predictions"))
-      else:
-        name = task.submission_names[task.test_splits.index(split)]
-        task.write_submission(task.predict(outputs), examples, os.path.join(target, f"{name}.tsv"))
+    for e in evaluations:
+      task = e.task
+      for split, (features, examples) in e.data.items():
+        outputs = e.predict(params, features, desc=f"{e.prefix}{split}")
+        if split in task.eval_splits:
+          scores, predictions = task.evaluate(outputs, features, examples, config)
+          rows.append({"run": workdir, "task": task.name, "step": step, "split": split, **scores})
+          _write_predictions(task, predictions, examples, os.path.join(target, f"{e.prefix}{split}_predictions"))
+        else:
+          name = task.submission_names[task.test_splits.index(split)]
+          task.write_submission(task.predict(outputs), examples, os.path.join(target, f"{name}.tsv"))
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "metrics.json"), "w") as f:

@@ -21,7 +21,7 @@ from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.encoder import EncoderConfig
-from minilm_jax.models.students import refined_teacher
+from minilm_jax.models.students import KINDS, make_student, refined_teacher
 from minilm_jax.tasks.finetuning import Predictor, get_task, make_train_step
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.tasks.logit_losses import task_loss
@@ -34,6 +34,11 @@ JOINT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def is_pair(task) -> bool:
   return len(task.text_columns) > 1
+
+
+def model_inputs(joint: bool, task) -> tuple:
+  """The batch columns a model reads for `task`: the joint sequence, or each sentence on its own."""
+  return JOINT_INPUTS if joint else SEPARATE_INPUTS + PAIR_INPUTS * is_pair(task)
 
 
 def parse_tasks(spec: str) -> list:
@@ -98,7 +103,7 @@ class MultiTaskRun:
     raise NotImplementedError
 
   def inputs(self, task) -> tuple:
-    return JOINT_INPUTS if self.joint else SEPARATE_INPUTS + PAIR_INPUTS * is_pair(task)
+    return model_inputs(self.joint, task)
 
   def _build(self):
     c = self.config
@@ -215,16 +220,25 @@ class MultiTaskFineTuning(MultiTaskRun):
             "tasks": [t.name for t in self.tasks], "config": json.loads(self.config.to_json())}
 
 
-def read_refined_teacher(workdir: str, mesh):
-  """(model, params restored onto `mesh`, tokenizer) of a multi-task refined teacher's run."""
-  meta = runs.read_meta(workdir)
-  model = refined_teacher(EncoderConfig.from_dict(meta["encoder"]), tuple(tuple(h) for h in meta["heads"]))
-  ids = jnp.ones((1, 8), jnp.int32)
-  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dict(zip(JOINT_INPUTS, (ids,) * 3)))["params"])
+def read_multitask_run(workdir: str, mesh, step: int = None):
+  """(model, params restored onto `mesh`, tokenizer, tasks, joint) of a multi-task run's checkpoint
+  (latest, or `step`): a refined teacher, or a task student of any kind. `joint`: the model reads
+  the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own)."""
+  meta = runs.read_meta(workdir, step)
+  heads = tuple(tuple(h) for h in meta["heads"])
+  if meta["model"] == runs.REFINED_TEACHER:
+    model, joint = refined_teacher(EncoderConfig.from_dict(meta["encoder"]), heads), True
+  else:
+    student = ml_collections.ConfigDict(meta["student"])
+    encoder = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else None
+    model, joint = make_student(student, heads, meta["vocab_size"], encoder), KINDS[student.kind] == "joint"
+  tasks = [get_task(name) for name in meta["tasks"]]
+  dummy = {k: jnp.ones((1, 8), jnp.int32) for task in tasks for k in model_inputs(joint, task)}
+  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy)["params"])
   abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   try:
-    params = ckpt.restore_params(abstract)
+    params = ckpt.restore_params(abstract, step)
   finally:
     ckpt.close()
-  return model, params, runs.load_tokenizer_of(workdir)
+  return model, params, runs.load_tokenizer_of(workdir), tasks, joint

@@ -1,0 +1,71 @@
+"""Every command in the README's bash blocks parses as its program would parse it: the module
+exists, each flag is one of its flags, the --config file loads with every --config.<field>
+override, the fields are in range and every task named exists. (What each command then does is
+tested on small files by the test of its program.)"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from conftest import ROOT
+
+# A path the README leaves to the reader (`<HF dir or run>`) or computes in the shell (`$(python -c ...)`).
+_PLACEHOLDERS = (re.compile(r"\$\(python -c \"[^\"]*\"\)"), re.compile(r"<[^<>]*>"))
+
+# Run inside one process per program (their flags clash across programs): parse every command's
+# argv with absl as `errors.run_program` does, then the checks a run makes before any work.
+_CHECK = """
+import importlib, json, sys
+from absl import flags
+from minilm_jax.loop import check_ranges
+from minilm_jax.tasks.finetuning import get_task
+
+importlib.import_module(sys.argv[1])
+for argv in json.loads(sys.argv[2]):
+  for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # the last command's override flags
+    delattr(flags.FLAGS, name)
+  flags.FLAGS.unparse_flags()
+  sys.argv = ["program"] + argv  # ml_collections reads the --config.<field> overrides from sys.argv
+  flags.FLAGS(sys.argv)
+  if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+    config = flags.FLAGS.config
+    check_ranges(config)
+    for name in str(config.get("task", config.get("tasks", ""))).split(","):
+      if name and name != "custom":  # a custom task reads its files: its commands are tested on small files
+        get_task(name)
+"""
+
+
+def readme_commands() -> dict:
+  """{program module: [argv, ...]} of the `python -m minilm_jax.<program>` lines of the README's bash blocks."""
+  text = open(os.path.join(ROOT, "README.md")).read()
+  commands = {}
+  for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for line in block.replace("\\\n", " ").splitlines():
+      for pattern in _PLACEHOLDERS:
+        line = pattern.sub("placeholder", line)
+      if "..." in line:  # a template of commands, not one
+        continue
+      words = shlex.split(line.replace("[", "").replace("]", ""), comments=True)
+      if words[:2] == ["python", "-m"] and words[2].startswith("minilm_jax."):
+        commands.setdefault(words[2], []).append(words[3:])
+  return commands
+
+
+def test_every_readme_command_parses_with_its_program():
+  commands = readme_commands()
+  assert {"minilm_jax.train", "minilm_jax.finetune", "minilm_jax.distill_task", "minilm_jax.evaluate",
+          "minilm_jax.convert"} <= set(commands)
+  # One process per program, started together: the imports dominate and overlap.
+  procs = {module: subprocess.Popen([sys.executable, "-c", _CHECK, module, json.dumps(argvs)], cwd=ROOT, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for module, argvs in commands.items()}
+  failures = {}
+  for module, proc in procs.items():
+    _, stderr = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+      failures[module] = stderr.strip().splitlines()[-1]
+  assert not failures, failures
