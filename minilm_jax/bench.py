@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory|etd|task_distill> [--json FILE] [flags]`.
+"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory|etd|task_distill|data> [--json FILE] [flags]`.
 
 Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
 a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
@@ -12,7 +12,7 @@ import json
 
 from absl import flags
 
-from minilm_jax.benchmarks import distill, etd, inference, memory, task_distill
+from minilm_jax.benchmarks import data, distill, etd, inference, memory, task_distill
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError, run_program
 
@@ -23,6 +23,7 @@ SUITES = {
     "memory": lambda: memory.run(),
     "etd": lambda: etd.run(_STEPS.value),
     "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
+    "data": lambda: data.run(_seq_lens() or (128, 512)),
 }
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).")

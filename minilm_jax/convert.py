@@ -1,9 +1,10 @@
 """Checkpoint conversion between our runs and Hugging Face directories.
 
   python -m minilm_jax.convert --from-hf <HF dir or hub name> --out <workdir>
-  python -m minilm_jax.convert --to-hf --workdir <workdir> [--step N] --out <HF dir>
+  python -m minilm_jax.convert --to-hf --workdir <workdir> [--step N] [--sentence-transformers] --out <HF dir>
 
-`--to-hf` of a fine-tuned run writes BertForSequenceClassification / BertForQuestionAnswering.
+`--to-hf` of a fine-tuned run writes BertForSequenceClassification / BertForQuestionAnswering;
+`--sentence-transformers` adds the sentence-transformers pipeline of a distilled encoder.
 """
 
 import sys
@@ -15,6 +16,8 @@ from minilm_jax.errors import UserError, run_program
 
 _FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
 _TO_HF = flags.DEFINE_bool("to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.")
+_SENTENCE_TRANSFORMERS = flags.DEFINE_bool("sentence-transformers", False, "With --to-hf: also the sentence-transformers "
+                                           "files (pooling, Dense map, Normalize), loadable by SentenceTransformer(dir).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "With --to-hf: the run to export.")
 _STEP = flags.DEFINE_integer("step", None, "With --to-hf: the checkpoint step (default: the latest).")
 _OUT = flags.DEFINE_string("out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf).")
@@ -25,13 +28,15 @@ def main(argv):
   if bool(_FROM_HF.value) == _TO_HF.value or not _OUT.value:
     raise UserError("use either --from-hf <dir> --out <workdir> or --to-hf --workdir <workdir> --out <dir>")
   if _FROM_HF.value:
+    if _SENTENCE_TRANSFORMERS.value:
+      raise UserError("--sentence-transformers goes with --to-hf: it adds the sentence-transformers files to an export")
     runs.write_run_from_hf(_FROM_HF.value, _OUT.value)
     print(f"wrote run {_OUT.value} from {_FROM_HF.value}", file=sys.stderr)
     return
   if not _WORKDIR.value:
     raise UserError("--to-hf needs --workdir <run to export>")
-  config, head = runs.export_run(_WORKDIR.value, _OUT.value, _STEP.value)
-  kind = "encoder" if head is None else f"{head['kind']} model"
+  config, head = runs.export_run(_WORKDIR.value, _OUT.value, _STEP.value, _SENTENCE_TRANSFORMERS.value)
+  kind = "sentence-transformers encoder" if _SENTENCE_TRANSFORMERS.value else "encoder" if head is None else f"{head['kind']} model"
   print(f"wrote {config.num_layers}x{config.hidden_size} {kind} to {_OUT.value}", file=sys.stderr)
 
 

@@ -1,32 +1,49 @@
-"""Batch evaluation: `python -m minilm_jax.evaluate --runs <workdir>[,<workdir>...] --out <dir>
-[--all_steps] [--data_dir <dir>]`.
+"""Batch evaluation.
 
-Writes `<out>/metrics.json` (one row per run, checkpoint and split), predictions, and GLUE
-test-set submission files (`<out>/<run>/step_<n>/SST-2.tsv`, ...) when the data folder has test files.
+  python -m minilm_jax.evaluate --runs <workdir>[,<workdir>...] --out <dir> [--all_steps] [--data_dir <dir>]
+  python -m minilm_jax.evaluate --embeddings <run or model dir>[,...] --out <dir> [--sts <STS-B tsv>]
+
+`--runs`: fine-tuning and task-distillation runs on their tasks. Writes `<out>/metrics.json` (one
+row per run, checkpoint, task and split), predictions, and GLUE test-set submission files
+(`<out>/<run>/step_<n>/SST-2.tsv`, ...) when the data folder has test files.
+`--embeddings`: sentence embeddings of runs and Hugging Face / sentence-transformers directories,
+by one protocol (WordNet retrieval, STS): `<out>/embeddings.json`.
 """
 
 from absl import flags
 
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError, run_program
+from minilm_jax.tasks.embedding_eval import evaluate_embeddings
 from minilm_jax.tasks.evaluation import evaluate_runs
 
-_RUNS = flags.DEFINE_list("runs", None, "Fine-tuning workdirs to evaluate.")
+_RUNS = flags.DEFINE_list("runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.")
+_EMBEDDINGS = flags.DEFINE_list("embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose "
+                                "sentence embeddings to evaluate.")
 _OUT = flags.DEFINE_string("out", None, "Directory for metrics.json, predictions and submission files.")
 _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Evaluate every kept checkpoint, not only the latest.")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "Override the data folder the runs were fine-tuned with.")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order).")
+_STS = flags.DEFINE_string("sts", "", "--embeddings: an STS-B-format TSV (sentence1, sentence2, score) to score.")
+_WORDNET_DIR = flags.DEFINE_string("wordnet_dir", "", "--embeddings: WordNet 3.0's dict folder (default: Debian's "
+                                   "/usr/share/wordnet; tests/data/wordnet holds an excerpt).")
+_MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "--embeddings: tokens per sentence, the same for every model.")
 _BATCH = flags.DEFINE_integer("eval_batch_size", 128, "Global evaluation batch size.")
 _MODEL = flags.DEFINE_integer("mesh_model", 1, "Devices each parameter matrix is split over.")
 
 
 def main(argv):
   del argv
-  if not _RUNS.value or not _OUT.value:
-    raise UserError("name the runs and an output folder: --runs <workdir>[,<workdir>...] --out <dir>")
+  if bool(_RUNS.value) == bool(_EMBEDDINGS.value) or not _OUT.value:
+    raise UserError("name the runs, or the models whose embeddings to evaluate, and an output folder: "
+                    "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>")
   from minilm_jax import parallel
 
-  rows = evaluate_runs(_RUNS.value, _OUT.value, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value,
-                       parallel.make_mesh(-1, _MODEL.value))
+  if _EMBEDDINGS.value:
+    rows = evaluate_embeddings(_EMBEDDINGS.value, _OUT.value, _STS.value, _WORDNET_DIR.value, _BATCH.value,
+                               _MAX_LEN.value, parallel.make_mesh(-1, 1))
+  else:
+    rows = evaluate_runs(_RUNS.value, _OUT.value, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value,
+                         parallel.make_mesh(-1, _MODEL.value))
   print(format_table(rows))
 
 

@@ -59,7 +59,7 @@ _RANGES = {
                      "max_answer_length", "doc_stride", "augment.size_factor", "mesh.model"), (1, None)),
     **dict.fromkeys(("seed", "etd.seed", "augment.seed", "num_steps", "optimizer.warmup_steps", "loss.query_chunk",
                      "optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_norm", "optimizer.rho",
-                     "augment.n_iter"), (0, None)),
+                     "augment.n_iter", "loss.embedding_weight"), (0, None)),
     **dict.fromkeys(("student.dropout", "dropout", "optimizer.b1", "optimizer.b2", "augment.p_mask",
                      "augment.p_pos", "optimizer.warmup_proportion"), (0, 1)),
     "data.max_seq_length": (2, None), "max_seq_length": (2, None),  # [CLS] and [SEP]

@@ -8,13 +8,14 @@ student) keep a Transformer encoder, if they have one, under `{"body": {"encoder
 """
 
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from minilm_jax import checkpoint, hf, parallel
+from minilm_jax import checkpoint, embeddings, hf, parallel
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
 from minilm_jax.models.heads import task_model
@@ -78,6 +79,15 @@ def _download(name: str) -> str:
                     f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir") from None
 
 
+def local_dir(path: str, what: str = "model") -> str:
+  """`path` when it exists; a hub name's downloaded snapshot (online); else one line naming `what`."""
+  if os.path.exists(path):
+    return path
+  if not path or path.startswith((".", "/", "~")) or path.count("/") > 1:
+    raise UserError(f"{what} {path} does not exist: pass a Hugging Face directory or a run's workdir")
+  return _download(path)
+
+
 def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
   """(encoder config, encoder params, tokenizer) from a run's workdir, a Hugging Face directory, or
   (when online) a hub name. `what` names the path in errors ("teacher.path", "init", ...)."""
@@ -86,20 +96,26 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
   if checkpoint.is_run(path):
     config, head, params, tokenizer = read_run(path, dtype=dtype)
     return config, params["encoder"] if head else params, tokenizer
-  if not os.path.exists(path):
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
-      raise UserError(f"{what} {path} does not exist: pass a Hugging Face directory or a run's workdir")
-    path = _download(path)
+  path = local_dir(path, what)
   if not os.path.exists(os.path.join(path, "config.json")):
     raise UserError(f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)")
   model, params = hf.load(path, dtype)
   return model.config, params, hf.load_tokenizer(path)
 
 
-def load_tokenizer_of(path: str):
-  """The tokenizer of a run's workdir or of a Hugging Face directory."""
-  if not os.path.isdir(path):
-    raise UserError(f"{path} does not exist: pass a run's workdir or a Hugging Face directory")
+def sentence_pipeline_of(path: str, default_length: int):
+  """(pooling, Dense kernel or None) of a model's sentence embeddings: a run's (`sentence_pipeline`),
+  a sentence-transformers directory's, or mean pooling for a plain encoder."""
+  if checkpoint.is_run(path):
+    meta = read_meta(path)
+    config = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else EncoderConfig()
+    return sentence_pipeline(path, meta, config)
+  return embeddings.read_pipeline(local_dir(path), default_length)
+
+
+def load_tokenizer_of(path: str, what: str = "model"):
+  """The tokenizer of a run's workdir, of a Hugging Face directory or (online) of a hub name."""
+  path = local_dir(path, what)
   return hf.load_tokenizer(os.path.join(path, TOKENIZER_DIR) if checkpoint.is_run(path) else path)
 
 
@@ -122,15 +138,45 @@ def write_run_from_hf(hf_dir: str, workdir: str):
   tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))
 
 
-def export_run(workdir: str, out_dir: str, step: int = None):
-  """A run's checkpoint as a Hugging Face directory (with its task head, if it has one)."""
+def sentence_pipeline(workdir: str, meta: dict, config: EncoderConfig, step: int = None):
+  """(pooling, Dense kernel or None) of a run's sentence embeddings: its teacher's pooling and the
+  map to the teacher's width that the embedding objective learnt (mean pooling for other runs)."""
+  embedding = meta.get("sentence_embedding", {})
+  pooling = embeddings.Pooling.from_dict({"max_seq_length": min(512, config.max_position_embeddings), **embedding})
+  if not embedding.get("dense"):
+    return pooling, None
+  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  try:
+    target = {"projection": {"embedding": {"kernel": jax.ShapeDtypeStruct(tuple(embedding["dense"]), jnp.float32)}}}
+    return pooling, ckpt.restore_params(target, step)["projection"]["embedding"]["kernel"]
+  finally:
+    ckpt.close()
+
+
+def export_run(workdir: str, out_dir: str, step: int = None, sentence_transformers: bool = False):
+  """A run's checkpoint as a Hugging Face directory (with its task head, if it has one); with
+  `sentence_transformers`, also the files that make it a `SentenceTransformer` computing the
+  embeddings the run was distilled for (its teacher's pooling, the learned Dense map if any).
+  Parameters the run's objective never trained are named in a warning."""
   if not checkpoint.is_run(workdir):
     raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run")
   config, head, params, tokenizer = read_run(workdir, step)
+  if sentence_transformers and head is not None:
+    raise UserError(f"{workdir} is a fine-tuned {head['kind']} model, not a sentence encoder: export it without "
+                    f"--sentence-transformers, or export the distilled run it started from")
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   broken = [name for name, x in flat.items() if not np.isfinite(np.asarray(x)).all()]
   if broken:
     raise UserError(f"the checkpoint of {workdir} holds non-finite parameters ({len(broken)} of {len(flat)}, e.g. "
                     f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate")
+  meta = read_meta(workdir, step)
   hf.save(out_dir, config, params, tokenizer, head)
+  if sentence_transformers:
+    embeddings.save_sentence_transformers(out_dir, *sentence_pipeline(workdir, meta, config, step), width=config.hidden_size)
+  untrained = meta.get("untrained") or []
+  if untrained:
+    objective = meta.get("config", {}).get("loss", {}).get("objective")
+    print(f"warning: {len(untrained)} parameters never received a gradient under loss.objective={objective} and are "
+          f"exported as initialised: {', '.join(untrained)} (the embedding objective, loss.embedding_weight > 0, "
+          f"trains every layer)", file=sys.stderr)
   return config, head

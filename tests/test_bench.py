@@ -139,3 +139,16 @@ def test_bench_task_distill_rows(tiny_teacher):
   assert all(0 <= r["score"] <= 1 and r["task"] == "wordnet_supersense" for r in rows)
   assert rows[1]["train_examples"] > rows[2]["train_examples"] == rows[3]["train_examples"] == 2000
   assert abs(rows[1]["steps"] - rows[2]["steps"]) <= 0.1 * rows[2]["steps"] and rows[2]["steps"] == rows[3]["steps"]
+
+
+def test_bench_data_rows(tmp_path):
+  """The data suite through the program, at one length: every rate measured, both streams."""
+  out = tmp_path / "data.json"
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "data", "--seq_len", "128", "--json", str(out)],
+                        capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  (row,) = json.load(open(out))
+  assert row["length"] == 128 and row["blocks"] >= 256
+  for key in ("prepare_tokens_per_s", "on_the_fly_blocks_per_s", "prepared_blocks_per_s", "prepared_x_h100_demand"):
+    assert row[key] > 0
+  assert 0.1 < row["GB_per_billion_tokens"] < 10

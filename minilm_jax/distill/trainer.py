@@ -16,11 +16,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from minilm_jax import checkpoint, parallel, runs
-from minilm_jax.data.corpus import BatchStream, first_sentences, load_blocks, pad_blocks
+from minilm_jax import checkpoint, embeddings, parallel, runs
+from minilm_jax.data.corpus import BatchStream, first_sentences
+from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import etd, losses
 from minilm_jax.distill import objectives as objective_lib
 from minilm_jax.distill.objectives import make_objective
+from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
@@ -129,7 +131,7 @@ class Distillation:
     self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
     self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
     self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
-                                    self.student_layer)
+                                    self.student_layer, self._teacher_pooling(config))
     if config.data.max_seq_length > self.teacher.config.max_position_embeddings:
       raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the teacher's "
                       f"{self.teacher.config.max_position_embeddings} positions: lower it")
@@ -146,8 +148,7 @@ class Distillation:
       mlm = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
     step_teacher = {"encoder": teacher_params, **mlm_head} if self.objective.soft_labels else teacher_params
     self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
-    blocks = load_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
-    collate = partial(pad_blocks, seq_len=config.data.max_seq_length, pad_id=self.tokenizer.pad_token_id)
+    blocks, collate = corpus_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
     self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
                               f"corpus {config.data.corpus}")
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
@@ -155,6 +156,10 @@ class Distillation:
     check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
     self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, mlm,
                                       accumulate)
+    # Parameters this objective leaves as initialised (an export names them): traced, not computed.
+    abstract = jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))
+    self.untrained = untrained_student_parameters(self.teacher, self.student, self.objective, self.teacher_params,
+                                                  abstract.params)
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
     self.student_params = None
     if config.student.init == "etd" and self.checkpoints.latest_step() is None:
@@ -162,6 +167,24 @@ class Distillation:
           config.etd, teacher_config, jax.device_get(teacher_params), mlm_head,
           self.student.config, lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n), self.tokenizer,
           config.data.max_seq_length)
+
+  @staticmethod
+  def _teacher_pooling(config):
+    """The teacher's sentence-embedding pooling: what the embedding objective matches, and what the
+    student's sentence-transformers export repeats. A pipeline the objective cannot reproduce (or a
+    teacher with its own Dense map) is an error only when the objective is used; otherwise the
+    export falls back to mean pooling."""
+    uses = config.loss.objective == "embedding" or config.loss.embedding_weight > 0
+    try:
+      pooling, dense = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
+    except UserError:
+      if uses:
+        raise
+      return embeddings.Pooling(max_seq_length=config.data.max_seq_length)
+    if dense is not None and uses:
+      raise UserError(f"teacher {config.teacher.path} maps its embeddings through a Dense module, which the embedding "
+                      f"objective does not apply: use a teacher without one")
+    return pooling
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
@@ -173,7 +196,10 @@ class Distillation:
     return state, data["next_batch"]
 
   def meta(self) -> dict:
-    return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json())}
+    return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json()),
+            "untrained": self.untrained,
+            "sentence_embedding": {**self.objective.pooling.to_dict(),
+                                   "dense": self.objective.projection_shapes().get("embedding")}}
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was

@@ -51,10 +51,10 @@ class ClassificationTask:
 
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     if data_dir:
-      return self._load_tsv(os.path.join(data_dir, f"{split}.tsv"), labelled=split not in self.test_splits)
+      return self.load_file(os.path.join(data_dir, f"{split}.tsv"), labelled=split not in self.test_splits)
     return self._load_hub(split, language)
 
-  def _load_tsv(self, path: str, labelled: bool) -> datasets.Dataset:
+  def load_file(self, path: str, labelled: bool) -> datasets.Dataset:
     if not os.path.isfile(path):
       raise UserError(f"{self.name}: data file {path} does not exist: set data_dir to the task's GLUE folder")
     with open(path, encoding="utf-8") as f:

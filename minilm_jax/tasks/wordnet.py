@@ -59,7 +59,7 @@ def read_synsets(data_dir: str, pos: str = "noun") -> list:
   return synsets
 
 
-def _split_of(offset: str) -> str:
+def split_of(offset: str) -> str:
   return "dev" if zlib.crc32(offset.encode()) % 5 == 0 else "train"
 
 
@@ -76,7 +76,7 @@ class SupersenseTask(ClassificationTask):
     _check_split(self.name, split)
     rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
     for s in read_synsets(data_dir):
-      if s.lexfile in _LEXNAMES and _split_of(s.offset) == split:
+      if s.lexfile in _LEXNAMES and split_of(s.offset) == split:
         rows["text_a"].append(s.definition)
         rows["text_b"].append(None)
         rows["label"].append(self.labels.index(_LEXNAMES[s.lexfile]))
@@ -90,7 +90,7 @@ class ExampleMatchTask(ClassificationTask):
 
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     _check_split(self.name, split)
-    synsets = [s for s in read_synsets(data_dir) if s.examples and _split_of(s.offset) == split]
+    synsets = [s for s in read_synsets(data_dir) if s.examples and split_of(s.offset) == split]
     senses = {}
     for s in synsets:
       for w in s.words:

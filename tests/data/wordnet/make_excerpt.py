@@ -42,7 +42,7 @@ def select(synsets: list) -> set:
   keep = set()
   by_split = {"train": [], "dev": []}
   for s in synsets:
-    by_split[wordnet._split_of(s.offset)].append(s)
+    by_split[wordnet.split_of(s.offset)].append(s)
   for split, rows in by_split.items():
     for lexfile in wordnet._LEXNAMES:
       chosen = sorted((s for s in rows if s.lexfile == lexfile), key=lambda s: _order(s.offset))

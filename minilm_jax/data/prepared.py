@@ -1,0 +1,132 @@
+"""A corpus tokenised and packed once (`python -m minilm_jax.prepare_data`), read by every process.
+
+Layout of a prepared directory (local, or any `etils.epath` location such as `gs://`):
+  manifest.json                 tokenizer identity, max_seq_length, counts, shards, source files
+  blocks-00000-of-00004.npy     int32 [rows, max_seq_length]: `[CLS] ... [SEP]` blocks, padded
+  lengths-00000-of-00004.npy    int32 [rows]: each block's real length
+
+Fixed-length rows make a batch one numpy gather per shard and its mask one comparison, with no
+Python loop per row; local shards are memory-mapped, so each process reads only the rows of its
+part of every global batch. Remote shards are copied to a local cache once per host.
+"""
+
+import hashlib
+import json
+import os
+from functools import partial
+
+import numpy as np
+from etils import epath
+from tqdm import tqdm
+
+from minilm_jax.data.corpus import load_blocks, pad_blocks
+from minilm_jax.errors import UserError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+
+
+def tokenizer_identity(tokenizer) -> dict:
+  """What must match between the corpus and the run: the vocabulary (hashed) and its special ids."""
+  vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
+  return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), "vocab_sha256": hashlib.sha256(vocab).hexdigest(),
+          "pad_id": tokenizer.pad_token_id}
+
+
+def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_shards: int, sources: list) -> dict:
+  """Writes `blocks` (a dataset whose `input_ids` are packed `[CLS] ... [SEP]` blocks) as padded
+  shards plus the manifest, the manifest last: a directory without one was never completed."""
+  out = epath.Path(out_dir)
+  if (out / MANIFEST).exists():
+    raise UserError(f"{out_dir} already holds a prepared corpus: choose a new --out (or remove it)")
+  out.mkdir(parents=True, exist_ok=True)
+  num_shards = max(1, min(num_shards, len(blocks)))
+  bounds = np.linspace(0, len(blocks), num_shards + 1).astype(int)
+  shards, tokens = [], 0
+  for i in tqdm(range(num_shards), desc="write shards", unit="shard"):
+    rows = blocks[int(bounds[i]):int(bounds[i + 1])]["input_ids"]
+    ids = np.full((len(rows), max_seq_length), tokenizer.pad_token_id, np.int32)
+    lengths = np.array([len(r) for r in rows], np.int32)
+    for j, row in enumerate(rows):
+      ids[j, :len(row)] = row
+    names = {kind: f"{kind}-{i:05d}-of-{num_shards:05d}.npy" for kind in ("blocks", "lengths")}
+    for kind, array in (("blocks", ids), ("lengths", lengths)):
+      with (out / names[kind]).open("wb") as f:
+        np.save(f, array)
+    shards.append({"rows": len(rows), **names})
+    tokens += int(lengths.sum())
+  manifest = {"format": FORMAT, "tokenizer": tokenizer_identity(tokenizer), "max_seq_length": max_seq_length,
+              "blocks": len(blocks), "tokens": tokens, "shards": shards, "sources": sources}
+  (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+  return manifest
+
+
+class PreparedBlocks:
+  """The blocks of a prepared directory: `len()`, and `blocks[indices]` -> {"input_ids", "lengths"}
+  (numpy, in the order of `indices`), what `BatchStream` gathers and `collate_prepared` pads."""
+
+  def __init__(self, directory: str, tokenizer, max_seq_length: int, cache_dir: str):
+    root = epath.Path(directory)
+    if not (root / MANIFEST).exists():
+      raise UserError(f"data.prepared={directory} holds no {MANIFEST}: prepare the corpus there first "
+                      f"(python -m minilm_jax.prepare_data --config <config> --out {directory})")
+    self.manifest = json.loads((root / MANIFEST).read_text())
+    self._check(directory, tokenizer, max_seq_length)
+    local = root if os.path.isdir(directory) else self._copy_local(root, cache_dir)
+    self._ids = [np.load(local / s["blocks"], mmap_mode="r") for s in self.manifest["shards"]]
+    self._lengths = [np.load(local / s["lengths"], mmap_mode="r") for s in self.manifest["shards"]]
+    self._starts = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
+
+  def _check(self, directory: str, tokenizer, max_seq_length: int):
+    m = self.manifest
+    if m.get("format") != FORMAT:
+      raise UserError(f"{directory} was prepared in format {m.get('format')}, this version reads {FORMAT}: prepare it again")
+    if m["max_seq_length"] != max_seq_length:
+      raise UserError(f"{directory} holds blocks of {m['max_seq_length']} tokens but data.max_seq_length={max_seq_length}: "
+                      f"set data.max_seq_length={m['max_seq_length']} or prepare the corpus again")
+    ours = tokenizer_identity(tokenizer)
+    if m["tokenizer"] != ours:
+      differ = [k for k in ours if m["tokenizer"].get(k) != ours[k]]
+      raise UserError(f"{directory} was prepared with another tokenizer ({', '.join(differ)} differ) than the teacher's: "
+                      f"prepare the corpus with this teacher's config")
+
+  def _copy_local(self, root, cache_dir: str):
+    """Remote shards copied once into `cache_dir` (a file that is already there whole is kept)."""
+    local = epath.Path(cache_dir) / "prepared"
+    local.mkdir(parents=True, exist_ok=True)
+    for shard in tqdm(self.manifest["shards"], desc="copy prepared shards", unit="shard"):
+      for name in (shard["blocks"], shard["lengths"]):
+        target = local / name
+        if not target.exists() or target.stat().length != (root / name).stat().length:
+          (root / name).copy(target, overwrite=True)
+    return local
+
+  def __len__(self) -> int:
+    return int(self._starts[-1])
+
+  def __getitem__(self, indices) -> dict:
+    indices = np.asarray(indices)
+    shard = np.searchsorted(self._starts, indices, side="right") - 1
+    ids = np.empty((len(indices), self.manifest["max_seq_length"]), np.int32)
+    lengths = np.empty(len(indices), np.int32)
+    for s in np.unique(shard):
+      where = shard == s
+      rows = indices[where] - self._starts[s]
+      ids[where], lengths[where] = self._ids[s][rows], self._lengths[s][rows]
+    return {"input_ids": ids, "lengths": lengths}
+
+
+def collate_prepared(rows: dict) -> dict:
+  """Gathered fixed-length blocks -> BERT inputs (the same arrays `corpus.pad_blocks` makes)."""
+  ids, lengths = rows["input_ids"], rows["lengths"]
+  mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int32)
+  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def corpus_blocks(data_config, tokenizer, cache_dir: str):
+  """(blocks, collate) of a run's corpus: the prepared directory `data.prepared`, or the corpus
+  tokenised and packed here (cached under `cache_dir`)."""
+  if data_config.prepared:
+    return PreparedBlocks(data_config.prepared, tokenizer, data_config.max_seq_length, cache_dir), collate_prepared
+  blocks = load_blocks(data_config, tokenizer, cache_dir)
+  return blocks, partial(pad_blocks, seq_len=data_config.max_seq_length, pad_id=tokenizer.pad_token_id)

@@ -1,0 +1,72 @@
+"""Which student parameters an objective never trains, found from the traced loss alone.
+
+The MiniLM loss reads only the last layer's queries, keys and values: that layer's attention
+output, feed-forward block and LayerNorms, and the pooler, get exactly zero gradient and leave a
+run as they were initialised. A run records their names (`meta["untrained"]`) so that an export can
+say so. They are found without compiling or running anything: the loss is traced to a jaxpr on
+abstract inputs, and a backward liveness pass keeps every input the loss value depends on.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.extend import core
+
+from minilm_jax.models.heads import MaskedLM
+
+
+def _inner(eqn):
+  """The jaxpr an equation calls (jit, remat, custom derivatives), when its inputs and outputs map
+  one to one onto the equation's; else None (the equation is then treated as a whole)."""
+  for value in eqn.params.values():
+    jaxpr = getattr(value, "jaxpr", value)
+    if isinstance(jaxpr, core.Jaxpr) and len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
+      return jaxpr
+  return None
+
+
+def _live_inputs(jaxpr, live_outputs) -> list:
+  """For each input of `jaxpr`: does any output in `live_outputs` depend on it?"""
+  live = {v for v, used in zip(jaxpr.outvars, live_outputs) if used and isinstance(v, core.Var)}
+  for eqn in reversed(jaxpr.eqns):
+    used = [v in live for v in eqn.outvars]
+    if not any(used):
+      continue
+    inner = _inner(eqn)
+    needed = _live_inputs(inner, used) if inner is not None else [True] * len(eqn.invars)
+    live.update(v for v, n in zip(eqn.invars, needed) if n and isinstance(v, core.Var))
+  return [v in live for v in jaxpr.invars]
+
+
+def untrained_parameters(loss_fn, params, *inputs) -> list:
+  """Names ("layer_2/ffn/kernel", ...) of the leaves of `params` on which `loss_fn(params, *inputs)`
+  does not depend. Arguments may be abstract (`jax.ShapeDtypeStruct`)."""
+  closed = jax.make_jaxpr(loss_fn)(params, *inputs)
+  paths = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in
+           jax.tree_util.tree_flatten_with_path(params)[0]]
+  live = _live_inputs(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  return [path for path, used in zip(paths, live[:len(paths)]) if not used]
+
+
+def untrained_student_parameters(teacher, student, objective, teacher_params, student_params) -> list:
+  """The student parameters `objective` never trains, traced on one abstract sequence of 8 tokens.
+  (Soft labels: whatever the student's masked-LM logits do not depend on.)"""
+  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  if objective.soft_labels:
+    def logits(params, ids):
+      encoder = {k: v for k, v in params.items() if k != "mlm_head"}
+      return jnp.sum(MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids,
+                                                    jnp.ones_like(ids), jnp.zeros_like(ids)))
+
+    return untrained_parameters(logits, student_params, ids)
+
+  def teacher_layers(params, ids):
+    return teacher.apply({"params": params}, ids, jnp.ones_like(ids), jnp.zeros_like(ids),
+                         num_layers=objective.teacher_layers_needed).layers
+
+  def loss(params, t_layers, ids):
+    mask = jnp.ones_like(ids)
+    s_layers = student.apply({"params": params}, ids, mask, jnp.zeros_like(ids),
+                             num_layers=objective.student_layers_needed).layers
+    return sum(objective(t_layers, s_layers, mask, params.get("projection", {})).values())
+
+  return untrained_parameters(loss, student_params, jax.eval_shape(teacher_layers, teacher_params, ids), ids)

@@ -1,0 +1,138 @@
+"""Sentence-embedding evaluation: one protocol for our runs and for any Hugging Face or
+sentence-transformers directory, so that a teacher, its students and the baselines are measured
+by one command (`python -m minilm_jax.evaluate --embeddings a,b,c --out DIR`).
+
+- Retrieval on WordNet (offline, real): every dev synset (`wordnet`'s split by synset) that has
+  example sentences gives a query, its definition; the documents are the example sentences of all
+  those synsets, and a query's relevant documents are its own synset's examples. The word being
+  defined is never in its definition, so a model must match meaning, not spelling. Scores:
+  recall@1 and recall@10 (the share of a query's relevant documents ranked in the first k,
+  averaged over queries) and MRR@10, by cosine similarity.
+- STS on an STS-B-format TSV (GLUE's `sentence1`, `sentence2`, `score`): Spearman's rank
+  correlation of the cosine similarity with the gold score (scipy).
+- `unrelated_cosine`: the mean cosine similarity between the definitions of different synsets;
+  near 1 for a collapsed embedding space where everything looks alike.
+"""
+
+import dataclasses
+import json
+import os
+
+import datasets
+import jax
+import numpy as np
+from scipy import stats
+
+from minilm_jax import embeddings, parallel, runs
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import Encoder
+from minilm_jax.tasks import glue, wordnet
+from minilm_jax.tasks.finetuning import Predictor
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalSet:
+  queries: list
+  documents: list
+  relevant: list  # per query, the indices of its relevant documents
+
+
+def wordnet_retrieval(data_dir: str = "", split: str = "dev") -> RetrievalSet:
+  """Definitions -> example sentences of the `split` synsets (see the module's docstring)."""
+  synsets = [s for s in wordnet.read_synsets(data_dir) if s.examples and wordnet.split_of(s.offset) == split]
+  queries, documents, relevant = [], [], []
+  for s in synsets:
+    queries.append(s.definition)
+    relevant.append(list(range(len(documents), len(documents) + len(s.examples))))
+    documents.extend(s.examples)
+  return RetrievalSet(queries, documents, relevant)
+
+
+def retrieval_scores(query_NxD, document_MxD, relevant) -> dict:
+  """recall@1, recall@10 and MRR@10 of cosine-similarity ranking."""
+  sims = _unit(query_NxD) @ _unit(document_MxD).T
+  top = np.argsort(-sims, axis=1, kind="stable")[:, :10]
+  recall = {k: [] for k in (1, 10)}
+  reciprocal = []
+  for ranked, gold in zip(top, relevant):
+    hits = np.isin(ranked, gold)
+    for k in recall:
+      recall[k].append(hits[:k].sum() / len(gold))
+    reciprocal.append(1.0 / (np.argmax(hits) + 1) if hits.any() else 0.0)
+  return {"recall@1": float(np.mean(recall[1])), "recall@10": float(np.mean(recall[10])),
+          "mrr@10": float(np.mean(reciprocal))}
+
+
+def unrelated_cosine(embeddings_NxD) -> float:
+  """Mean cosine similarity over all pairs of different rows."""
+  unit = _unit(embeddings_NxD)
+  sims = unit @ unit.T
+  n = len(unit)
+  return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+
+
+def sts_spearman(a_NxD, b_NxD, gold) -> float:
+  cosine = np.sum(_unit(a_NxD) * _unit(b_NxD), axis=-1)
+  return float(stats.spearmanr(cosine, gold).statistic)
+
+
+def _unit(x):
+  x = np.asarray(x, np.float64)
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+class SentenceModel:
+  """A model's sentence embeddings, computed as sentence-transformers computes them
+  (`embeddings.sentence_embeddings`): a run (its teacher's pooling, its learnt Dense map; a
+  fine-tuned run's encoder), or a Hugging Face / sentence-transformers directory."""
+
+  def __init__(self, path: str, mesh, batch_size: int, max_seq_length: int):
+    config, params, self.tokenizer = runs.load_encoder(path, what="--embeddings")  # a fine-tuned run: its encoder
+    self.pooling, dense = runs.sentence_pipeline_of(path, max_seq_length)
+    if max_seq_length > config.max_position_embeddings:
+      raise UserError(f"--max_seq_length={max_seq_length} exceeds {path}'s {config.max_position_embeddings} positions")
+    self.max_seq_length = max_seq_length
+    self.params = {"encoder": params, **({"dense": dense} if dense is not None else {})}
+    encoder = Encoder(config)
+
+    def forward(params, batch):
+      out = encoder.apply({"params": params["encoder"]}, batch["input_ids"], batch["attention_mask"],
+                          batch["token_type_ids"])
+      return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], self.pooling,
+                                            params.get("dense"))
+
+    self.params = jax.device_put(self.params, parallel.replicated(mesh))
+    self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
+
+  def encode(self, texts: list, desc: str = "encode") -> np.ndarray:
+    enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length, padding="max_length")
+    features = datasets.Dataset.from_dict({
+        "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+        "token_type_ids": enc.get("token_type_ids", [[0] * self.max_seq_length for _ in texts])})
+    return self.predict(self.params, features, desc=desc)
+
+
+def evaluate_embeddings(models: list, out_dir: str, sts: str = "", wordnet_dir: str = "", batch_size: int = 64,
+                        max_seq_length: int = 128, mesh=None) -> list:
+  """One row per model: WordNet retrieval, unrelated-pair cosine and (given an STS-B-format file)
+  STS Spearman; written to `out_dir/embeddings.json`."""
+  mesh = mesh or parallel.make_mesh()
+  retrieval = wordnet_retrieval(wordnet_dir)
+  pairs = glue.TASKS["stsb"].load_file(sts, labelled=True) if sts else None
+  rows = []
+  for path in models:
+    model = SentenceModel(path, mesh, batch_size, max_seq_length)
+    queries = model.encode(retrieval.queries, "queries")
+    row = {"model": path, "pooling": model.pooling.mode, "normalize": model.pooling.normalize,
+           **retrieval_scores(queries, model.encode(retrieval.documents, "documents"), retrieval.relevant),
+           "unrelated_cosine": unrelated_cosine(queries)}
+    if pairs is not None:
+      row["sts_spearman"] = sts_spearman(model.encode(pairs["text_a"], "sts"), model.encode(pairs["text_b"], "sts"),
+                                         pairs["label"])
+    rows.append(row)
+  if jax.process_index() == 0:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "embeddings.json"), "w") as f:
+      json.dump({"max_seq_length": max_seq_length, "queries": len(retrieval.queries),
+                 "documents": len(retrieval.documents), "rows": rows}, f, indent=2)
+  return rows

@@ -1,0 +1,87 @@
+"""Prepared corpora (`python -m minilm_jax.prepare_data`): the same blocks and batches as
+tokenising on the fly, each process's disjoint share of every global batch, resume from a
+prepared corpus, and a mismatched or missing one refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, read_metrics, tiny_config
+
+from minilm_jax import runs
+from minilm_jax.data.corpus import BatchStream
+from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
+from minilm_jax.distill.trainer import Distillation
+from minilm_jax.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
+  """The tiny corpus prepared at length 32 in 3 shards, through the program."""
+  out = str(tmp_path_factory.mktemp("prepared") / "corpus")
+  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.prepare_data", "--config",
+                         os.path.join(ROOT, "tests", "tiny_config.py"), "--out", out, "--shards", "3"],
+                        env=env, capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
+  assert again.returncode == 2 and "already holds a prepared corpus" in again.stderr
+  return out
+
+
+def test_prepared_blocks_and_batches_equal_the_on_the_fly_ones(prepared, tiny_teacher, tiny_corpus, tmp_path):
+  config = tiny_config(tiny_teacher, tiny_corpus)
+  tokenizer = runs.load_tokenizer_of(tiny_teacher)
+  blocks, collate = corpus_blocks(config.data, tokenizer, str(tmp_path))
+  config.data.prepared = prepared
+  ready, ready_collate = corpus_blocks(config.data, tokenizer, str(tmp_path))
+  manifest = json.load(open(os.path.join(prepared, "manifest.json")))
+  assert len(ready) == len(blocks) == manifest["blocks"] and len(manifest["shards"]) == 3
+  assert manifest["tokens"] == sum(len(b) for b in blocks["input_ids"])
+  for b in (0, 5, len(blocks) // 8 + 1):  # the last crosses into the second epoch's permutation
+    a = BatchStream(blocks, 8, 3, collate).batch(b)
+    p = BatchStream(ready, 8, 3, ready_collate).batch(b)
+    for k in ("input_ids", "attention_mask", "token_type_ids"):
+      np.testing.assert_array_equal(p[k], a[k])
+
+
+def test_two_processes_read_disjoint_rows_that_make_up_the_global_batch(prepared, tiny_teacher):
+  ready = PreparedBlocks(prepared, runs.load_tokenizer_of(tiny_teacher), 32, "")
+  whole = BatchStream(ready, 16, 0, lambda rows: rows)
+  parts = [BatchStream(ready, 16, 0, lambda rows: rows, process_index=i, process_count=2) for i in (0, 1)]
+  for b in range(4):
+    mine = [p.indices(b) for p in parts]
+    assert not set(mine[0]) & set(mine[1])
+    np.testing.assert_array_equal(np.concatenate(mine), whole.indices(b))
+    np.testing.assert_array_equal(np.concatenate([p.batch(b)["input_ids"] for p in parts]), whole.batch(b)["input_ids"])
+
+
+def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared, tiny_teacher, tiny_corpus, tmp_path):
+  straight = tiny_config(tiny_teacher, tiny_corpus, num_steps=4, **{"data.prepared": prepared})
+  Distillation(straight, str(tmp_path / "straight")).run()
+  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"data.prepared": prepared}),
+               str(tmp_path / "resumed")).run()
+  Distillation(straight, str(tmp_path / "resumed")).run()
+  assert [m["loss"] for m in read_metrics(str(tmp_path / "resumed"))] == \
+      [m["loss"] for m in read_metrics(str(tmp_path / "straight"))]
+
+
+def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teacher, tiny_corpus, tmp_path):
+  with pytest.raises(UserError, match="holds blocks of 32 tokens but data.max_seq_length=64"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": prepared, "data.max_seq_length": 64}),
+                 str(tmp_path / "a"))
+  with pytest.raises(UserError, match="holds no manifest.json: prepare the corpus there first"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(tmp_path)}), str(tmp_path / "b"))
+  other = tmp_path / "other"
+  os.makedirs(other)
+  for name in os.listdir(prepared):  # the same shards under a manifest of another vocabulary
+    if name != "manifest.json":
+      os.symlink(os.path.join(prepared, name), other / name)
+  manifest = json.load(open(os.path.join(prepared, "manifest.json")))
+  manifest["tokenizer"]["vocab_sha256"] = "0" * 64
+  (other / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(UserError, match="was prepared with another tokenizer \\(vocab_sha256 differ\\)"):
+    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(other)}), str(tmp_path / "c"))
