@@ -6,7 +6,6 @@ step to a temporary directory and renames it when complete, so an interrupted sa
 the previous checkpoint.
 """
 
-import errno
 import glob
 import logging
 import os
@@ -18,7 +17,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from minilm_jax.errors import UserError
+from minilm_jax.errors import STORAGE_ERRNOS, UserError
 
 ITEMS = ("state", "data", "meta")
 
@@ -210,8 +209,7 @@ def _remove_partial_saves(directory: str):
 def _storage_reason(error: Exception) -> str:
   """The OS's words for a failed write (TensorStore buries them deep in a long message), else the error."""
   text = str(error)
-  for reason in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), os.strerror(errno.EROFS),
-                 os.strerror(errno.EACCES)):
+  for reason in map(os.strerror, STORAGE_ERRNOS):
     if reason in text:
       return reason
   return _brief(error)

@@ -14,7 +14,8 @@ class Preempted(Exception):
 
 
 # Storage that is full or not writable: the machine's state, not a bug, so one line too.
-_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+# Errors of storage (full, over quota, read-only, not writable), not of the program.
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by the signal
 
 
@@ -65,7 +66,7 @@ def run_program(main):
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     except OSError as e:
-      if e.errno not in _STORAGE_ERRNOS:
+      if e.errno not in STORAGE_ERRNOS:
         raise
       where = f" writing {e.filename}" if e.filename else ""
       print(f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "

@@ -152,3 +152,17 @@ def test_bench_data_rows(tmp_path):
   for key in ("prepare_tokens_per_s", "on_the_fly_blocks_per_s", "prepared_blocks_per_s", "prepared_x_h100_demand"):
     assert row[key] > 0
   assert 0.1 < row["GB_per_billion_tokens"] < 10
+
+
+def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus):
+  """Each baseline and recipe distils (or not), fine-tunes on the WordNet excerpt and gets a dev score."""
+  from minilm_jax.benchmarks import students
+
+  models = ("teacher", "first_layers", "random", "minilm_etd", "minilm_etd_embedding")
+  rows = students.run(tiny_teacher, "1x32", steps=2, batch=8, length=32, data_dir=WORDNET_EXCERPT, finetune_epochs=1,
+                      finetune_lr=1e-3, corpus=tiny_corpus, relation_heads=4, models=models)
+  assert [r["model"] for r in rows] == list(models)
+  assert [r["distill_tokens"] for r in rows] == [0, 0, 0, 2 * 8 * 32, 2 * 8 * 32]
+  assert all(0.0 <= r["dev/accuracy"] <= 1.0 for r in rows)
+  with pytest.raises(UserError, match="unknown students \\['bogus'\\]"):
+    students.run(tiny_teacher, "1x32", models=("bogus",))

@@ -46,7 +46,7 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   try:
     return datasets.load_dataset(kind, data_files=files, split="train")
   except Exception as e:
-    raise UserError(f"could not read corpus {corpus}: {_root_cause(e)}: fix or remove the file") from None
+    raise UserError(f"could not read corpus {corpus}: {root_cause(e)}: fix or remove the file") from None
   finally:
     datasets_logger.setLevel(level)
 
@@ -62,7 +62,7 @@ def _check_json_start(path: str):
                     f"write one object per line, like {{\"text\": \"...\"}}")
 
 
-def _root_cause(error: Exception) -> str:
+def root_cause(error: Exception) -> str:
   """What went wrong underneath `datasets`' generic DatasetGenerationError: the first cause that
   says more than "an error occurred" (a JSON parse error with its row, a byte that is not UTF-8,
   an empty file)."""

@@ -9,8 +9,10 @@ import os
 
 import datasets
 
+from minilm_jax.data.corpus import root_cause
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks.metrics import METRICS
 
 # File suffix -> (`datasets` builder, its options).
 _READERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}),
@@ -28,9 +30,7 @@ def read_table(path: str, what: str) -> datasets.Dataset:
   try:
     return datasets.load_dataset(builder, data_files=path, split="train", **options)
   except Exception as e:  # a malformed file: `datasets` wraps the parser's error
-    cause = e.__cause__ or e
-    raise UserError(f"{what}={path!r} could not be read ({type(cause).__name__}: "
-                    f"{' '.join(str(cause).split())[:200]}): fix the file") from None
+    raise UserError(f"{what}={path!r} could not be read ({root_cause(e)}): fix the file") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +66,6 @@ def custom_task(data) -> CustomTask:
   if not 1 <= len(text_columns) <= 2:
     raise UserError(f"data.text_columns={data.text_columns!r}: name one column, or two for sentence pairs")
   metrics = tuple(m.strip() for m in data.metrics.split(",") if m.strip()) or _DEFAULT_METRICS[data.regression]
-  from minilm_jax.tasks.metrics import METRICS
-
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise UserError(f"data.metrics names {unknown}: choose from {', '.join(METRICS)}")

@@ -40,6 +40,12 @@ def get_task(name: str, config=None):
   return tasks[name]
 
 
+def selection_metric(task) -> str:
+  """The metric that picks a run's best epoch and the grid's best setting: the task's first metric
+  on its first dev split."""
+  return f"{task.eval_splits[0]}/{task.metrics[0]}"
+
+
 def task_forward(model):
   """`forward(params, batch) -> outputs` of a task model, for `Predictor`."""
   return partial(_apply, model)
@@ -108,7 +114,7 @@ class FineTuning:
     if config.max_seq_length > encoder_config.max_position_embeddings:
       raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's {encoder_config.max_position_embeddings} positions")
     self.head = self.task.head()
-    self.selection_metric = f"{self.task.eval_splits[0]}/{self.task.metrics[0]}"  # results.json's best epoch
+    self.selection_metric = selection_metric(self.task)  # results.json's best epoch
     self.model = task_model(self.encoder_config, self.head)
     self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
     parallel.check_batch_divides(config.batch_size, self.mesh)

@@ -12,7 +12,7 @@ import numpy as np
 
 from minilm_jax.errors import UserError
 from minilm_jax.loop import check_ranges
-from minilm_jax.tasks.finetuning import FineTuning, get_task
+from minilm_jax.tasks.finetuning import FineTuning, get_task, selection_metric
 
 
 def run_grid(config, workdir: str, settings=None):
@@ -34,7 +34,7 @@ def run_grid(config, workdir: str, settings=None):
       per_seed.append(FineTuning(run, run_dir).run()[1])
     rows.append({"lr": lr, "epochs": epochs, "seeds": config.seeds, "workdir": os.path.join(workdir, name),
                  **_mean_and_std(per_seed)})
-  main_metric = _main_metric(config)
+  main_metric = selection_metric(get_task(config.task, config))
   best = max(range(len(rows)), key=lambda i: rows[i][main_metric])
   if jax.process_index() == 0:
     write_tables(rows, best, main_metric, workdir)
@@ -49,11 +49,6 @@ def _mean_and_std(results: list) -> dict:
     out[key] = float(values.mean())
     out[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
   return out
-
-
-def _main_metric(config) -> str:
-  task = get_task(config.task, config)
-  return f"{task.eval_splits[0]}/{task.metrics[0]}"
 
 
 def write_tables(rows, best: int, main_metric: str, workdir: str):
