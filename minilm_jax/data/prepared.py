@@ -44,16 +44,13 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
   bounds = np.linspace(0, len(blocks), num_shards + 1).astype(int)
   shards, tokens = [], 0
   for i in tqdm(range(num_shards), desc="write shards", unit="shard"):
-    rows = blocks[int(bounds[i]):int(bounds[i + 1])]["input_ids"]
-    ids = np.full((len(rows), max_seq_length), tokenizer.pad_token_id, np.int32)
-    lengths = np.array([len(r) for r in rows], np.int32)
-    for j, row in enumerate(rows):
-      ids[j, :len(row)] = row
+    padded = pad_blocks(blocks[int(bounds[i]):int(bounds[i + 1])], max_seq_length, tokenizer.pad_token_id)
+    ids, lengths = padded["input_ids"], padded["attention_mask"].sum(axis=1, dtype=np.int32)
     names = {kind: f"{kind}-{i:05d}-of-{num_shards:05d}.npy" for kind in ("blocks", "lengths")}
     for kind, array in (("blocks", ids), ("lengths", lengths)):
       with (out / names[kind]).open("wb") as f:
         np.save(f, array)
-    shards.append({"rows": len(rows), **names})
+    shards.append({"rows": len(lengths), **names})
     tokens += int(lengths.sum())
   manifest = {"format": FORMAT, "tokenizer": tokenizer_identity(tokenizer), "max_seq_length": max_seq_length,
               "blocks": len(blocks), "tokens": tokens, "shards": shards, "sources": sources}
