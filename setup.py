@@ -26,6 +26,10 @@ setup(
         "matplotlib",
         "scikit-learn",  # fine-tuning's metrics
         "scipy",  # and the embeddings' STS correlation
+        # Sequence-to-sequence metrics: BLEU, ROUGE, METEOR (NLTK's, over WordNet 3.0).
+        "sacrebleu>=2.4",
+        "rouge-score>=0.1.2",
+        "nltk>=3.9",
     ],
     extras_require={
         # torch only for the parity tests against transformers' PyTorch models (and

@@ -62,7 +62,9 @@ _MLM_TABLE = {
                 ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
                 ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"), ("bias", "lm_head.bias", "copy")),
 }
-_HEAD_ARCHITECTURES = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering"}
+_HEAD_TABLE["seq2seq"] = _MLM_TABLE["bert"]  # UniLM's sequence-to-sequence model is BERT's masked LM
+_HEAD_ARCHITECTURES = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering",
+                       "seq2seq": "BertForMaskedLM"}
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
 _MODEL_PREFIXES = ("bert.", "roberta.")

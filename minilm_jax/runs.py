@@ -7,6 +7,7 @@ A workdir (of distillation, fine-tuning, or `convert --from-hf`) holds Orbax che
 student) keep a Transformer encoder, if they have one, under `{"body": {"encoder": ...}}`.
 """
 
+import json
 import os
 import sys
 
@@ -18,7 +19,7 @@ from flax import traverse_util
 from minilm_jax import checkpoint, embeddings, hf, parallel
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
-from minilm_jax.models.heads import task_model
+from minilm_jax.models.heads import SEQ2SEQ, task_model
 
 TOKENIZER_DIR = "tokenizer"
 REFINED_TEACHER, STUDENT = "refined_teacher", "student"  # meta["model"] of the multi-task runs
@@ -32,7 +33,7 @@ def abstract_model_params(config: EncoderConfig, head: dict = None):
 
 
 def init_task_params(config: EncoderConfig, head: dict, rng):
-  ids = jnp.zeros((1, 8), jnp.int32)
+  ids = jnp.zeros((1, 8 + head.get("target_length", 0)), jnp.int32)  # a seq2seq model's source and target blocks
   return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
 
 
@@ -171,6 +172,8 @@ def export_run(workdir: str, out_dir: str, step: int = None, sentence_transforme
                     f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate")
   meta = read_meta(workdir, step)
   hf.save(out_dir, config, params, tokenizer, head)
+  if head is not None and head["kind"] == SEQ2SEQ:
+    _write_seq2seq_layout(out_dir, meta["config"], head)
   if sentence_transformers:
     embeddings.save_sentence_transformers(out_dir, *sentence_pipeline(workdir, meta, config, step), width=config.hidden_size)
   untrained = meta.get("untrained") or []
@@ -180,3 +183,24 @@ def export_run(workdir: str, out_dir: str, step: int = None, sentence_transforme
           f"exported as initialised: {', '.join(untrained)} (the embedding objective, loss.embedding_weight > 0, "
           f"trains every layer)", file=sys.stderr)
   return config, head
+
+
+def _write_seq2seq_layout(out_dir: str, config: dict, head: dict):
+  """`seq2seq.json` beside an exported sequence-to-sequence model: the input layout and the
+  attention mask it was trained with, which transformers' BertForMaskedLM does not build itself."""
+  total, target = config["max_seq_length"], head["target_length"]
+  layout = {
+      "total_length": total, "source_length": total - target, "target_length": target,
+      "input": "[CLS] source [SEP] padded to source_length, then the target's tokens padded to target_length; "
+               "token_type_ids 0 for the source block, 1 for the target block",
+      "position_ids": "the real tokens numbered 0, 1, ... consecutively, skipping the source block's padding",
+      "attention_mask": "a [batch, 1, total, total] boolean mask: a source token sees the real source tokens; a target "
+                        "token sees the real source tokens and the real target tokens up to itself "
+                        "(minilm_jax.models.heads.seq2seq_mask)",
+      "prediction": "the first target token from the source's last real token ([SEP]), each next token from the one "
+                    "before it; [SEP] ends the output",
+      "decoding": {k: config["seq2seq"][k] for k in ("beam_size", "length_penalty", "min_target_length",
+                                                       "no_repeat_ngram")},
+  }
+  with open(os.path.join(out_dir, "seq2seq.json"), "w") as f:
+    json.dump(layout, f, indent=2)

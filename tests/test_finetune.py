@@ -255,8 +255,8 @@ def test_every_finetune_config_builds(name):
   task = get_task(config.task)
   from minilm_jax.models.encoder import EncoderConfig
 
-  shapes = runs.abstract_model_params(EncoderConfig(num_layers=2), task.head())
-  assert "encoder" in shapes and len(shapes) == 2
+  shapes = runs.abstract_model_params(EncoderConfig(num_layers=2), task.head(config))
+  assert "encoder" in shapes and len(shapes) == (4 if task.head(config)["kind"] == "seq2seq" else 2)
   assert config.batch_size > 0 and config.grid.lrs and config.grid.epochs
 
 

@@ -140,10 +140,12 @@ class Embeddings(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL, token_type_ids_BxL, deterministic):
+  def __call__(self, input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL=None):
     c = self.config
+    if position_ids_BxL is None:
+      position_ids_BxL = position_ids(input_ids_BxL, c)
     x = _embed(c.vocab_size, c, "word_embeddings")(input_ids_BxL)
-    x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids(input_ids_BxL, c))
+    x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids_BxL)
     x += _embed(c.type_vocab_size, c, "token_type_embeddings")(token_type_ids_BxL)
     x = _layer_norm(c, "LayerNorm")(x.astype(DTYPES[c.dtype]))
     return nn.Dropout(c.hidden_dropout)(x, deterministic=deterministic)
@@ -177,37 +179,60 @@ def fused_attention_implementation(dtype, head_dim: int) -> str:
   return "xla"
 
 
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of every layer for incremental decoding: `keys[i]`, `values[i]` are
+  [batch, heads, max_length, head_dim]; the new tokens are written from position `index` on."""
+
+  keys: tuple
+  values: tuple
+  index: jax.Array
+
+
+def _key_mask(mask):
+  """[B, Lk] padding mask (every query sees the same keys) or [B, Lq, Lk] per-query mask ->
+  [B, 1, Lq or 1, Lk], broadcastable over heads."""
+  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention. The attention probabilities are materialised only when asked for
-  (`return_attention`) or when attention dropout must be applied to them; otherwise the fused
-  `jax.nn.dot_product_attention` computes the context without keeping [B, H, L, L] tensors."""
+  (`return_attention`), when attention dropout must be applied to them, or when decoding from a
+  cache; otherwise the fused `jax.nn.dot_product_attention` computes the context without keeping
+  [B, H, L, L] tensors. `cache` ([B, H, max_length, K] keys and values, and where the new tokens
+  go) makes the new tokens attend over the cached ones as well; the returned k, v are then the
+  updated caches."""
 
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic, return_attention=False):
+  def __call__(self, x_BxLxD, mask, deterministic, return_attention=False, cache=None):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
     # [B, L, H, K]: the layout the fused kernel takes; transposed to [B, H, L, K] for the outputs.
     q, k, v = (_dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
                for name in ("query", "key", "value"))
+    heads_first = lambda t: t.transpose(0, 2, 1, 3)
+    keys_first = lambda t: t.transpose(0, 2, 1, 3)  # [B, H, L, K] -> [B, L, H, K]
+    if cache is not None:
+      cached_k, cached_v, index = cache
+      k = keys_first(jax.lax.dynamic_update_slice_in_dim(cached_k, heads_first(k).astype(cached_k.dtype), index, 2))
+      v = keys_first(jax.lax.dynamic_update_slice_in_dim(cached_v, heads_first(v).astype(cached_v.dtype), index, 2))
     dropout_on_probs = not deterministic and c.attention_dropout > 0
     attention = None
-    if return_attention or dropout_on_probs:
+    if return_attention or dropout_on_probs or cache is not None:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
-      scores = jnp.where(mask_BxL[:, None, None, :], scores, MASK_VALUE)
+      scores = jnp.where(_key_mask(mask), scores, MASK_VALUE)
       attention = jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     else:
       context = jax.nn.dot_product_attention(
-          q, k, v, mask=mask_BxL[:, None, None, :],
-          implementation=fused_attention_implementation(q.dtype, c.head_dim))
+          q, k, v, mask=_key_mask(mask), implementation=fused_attention_implementation(q.dtype, c.head_dim))
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
-    heads_first = lambda t: t.transpose(0, 2, 1, 3)
     return out, (heads_first(q), heads_first(k), heads_first(v), attention)
 
 
@@ -215,9 +240,9 @@ class TransformerLayer(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic, return_attention=False):
+  def __call__(self, x_BxLxD, mask, deterministic, return_attention=False, cache=None):
     c = self.config
-    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, deterministic, return_attention)
+    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask, deterministic, return_attention, cache)
     y = _probe(self, "ffn", ACTIVATIONS[c.hidden_act](_dense(c.intermediate_size, c, "intermediate")(h)))
     y = nn.Dropout(c.hidden_dropout)(_dense(c.hidden_size, c, "output")(y), deterministic=deterministic)
     out = _layer_norm(c, "output_LayerNorm")(y + h)
@@ -230,24 +255,32 @@ class Encoder(nn.Module):
   `deterministic=False` turns dropout on (needs a "dropout" rng). Every layer's Q/K/V is returned
   (under `jit`, whatever the caller does not use is pruned); its attention probabilities only with
   `return_attention=True` (otherwise `None`: the layers run fused attention).
+
+  `attention_mask` is [B, L] (padding: every token sees the real tokens) or [B, L, L] (which key
+  each query sees: the sequence-to-sequence mask). `position_ids` default to the model type's
+  numbering of the real tokens. `cache` (a `KVCache`) decodes incrementally: the L new tokens are
+  written into every layer's cache at `cache.index`, the mask is then [B, L, max_length], and the
+  layers' k, v are the updated caches.
   """
 
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL, attention_mask_BxL=None, token_type_ids_BxL=None,
-               deterministic: bool = True, num_layers: Optional[int] = None, return_attention: bool = False):
+  def __call__(self, input_ids_BxL, attention_mask=None, token_type_ids_BxL=None,
+               deterministic: bool = True, num_layers: Optional[int] = None, return_attention: bool = False,
+               position_ids_BxL=None, cache: Optional[KVCache] = None):
     c = self.config
-    if attention_mask_BxL is None:
-      attention_mask_BxL = jnp.ones_like(input_ids_BxL)
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids_BxL)
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
-    mask_BxL = attention_mask_BxL.astype(bool)
-    x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic)
+    mask = attention_mask.astype(bool)
+    x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
     embeddings = x
     layers = []
     for i in range(c.num_layers if num_layers is None else num_layers):
-      out = TransformerLayer(c, name=f"layer_{i}")(x, mask_BxL, deterministic, return_attention)
+      layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
+      out = TransformerLayer(c, name=f"layer_{i}")(x, mask, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
@@ -263,3 +296,13 @@ def init_params(config: EncoderConfig, rng: jax.Array, seq_len: int = 8):
 def abstract_params(config: EncoderConfig):
   """Parameter shapes and dtypes, without allocating them."""
   return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+
+def extend_positions(params, length: int):
+  """Encoder params whose position table covers `length` positions, the pre-trained table repeated
+  (as UniLM fine-tunes CNN/DailyMail at 768 tokens on 512-position models)."""
+  table = params["embeddings"]["position_embeddings"]["embedding"]
+  repeats = -(-length // table.shape[0])
+  extended = jnp.tile(table, (repeats, 1))[:length]
+  embeddings = {**params["embeddings"], "position_embeddings": {"embedding": extended}}
+  return {**params, "embeddings": embeddings}

@@ -1,12 +1,14 @@
 """Task models: the encoder plus a head, laid out as transformers' BertForSequenceClassification
-(pooler -> dropout -> `classifier`) and BertForQuestionAnswering (`qa_outputs` on every token)."""
+(pooler -> dropout -> `classifier`), BertForQuestionAnswering (`qa_outputs` on every token) and
+BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
-from minilm_jax.models.encoder import Encoder, EncoderConfig
+from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache
 
-CLASSIFICATION, SPAN = "classification", "span"
+CLASSIFICATION, SPAN, SEQ2SEQ = "classification", "span", "seq2seq"
 
 
 class MaskedLM(nn.Module):
@@ -56,8 +58,98 @@ class SpanExtractor(nn.Module):
     return logits[..., 0], logits[..., 1]
 
 
+def seq2seq_mask(attention_mask_BxL, source_length: int):
+  """UniLM's sequence-to-sequence self-attention mask [B, L, L] over `source_length` source
+  positions followed by the target's: a source token sees every real source token and no target
+  token; a target token sees every real source token and the real target tokens up to itself."""
+  positions = jnp.arange(attention_mask_BxL.shape[1])
+  key_in_target = positions >= source_length
+  sees = ~key_in_target[None, :] | (key_in_target[:, None] & (positions[None, :] <= positions[:, None]))
+  return attention_mask_BxL.astype(bool)[:, None, :] & sees[None]
+
+
+def real_positions(attention_mask_BxL, config: EncoderConfig):
+  """Position ids that number the real tokens consecutively, skipping the padding between the
+  source and target blocks (padding itself gets the model type's padding position)."""
+  real = attention_mask_BxL.astype(bool)
+  offset = config.position_offset
+  return jnp.where(real, jnp.cumsum(real, axis=1) - 1 + offset, max(offset - 1, 0))
+
+
+class Seq2SeqLM(nn.Module):
+  """UniLM's sequence-to-sequence model: one encoder under `seq2seq_mask`, and the masked-LM head
+  (dense -> activation -> LayerNorm -> scores against the tied word embeddings + a bias).
+
+  Inputs are a source block of L - `target_length` positions ([CLS] source [SEP], padded) followed
+  by a target block of `target_length` (t_1 .. t_n, padded), segment 0 and 1. It predicts every
+  target token in one pass, each from the position before it: t_1 from the source's last token
+  ([SEP]), t_(i+1) from t_i, and [SEP] (the end) from t_n. `__call__` returns those
+  `target_length` + 1 predictions' logits [B, target_length + 1, vocab], float32.
+  `encode_source` and `decode_step` are the same computation one token at a time, for decoding.
+  """
+
+  config: EncoderConfig
+  target_length: int
+
+  def setup(self):
+    c = self.config
+    init = nn.initializers.normal(c.initializer_range)
+    self.encoder = Encoder(c)
+    self.transform = nn.Dense(c.hidden_size, param_dtype=jnp.float32, kernel_init=init)
+    self.transform_LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False)
+    self.bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
+
+  def _logits(self, hidden):
+    h = self.transform_LayerNorm(ACTIVATIONS[self.config.hidden_act](self.transform(hidden.astype(jnp.float32))))
+    embedding = self.encoder.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+    return h @ embedding.T + self.bias
+
+  def _target_segment(self, like):
+    """Segment 1 for target tokens; a model with one segment embedding (RoBERTa) uses 0."""
+    return jnp.full_like(like, 1 if self.config.type_vocab_size > 1 else 0)
+
+  def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+    source_length = input_ids.shape[1] - self.target_length
+    out = self.encoder(input_ids, seq2seq_mask(attention_mask, source_length), token_type_ids, deterministic,
+                       position_ids_BxL=real_positions(attention_mask, self.config))
+    source_last = attention_mask[:, :source_length].sum(axis=1) - 1
+    slots = jnp.concatenate([source_last[:, None], source_length + jnp.broadcast_to(
+        jnp.arange(self.target_length), (input_ids.shape[0], self.target_length))], axis=1)
+    hidden = jnp.take_along_axis(out.last_hidden_state, slots[:, :, None], axis=1)
+    return self._logits(hidden).astype(jnp.float32)
+
+  def encode_source(self, source_ids, source_mask, source_types):
+    """(logits [B, vocab] of the first target token, every layer's keys and values [B, heads,
+    source + target length, head_dim]: the source's, then room for the target's)."""
+    out = self.encoder(source_ids, source_mask, source_types,
+                       position_ids_BxL=real_positions(source_mask, self.config))
+    room = ((0, 0), (0, 0), (0, self.target_length), (0, 0))
+    keys = tuple(jnp.pad(layer.k, room) for layer in out.layers)
+    values = tuple(jnp.pad(layer.v, room) for layer in out.layers)
+    source_last = source_mask.sum(axis=1) - 1
+    hidden = jnp.take_along_axis(out.last_hidden_state, source_last[:, None, None], axis=1)[:, 0]
+    return self._logits(hidden).astype(jnp.float32), keys, values
+
+  def decode_step(self, tokens_N, keys, values, source_mask, step):
+    """Feeds target token `step` (0-based) of each sequence: (logits [N, vocab] of the token after
+    it, the keys and values with its own written in)."""
+    source_length = source_mask.shape[1]
+    key_mask = jnp.concatenate([source_mask.astype(bool), jnp.broadcast_to(
+        jnp.arange(self.target_length) <= step, (tokens_N.shape[0], self.target_length))], axis=1)
+    positions = source_mask.sum(axis=1, keepdims=True) + step + self.config.position_offset
+    tokens = tokens_N[:, None]
+    cache = KVCache(keys=keys, values=values, index=source_length + step)
+    out = self.encoder(tokens, key_mask[:, None, :], self._target_segment(tokens), position_ids_BxL=positions,
+                       cache=cache)
+    keys, values = tuple(layer.k for layer in out.layers), tuple(layer.v for layer in out.layers)
+    return self._logits(out.last_hidden_state[:, 0]).astype(jnp.float32), keys, values
+
+
 def task_model(config: EncoderConfig, head: dict) -> nn.Module:
-  """The model for a head description {"kind": "classification", "num_labels": n} or {"kind": "span"}."""
+  """The model for a head description {"kind": "classification", "num_labels": n}, {"kind": "span"}
+  or {"kind": "seq2seq", "target_length": n}."""
   if head["kind"] == CLASSIFICATION:
     return SequenceClassifier(config, head["num_labels"])
+  if head["kind"] == SEQ2SEQ:
+    return Seq2SeqLM(config, head["target_length"])
   return SpanExtractor(config)

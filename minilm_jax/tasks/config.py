@@ -7,7 +7,9 @@ from minilm_jax.train_state import adamw_config
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "sst2"  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad1, squad2, mlqa, or custom (data.*)
+  # cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, xnli, squad1, squad2, mlqa, wordnet_supersense,
+  # wordnet_examples; sequence-to-sequence: qg, cnndm, xsum, wordnet_definitions; or custom (data.*)
+  c.task = "sst2"
   c.init = ""  # a run's workdir (distillation, fine-tuning, convert --from-hf) or a Hugging Face directory
   # The task's folder of GLUE TSV / SQuAD JSON files (several tasks: one folder for all, or a comma
   # list of one per task); empty: the Hugging Face hub (online).
@@ -55,6 +57,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.n_best = 20
   c.max_answer_length = 30
   c.null_score_threshold = 0.0
+
+  # Sequence-to-sequence tasks (tasks/seq2seq.py): max_seq_length is source + target.
+  c.seq2seq = ml_collections.ConfigDict()
+  c.seq2seq.target_length = 48  # target tokens trained on and the longest output decoded, the end not counted
+  c.seq2seq.label_smoothing = 0.1
+  c.seq2seq.beam_size = 5  # 1: greedy
+  c.seq2seq.length_penalty = 1.0  # hypotheses scored by sum(log p) / length ** length_penalty
+  c.seq2seq.min_target_length = 0
+  c.seq2seq.no_repeat_ngram = 0  # > 0: block repeating n-grams of this size
+  c.seq2seq.qg_context = "paragraph"  # qg: the whole passage, or the sentence holding the answer
   return c
 
 
@@ -70,6 +82,27 @@ def squad_config(task: str) -> ml_collections.ConfigDict:
   c.optimizer.lr = 6e-5
   c.grid.lrs = (4e-5, 6e-5)
   c.grid.epochs = (3,)
+  return c
+
+
+def seq2seq_config(task: str, layers: int = 6) -> ml_collections.ConfigDict:
+  """The MiniLM supplementary's sequence-to-sequence settings (section 1.1.2) for a `layers`-layer
+  student: question generation batch 32, total length 512, output 48, lr 8e-5 (6 layers) or 3e-5
+  (12), 25 epochs, label smoothing 0.1, beam 5, length penalty 1.3; CNN/DailyMail batch 64, total
+  length 768, output 160, lr 1.5e-4 / 1e-4, 25 epochs, length penalty 0.7; XSum total length 512,
+  output 48, lr 1.5e-4 / 1e-4, 50 / 30 epochs, length penalty 0.9."""
+  c = base_config()
+  c.task = task
+  six = layers <= 6
+  settings = {  # (batch, total length, output length, lr, epochs, length penalty)
+      "qg": (32, 512, 48, 8e-5 if six else 3e-5, 25, 1.3),
+      "cnndm": (64, 768, 160, 1.5e-4 if six else 1e-4, 25, 0.7),
+      "xsum": (64, 512, 48, 1.5e-4 if six else 1e-4, 50 if six else 30, 0.9),
+  }
+  (c.batch_size, c.max_seq_length, c.seq2seq.target_length, c.optimizer.lr, c.epochs,
+   c.seq2seq.length_penalty) = settings[task]
+  c.eval_batch_size = 32
+  c.grid.lrs, c.grid.epochs = (c.optimizer.lr,), (c.epochs,)
   return c
 
 

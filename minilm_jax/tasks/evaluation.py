@@ -19,7 +19,7 @@ from tqdm import tqdm
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
-from minilm_jax.tasks.finetuning import Predictor, get_task, task_forward
+from minilm_jax.tasks.finetuning import Predictor, get_task, prediction_forward, write_predictions
 from minilm_jax.tasks.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
 
 
@@ -70,8 +70,8 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
   if not prepare:
     return params, None
   task = get_task(config.task, config)
-  predict = Predictor(task_forward(task_model(encoder_config, head)), mesh, parallel.tree_shardings(params, mesh),
-                      batch_size)
+  forward = prediction_forward(task, task_model(encoder_config, head), config, tokenizer)
+  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
   data = {s: task.prepare(s, config, tokenizer) for s in _splits(task, config.data_dir)}
   return params, [_TaskEvaluation(task, predict, data, "")]
 
@@ -83,17 +83,6 @@ def _apply_task(model, task_name, params, batch):
 def _features(task, split: str, data_dir: str, joint: bool, tokenizer, config):
   examples = task.load(split, data_dir, "")
   return task_features(joint, task, examples, tokenizer, config.max_seq_length), examples
-
-
-def _write_predictions(task, predictions, examples, path: str):
-  if isinstance(predictions, dict):  # SQuAD: id -> answer text, the official prediction-file format
-    with open(path + ".json", "w") as f:
-      json.dump(predictions, f, indent=1)
-    return
-  with open(path + ".tsv", "w") as f:
-    f.write("index\tprediction\n")
-    for idx, p in zip(examples["idx"], predictions):
-      f.write(f"{idx}\t{p if task.labels is None else task.labels[int(p)]}\n")
 
 
 def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str = "", batch_size: int = 128,
@@ -125,7 +114,7 @@ def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str
         if split in task.eval_splits:
           scores, predictions = task.evaluate(outputs, features, examples, config)
           rows.append({"run": workdir, "task": task.name, "step": step, "split": split, **scores})
-          _write_predictions(task, predictions, examples, os.path.join(target, f"{e.prefix}{split}_predictions"))
+          write_predictions(task, predictions, examples, os.path.join(target, f"{e.prefix}{split}_predictions"))
         else:
           name = task.submission_names[task.test_splits.index(split)]
           task.write_submission(task.predict(outputs), examples, os.path.join(target, f"{name}.tsv"))

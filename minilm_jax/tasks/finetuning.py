@@ -4,6 +4,8 @@ batch split over `data`. XLA inserts the collectives, so the step is written for
 """
 
 import json
+import logging
+import os
 from functools import partial
 
 import jax
@@ -18,7 +20,9 @@ from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, fit
-from minilm_jax.models.heads import task_model
+from minilm_jax.models.encoder import extend_positions
+from minilm_jax.models.generation import generate
+from minilm_jax.models.heads import SEQ2SEQ, Seq2SeqLM, task_model
 from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
                                      make_optimizer)
 
@@ -27,14 +31,14 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def get_task(name: str, config=None):
   """A named task, or (`custom`) the one a fine-tuning config's `data` fields define."""
-  from minilm_jax.tasks import custom, glue, squad, wordnet
+  from minilm_jax.tasks import custom, glue, seq2seq, squad, wordnet
 
   if name == "custom":
     if config is None or "data" not in config:
       raise UserError("task custom is defined by a fine-tuning config's data.* fields: fine-tune it on its own "
                       "(python -m minilm_jax.finetune --config.task=custom --config.data.train=...)")
     return custom.custom_task(config.data)
-  tasks = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS}
+  tasks = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS, **seq2seq.TASKS}
   if name not in tasks:
     raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(tasks))}, or custom (your own files)")
   return tasks[name]
@@ -53,6 +57,27 @@ def task_forward(model):
 
 def _apply(model, params, batch, deterministic=True, rngs=None):
   return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=deterministic, rngs=rngs)
+
+
+def prediction_forward(task, model, config, tokenizer):
+  """What evaluation computes on a batch: the task model's outputs, or for a sequence-to-sequence
+  task its beam-search decoding (`{"tokens", "lengths"}`)."""
+  if isinstance(model, Seq2SeqLM):
+    return partial(generate, model, settings=task.decode_settings(config, tokenizer))
+  return task_forward(model)
+
+
+def write_predictions(task, predictions, examples, path: str):
+  """`path`.json (id -> answer or generated text: SQuAD's official prediction format) or `path`.tsv
+  (index and label name or score, as GLUE's submission files)."""
+  if isinstance(predictions, dict):
+    with open(path + ".json", "w") as f:
+      json.dump(predictions, f, indent=1)
+    return
+  with open(path + ".tsv", "w") as f:
+    f.write("index\tprediction\n")
+    for idx, p in zip(examples["idx"], predictions):
+      f.write(f"{idx}\t{p if task.labels is None else task.labels[int(p)]}\n")
 
 
 def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_steps: int = 1):
@@ -110,10 +135,16 @@ class FineTuning:
     self.config, self.workdir = config, workdir
     self.task = get_task(config.task, config)
     encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
-    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+    self.head = self.task.head(config)
+    if config.max_seq_length > encoder_config.max_position_embeddings and self.head["kind"] == SEQ2SEQ:
+      # UniLM's CNN/DailyMail setting (total length 768) on a 512-position model.
+      logging.warning("max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
+                      config.max_seq_length, config.init, encoder_config.max_position_embeddings)
+      encoder_params = extend_positions(encoder_params, config.max_seq_length)
+      encoder_config = encoder_config.replace(max_position_embeddings=config.max_seq_length)
     if config.max_seq_length > encoder_config.max_position_embeddings:
       raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's {encoder_config.max_position_embeddings} positions")
-    self.head = self.task.head()
+    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
     self.selection_metric = selection_metric(self.task)  # results.json's best epoch
     self.model = task_model(self.encoder_config, self.head)
     self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
@@ -130,12 +161,18 @@ class FineTuning:
                               runs.abstract_model_params(self.encoder_config, self.head))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     self.abstract_state = parallel.placed(abstract, self.state_shardings)
-    loss_of = lambda params, batch, rngs: self.task.loss(_apply(self.model, params, batch, False, rngs), batch)
+    task_loss_of = self.task.loss
+    if self.head["kind"] == SEQ2SEQ:
+      task_loss_of = partial(self.task.loss, label_smoothing=config.seq2seq.label_smoothing)
+    loss_of = lambda params, batch, rngs: task_loss_of(_apply(self.model, params, batch, False, rngs), batch)
     accumulate = config.optimizer.accumulate_steps
     check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
     self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, accumulate)
-    self.predict = Predictor(task_forward(self.model), self.mesh, self.state_shardings.params, config.eval_batch_size)
-    self._encoder_params = encoder_params
+    self.predict = Predictor(prediction_forward(self.task, self.model, config, self.tokenizer), self.mesh,
+                             self.state_shardings.params, config.eval_batch_size)
+    self._pretrained = {"encoder": encoder_params}
+    if self.head["kind"] == SEQ2SEQ:
+      self._pretrained.update(_masked_lm_head(config.init, self.encoder_config))
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 
   def initial_state(self):
@@ -143,12 +180,12 @@ class FineTuning:
       state, data, _ = self.checkpoints.restore(self.abstract_state)
       return state, data["next_batch"]
 
-    def init(rng, encoder_params):
+    def init(rng, pretrained):
       params = runs.init_task_params(self.encoder_config, self.head, rng)
-      params = {**params, "encoder": encoder_params}  # pre-trained encoder, freshly initialised head
+      params = {**params, **pretrained}  # pre-trained encoder (and masked-LM head), fresh task head
       return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
 
-    state = jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(self.config.seed), self._encoder_params)
+    state = jax.jit(init, out_shardings=self.state_shardings)(jax.random.key(self.config.seed), self._pretrained)
     return state, 0
 
   def meta(self) -> dict:
@@ -160,8 +197,10 @@ class FineTuning:
     results = {}
     for split, (features, context) in self.eval_data.items():
       outputs = self.predict(params, features, desc=f"evaluate {split}")
-      scores, _ = self.task.evaluate(outputs, features, context, self.config)
+      scores, predictions = self.task.evaluate(outputs, features, context, self.config)
       results.update({f"{split}/{k}": v for k, v in scores.items()})
+      if jax.process_index() == 0:  # the latest evaluation's, beside results.json
+        write_predictions(self.task, predictions, context, os.path.join(self.workdir, f"{split}_predictions"))
     return results
 
   def run(self):
@@ -169,3 +208,14 @@ class FineTuning:
       return self.train_step(state, batch, rng)
 
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
+
+
+def _masked_lm_head(init: str, config) -> dict:
+  """The masked-LM head of `init` for a sequence-to-sequence model (a Hugging Face checkpoint
+  saved with one), or {} (distilled students and encoder-only checkpoints: freshly initialised)."""
+  head = runs.load_mlm_head(init, config)
+  if head is None:
+    logging.warning("%s has no masked-LM head: the sequence-to-sequence head (transform, its LayerNorm, the output "
+                    "bias) starts fresh; the output layer is the word embeddings", init)
+    return {}
+  return dict(head)

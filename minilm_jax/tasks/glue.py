@@ -43,7 +43,7 @@ class ClassificationTask:
     format (XNLI, whose test set is labelled) has none."""
     return tuple(s.replace("dev", "test") for s in self.eval_splits) if self.submission_names else ()
 
-  def head(self) -> dict:
+  def head(self, config=None) -> dict:
     return {"kind": CLASSIFICATION, "num_labels": len(self.labels) if self.labels else 1,
             "labels": list(self.labels) if self.labels else None}
 

@@ -123,7 +123,7 @@ class SquadTask:
   metrics: tuple = ("f1", "exact")
   train_columns = ("input_ids", "attention_mask", "token_type_ids", "start_positions", "end_positions")
 
-  def head(self) -> dict:
+  def head(self, config=None) -> dict:
     return {"kind": SPAN}
 
   def load(self, split: str, data_dir: str = "") -> datasets.Dataset:
