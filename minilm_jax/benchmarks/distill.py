@@ -28,7 +28,6 @@ import numpy as np
 
 from minilm_jax import hf, parallel
 from minilm_jax.benchmarks.timing import block, distill_flops_per_token, median_seconds, peak_flops
-from minilm_jax.checkpoint import RunCheckpoints
 from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step

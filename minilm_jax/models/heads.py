@@ -3,7 +3,6 @@
 BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache
