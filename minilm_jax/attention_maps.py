@@ -9,7 +9,8 @@ from absl import flags
 
 from minilm_jax import runs
 from minilm_jax.distill.trainer import resolve_layer
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.plots import attention_figure
 

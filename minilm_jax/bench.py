@@ -14,7 +14,8 @@ from absl import flags
 
 from minilm_jax.benchmarks import data, distill, etd, generation, inference, memory, students, task_distill
 from minilm_jax.benchmarks.table import format_table
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 
 SUITES = {
     "distill": lambda: distill.run(_CASE.value, _REPEATS.value, _DTYPE.value, _TEACHER.value, _STUDENT.value,

@@ -12,7 +12,8 @@ import sys
 from absl import flags
 
 from minilm_jax import runs
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 
 _FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
 _TO_HF = flags.DEFINE_bool("to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.")

@@ -10,7 +10,7 @@ command to resume.
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.errors import run_program
+from minilm_jax.program import run_program
 from minilm_jax.tasks.distillation import TaskDistillation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Task distillation config (configs/task/*.py).",

@@ -1,7 +1,6 @@
 """User-facing errors: one line that names the problem and what to do."""
 
 import errno
-import sys
 
 
 class UserError(Exception):
@@ -17,63 +16,3 @@ class Preempted(Exception):
 # Errors of storage (full, over quota, read-only, not writable), not of the program.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, what a shell reports for a process ended by the signal
-
-
-def run_program(main):
-  """Runs an absl program: flag and config-override errors and UserErrors become one line on stderr and exit code 2."""
-  from absl import app, flags, logging
-
-  if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in sys.argv[1:]):
-    print(flags.FLAGS.main_module_help() or flags.FLAGS.get_help())
-    sys.exit(0)
-  try:
-    argv = flags.FLAGS(sys.argv)
-  except (KeyError, AttributeError) as e:
-    # ml_collections reports an unknown --config.<field> override as a KeyError/AttributeError.
-    # Its message is "'field'" or "'field'\nDid you mean \"other\" instead of \"field\"?", nested in quotes.
-    lines = str(e.args[0] if e.args else e).replace("\\n", "\n").splitlines()
-    field = lines[0].strip("'\"\\ ")
-    hint = next((f" ({line.strip(chr(39) + ' ')})".replace('\\"', '"') for line in lines[1:] if "Did you mean" in line), "")
-    print(f"error: unknown config field {field!r} on the command line{hint}: check its spelling against the config file",
-          file=sys.stderr)
-    sys.exit(2)
-  except (flags.Error, ValueError) as e:
-    print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
-    sys.exit(2)
-  except Exception as e:  # raised while executing the --config file (a syntax error, a bad import, ...)
-    where = f" ({e.filename}, line {e.lineno})" if isinstance(e, SyntaxError) else ""
-    print(f"error: the --config file could not be loaded{where}: {type(e).__name__}: "
-          f"{' '.join(str(getattr(e, 'msg', e)).split())[:200]}", file=sys.stderr)
-    sys.exit(2)
-
-  if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-    try:  # ml_collections reports a file it could not find on first access to the config
-      flags.FLAGS.config.keys()
-    except OSError:
-      print(f"error: the --config file {flags.FLAGS['config'].config_filename} does not exist: check the path",
-            file=sys.stderr)
-      sys.exit(2)
-
-  def main_or_one_line(argv):
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.WARNING)  # Orbax and datasets log every step at INFO
-    try:
-      from minilm_jax.distributed import maybe_initialize
-
-      maybe_initialize()  # before any device is touched
-      return main(argv)
-    except UserError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    except OSError as e:
-      if e.errno not in STORAGE_ERRNOS:
-        raise
-      where = f" writing {e.filename}" if e.filename else ""
-      print(f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "
-            f"the checkpoints already saved are kept", file=sys.stderr)
-      sys.exit(2)
-    except Preempted as e:
-      print(f"preempted: {e}", file=sys.stderr)
-      sys.exit(PREEMPTED_EXIT_CODE)
-
-  app.run(main_or_one_line, argv=argv)

@@ -13,7 +13,8 @@ by one protocol (WordNet retrieval, STS): `<out>/embeddings.json`.
 from absl import flags
 
 from minilm_jax.benchmarks.table import format_table
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 from minilm_jax.tasks.embedding_eval import evaluate_embeddings
 from minilm_jax.tasks.evaluation import evaluate_runs
 

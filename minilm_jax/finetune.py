@@ -12,7 +12,8 @@ encoder, one output layer per task, the tasks' batches shuffled together.
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 from minilm_jax.tasks.finetuning import FineTuning
 from minilm_jax.tasks.grid import run_grid
 from minilm_jax.tasks.multitask import MultiTaskFineTuning

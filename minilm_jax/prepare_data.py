@@ -15,7 +15,8 @@ from ml_collections import config_flags
 from minilm_jax import runs
 from minilm_jax.data.corpus import load_blocks
 from minilm_jax.data.prepared import write_prepared
-from minilm_jax.errors import UserError, run_program
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The distillation config whose corpus to prepare.",
                                           lock_config=True)

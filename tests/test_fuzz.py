@@ -2,7 +2,7 @@
 program. Each either runs or exits 2 with one line on stderr; never a traceback, never silence.
 `python -m pytest -q tests/test_fuzz.py --hypothesis-show-statistics` counts how each ended.
 
-The program runs in this process (through the same `errors.run_program` that `python -m
+The program runs in this process (through the same `program.run_program` that `python -m
 minilm_jax.train` starts with), so each example costs a flag parse and, when the overrides are
 valid, a one-step run, not a Python and JAX start-up."""
 
@@ -59,7 +59,7 @@ def _run_train(args, capfd):
   from absl import flags
 
   from minilm_jax import train
-  from minilm_jax.errors import run_program
+  from minilm_jax.program import run_program
 
   # Each example parses its own command line afresh: the --config.<field> flags that the previous
   # parse defined are removed, the others go back to their defaults.

@@ -16,7 +16,7 @@ from conftest import ROOT
 _PLACEHOLDERS = (re.compile(r"\$\(python -c \"[^\"]*\"\)"), re.compile(r"<[^<>]*>"))
 
 # Run inside one process per program (their flags clash across programs): parse every command's
-# argv with absl as `errors.run_program` does, then the checks a run makes before any work.
+# argv with absl as `program.run_program` does, then the checks a run makes before any work.
 _CHECK = """
 import importlib, json, sys
 from absl import flags

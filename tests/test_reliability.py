@@ -26,7 +26,7 @@ def _one_line_error(proc, *expected):
   return lines[0]
 
 
-@pytest.mark.parametrize("program", ["train", "bench"])  # every program starts through errors.run_program
+@pytest.mark.parametrize("program", ["train", "bench"])  # every program starts through program.run_program
 def test_help_prints_the_flags_and_exits_0(program):
   proc = _program("--help", program=program)
   assert proc.returncode == 0 and "--" in proc.stdout, proc.stderr[-2000:]
