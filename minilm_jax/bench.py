@@ -28,7 +28,7 @@ SUITES = {
     "students": lambda: students.run(
         "" if _TEACHER.value in (None, "demo") else _TEACHER.value, (_STUDENT.value or ["3x384"])[0],
         _STEPS.value if _STEPS.present else 300, _BATCH.value or 64, (_seq_lens() or [64])[0],
-        data_dir=_DATA_DIR.value),
+        data_dir=_DATA_DIR.value, models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES))),
     "generate": lambda: generation.run((_STUDENT.value or ["6x384"])[0], _BATCH.value or 32, (_seq_lens() or [128])[0],
                                        _TARGET_LENGTH.value, _REPEATS.value, _DTYPE.value),
 }
@@ -50,6 +50,7 @@ _SEQ_LEN = flags.DEFINE_list("seq_len", None, "Sequence lengths instead of the c
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
 _TRAIN_STEPS = flags.DEFINE_integer("train_steps", 5, "distill: steps per timing window of the train program "
                                     "(it runs two windows); 0 skips it.")
+_MODELS = flags.DEFINE_list("models", None, "students: the models to fine-tune (default: every baseline and recipe).")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "students: the task's data folder (default: Debian's WordNet).")
 _TARGET_LENGTH = flags.DEFINE_integer("target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).")
 _BATCHES = flags.DEFINE_integer("batches", 100, "inference: batches averaged over (the paper's protocol: 100).")

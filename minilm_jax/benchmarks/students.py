@@ -14,6 +14,8 @@ for the same number of tokens with each recipe worth comparing:
 - `hidden_mse_etd`: attention KL plus the last layer's hidden states (MSE).
 """
 
+import json
+import logging
 import os
 import tempfile
 
@@ -97,4 +99,5 @@ def run(teacher: str = "", student: str = "3x384", steps: int = 300, batch: int 
       tokens = steps * batch * length if name in RECIPES else 0
       rows.append({"model": name, "student": "teacher" if name == "teacher" else student, "distill_tokens": tokens,
                    metric: round(score, 4)})
+      logging.warning("bench students: %s", json.dumps(rows[-1]))  # each row as it is done: the suite is long
   return rows
