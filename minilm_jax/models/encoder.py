@@ -213,12 +213,11 @@ class SelfAttention(nn.Module):
     # [B, L, H, K]: the layout the fused kernel takes; transposed to [B, H, L, K] for the outputs.
     q, k, v = (_dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
                for name in ("query", "key", "value"))
-    heads_first = lambda t: t.transpose(0, 2, 1, 3)
-    keys_first = lambda t: t.transpose(0, 2, 1, 3)  # [B, H, L, K] -> [B, L, H, K]
+    swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
     if cache is not None:
       cached_k, cached_v, index = cache
-      k = keys_first(jax.lax.dynamic_update_slice_in_dim(cached_k, heads_first(k).astype(cached_k.dtype), index, 2))
-      v = keys_first(jax.lax.dynamic_update_slice_in_dim(cached_v, heads_first(v).astype(cached_v.dtype), index, 2))
+      k = swap(jax.lax.dynamic_update_slice_in_dim(cached_k, swap(k).astype(cached_k.dtype), index, 2))
+      v = swap(jax.lax.dynamic_update_slice_in_dim(cached_v, swap(v).astype(cached_v.dtype), index, 2))
     dropout_on_probs = not deterministic and c.attention_dropout > 0
     attention = None
     if return_attention or dropout_on_probs or cache is not None:
@@ -233,7 +232,7 @@ class SelfAttention(nn.Module):
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
-    return out, (heads_first(q), heads_first(k), heads_first(v), attention)
+    return out, (swap(q), swap(k), swap(v), attention)
 
 
 class TransformerLayer(nn.Module):
