@@ -3,7 +3,7 @@
 `load(dir) -> (Encoder, params)` reads `config.json` plus `model.safetensors` (or a sharded
 safetensors index, or `pytorch_model.bin` through torch's pickle-free `weights_only=True` loader).
 `save(dir, config, params, tokenizer=None)` writes what `transformers.AutoModel.from_pretrained`
-loads. Every parameter name crosses over through `_PARAM_TABLE`, and nowhere else.
+loads. Every encoder parameter's name crosses over through `models.layout`'s table, and nowhere else.
 """
 
 import json
@@ -15,37 +15,11 @@ import numpy as np
 from flax import traverse_util
 
 from minilm_jax.errors import UserError
+from minilm_jax.models import layout
 from minilm_jax.models.encoder import MODEL_TYPES, Encoder, EncoderConfig, abstract_params, init_params
 
 log = logging.getLogger(__name__)
 
-# (our parameter path, Hugging Face tensor name, kind). `{i}` is the layer index. "linear"
-# kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied as is.
-_PARAM_TABLE = (
-    ("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight", "copy"),
-    ("embeddings/position_embeddings/embedding", "embeddings.position_embeddings.weight", "copy"),
-    ("embeddings/token_type_embeddings/embedding", "embeddings.token_type_embeddings.weight", "copy"),
-    ("embeddings/LayerNorm/scale", "embeddings.LayerNorm.weight", "copy"),
-    ("embeddings/LayerNorm/bias", "embeddings.LayerNorm.bias", "copy"),
-    ("layer_{i}/attention/query/kernel", "encoder.layer.{i}.attention.self.query.weight", "linear"),
-    ("layer_{i}/attention/query/bias", "encoder.layer.{i}.attention.self.query.bias", "copy"),
-    ("layer_{i}/attention/key/kernel", "encoder.layer.{i}.attention.self.key.weight", "linear"),
-    ("layer_{i}/attention/key/bias", "encoder.layer.{i}.attention.self.key.bias", "copy"),
-    ("layer_{i}/attention/value/kernel", "encoder.layer.{i}.attention.self.value.weight", "linear"),
-    ("layer_{i}/attention/value/bias", "encoder.layer.{i}.attention.self.value.bias", "copy"),
-    ("layer_{i}/attention/output/kernel", "encoder.layer.{i}.attention.output.dense.weight", "linear"),
-    ("layer_{i}/attention/output/bias", "encoder.layer.{i}.attention.output.dense.bias", "copy"),
-    ("layer_{i}/attention/LayerNorm/scale", "encoder.layer.{i}.attention.output.LayerNorm.weight", "copy"),
-    ("layer_{i}/attention/LayerNorm/bias", "encoder.layer.{i}.attention.output.LayerNorm.bias", "copy"),
-    ("layer_{i}/intermediate/kernel", "encoder.layer.{i}.intermediate.dense.weight", "linear"),
-    ("layer_{i}/intermediate/bias", "encoder.layer.{i}.intermediate.dense.bias", "copy"),
-    ("layer_{i}/output/kernel", "encoder.layer.{i}.output.dense.weight", "linear"),
-    ("layer_{i}/output/bias", "encoder.layer.{i}.output.dense.bias", "copy"),
-    ("layer_{i}/output_LayerNorm/scale", "encoder.layer.{i}.output.LayerNorm.weight", "copy"),
-    ("layer_{i}/output_LayerNorm/bias", "encoder.layer.{i}.output.LayerNorm.bias", "copy"),
-    ("pooler/kernel", "pooler.dense.weight", "linear"),
-    ("pooler/bias", "pooler.dense.bias", "copy"),
-)
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
 _HEAD_TABLE = {
     "classification": (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
@@ -89,13 +63,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "v
 
 
 def _name_pairs(num_layers):
-  """Yields (our path, HF name, kind) for every parameter of a `num_layers` encoder."""
-  for ours, theirs, kind in _PARAM_TABLE:
-    if "{i}" in ours:
-      for i in range(num_layers):
-        yield ours.format(i=i), theirs.format(i=i), kind
-    else:
-      yield ours, theirs, kind
+  """Yields (our path, HF name, kind) for every parameter of a `num_layers` encoder (`models.layout`).
+  "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
+  for ours, theirs, row in layout.named_params(num_layers):
+    yield ours, theirs, "linear" if row.linear else "copy"
 
 
 def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:

@@ -1,23 +1,19 @@
 """Device mesh, parameter sharding rules and batch placement: the same code on one CPU, 8 fake devices, or a pod.
 
-The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style: Q/K/V
-and the first feed-forward matrix by output column, the attention output and second feed-forward
-matrix by input row, the word embeddings by vocabulary row). Distillation uses `data` only;
+The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style, as the
+encoder's layout table says: Q/K/V and the first feed-forward matrix by output column, the
+attention output and second feed-forward matrix by input row, the word embeddings by vocabulary row). Distillation uses `data` only;
 fine-tuning and evaluation use both through `jax.jit` shardings.
 """
-
-import re
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from minilm_jax.errors import UserError
+from minilm_jax.models import layout
 
 DATA, MODEL = "data", "model"
-_COLUMN_PARALLEL = re.compile(r"(attention/(query|key|value)|intermediate)/(kernel|bias)$")
-_ROW_PARALLEL = re.compile(r"(attention/output|layer_\d+/output)/kernel$")
-_VOCAB_PARALLEL = re.compile(r"word_embeddings/embedding$")
 
 
 def make_mesh(num_data: int = -1, num_model: int = 1) -> Mesh:
@@ -32,16 +28,17 @@ def make_mesh(num_data: int = -1, num_model: int = 1) -> Mesh:
 
 
 def _spec(path: str, shape, mesh: Mesh) -> P:
-  """Where a parameter (or its optimizer moments, whose paths end the same) lives on the mesh."""
+  """Where a parameter (or its optimizer moments, whose paths end the same) lives on the mesh: split
+  as the encoder's layout says (`models.layout`), replicated when it says nothing or the split axis
+  does not divide."""
   model = mesh.shape[MODEL]
-  if model == 1 or not shape:
+  row = layout.find(path)
+  if model == 1 or not shape or row is None or row.shard is None:
     return P()
-  if _COLUMN_PARALLEL.search(path):
+  if row.shard == "column":
     spec = (None,) * (len(shape) - 1) + (MODEL,)
-  elif _ROW_PARALLEL.search(path) or _VOCAB_PARALLEL.search(path):
-    spec = (MODEL,) + (None,) * (len(shape) - 1)
   else:
-    return P()
+    spec = (MODEL,) + (None,) * (len(shape) - 1)
   axis = spec.index(MODEL)
   return P(*spec) if shape[axis] % model == 0 else P()
 

@@ -15,7 +15,7 @@ from conftest import ROOT, SENTENCES, WORDNET_EXCERPT, tiny_config
 from flax import traverse_util
 
 from minilm_jax import embeddings, parallel
-from minilm_jax.distill.objectives import Objective
+from minilm_jax.distill.objectives import Objective, Outputs
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
@@ -44,7 +44,7 @@ def test_untrained_parameters_are_those_with_zero_gradient(name, weight, expecte
   teacher_params = init_params(teacher_config, jax.random.key(0))
   objective = Objective(name, ((1, 2),), ("qk", "vv"), 4, 0, 32, 16, 3, 2, weight, "mse",
                         embeddings.Pooling(normalize=True))
-  params = {**init_params(student_config, jax.random.key(1)), "projection": objective.init_projection(jax.random.key(2))}
+  params = {**init_params(student_config, jax.random.key(1)), **objective.init_learned(jax.random.key(2), student_config)}
   assert sorted(untrained_student_parameters(teacher, student, objective, teacher_params, params)) == expected
 
   ids = jax.random.randint(jax.random.key(3), (2, 8), 1, 100)
@@ -53,7 +53,7 @@ def test_untrained_parameters_are_those_with_zero_gradient(name, weight, expecte
   def loss(p):
     t = teacher.apply({"params": teacher_params}, ids, mask, jnp.zeros_like(ids)).layers
     s = student.apply({"params": p}, ids, mask, jnp.zeros_like(ids)).layers
-    return sum(objective(t, s, mask, p["projection"]).values())
+    return sum(objective(Outputs(t), Outputs(s), {"attention_mask": mask}, p.get("projection", {})).values())
 
   grads = traverse_util.flatten_dict(jax.grad(loss)(params), sep="/")
   assert sorted(k for k, g in grads.items() if not np.any(np.asarray(g))) == expected

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import tiny_config
 from minilm_jax.distill import losses
-from minilm_jax.distill.objectives import Objective, attention_score_mse, layer_pairs, masked_mse
+from minilm_jax.distill.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import LayerOutput
@@ -91,7 +91,7 @@ def test_baseline_objectives_match_numpy(name):
   objective = _objective(name, [(0, 0)])
   projection = {k: {"kernel": jnp.asarray(rng.standard_normal(shape).astype(np.float32))}
                 for k, shape in objective.projection_shapes().items()}
-  terms = objective([_lo(t)], [_lo(s)], jnp.asarray(MASK), projection)
+  terms = objective(Outputs([_lo(t)]), Outputs([_lo(s)]), {"attention_mask": jnp.asarray(MASK)}, projection)
   attention_kl = float(losses.minilm_loss(_lo(t), _lo(s), jnp.asarray(MASK), ("qk",), 4)["qk"])
   if name == "value_mse":
     w = np.asarray(projection["value"]["kernel"])
@@ -117,7 +117,8 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
   teacher = [_layer(rng, 4, 6) for _ in range(4)]
   student = [_layer(rng, 4, 3) for _ in range(2)]
   objective = _objective("layer_to_layer", layer_pairs(4, 2, "all"))
-  terms = objective([_lo(t) for t in teacher], [_lo(s) for s in student], jnp.asarray(MASK), {})
+  terms = objective(Outputs([_lo(t) for t in teacher]), Outputs([_lo(s) for s in student]),
+                    {"attention_mask": jnp.asarray(MASK)}, {})
   assert set(terms) == {"qk@0", "vv@0", "qk@1", "vv@1"}
   for s, t in ((0, 1), (1, 3)):
     expected = losses.minilm_loss(_lo(teacher[t]), _lo(student[s]), jnp.asarray(MASK), ("qk", "vv"), 4)

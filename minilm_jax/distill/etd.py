@@ -16,7 +16,9 @@
 import numpy as np
 from flax import traverse_util
 
+from minilm_jax.distill.importance import mlm_mask, taylor_scores
 from minilm_jax.errors import UserError
+from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 
 WIDTH_METHODS = ("rand", "impt", "rand_wo_hidn_con")
@@ -85,42 +87,36 @@ def _columns(heads_HxK, head_dim):
 
 def extract(teacher_params, teacher: EncoderConfig, student: EncoderConfig, indices: dict,
             layer_strategy: str = "uniform") -> dict:
-  """The student's parameters, taken from the teacher's by `indices` and the layer selection."""
+  """The student's parameters, taken from the teacher's by `indices` and the layer selection: every
+  parameter of the encoder's layout (`models.layout`) keeps the index sets its `etd_axes` name."""
   check_extractable(teacher, student)
   flat = traverse_util.flatten_dict(teacher_params, sep="/")
-  get = lambda name: np.asarray(flat[name])
-  out = {}
   selected = select_layers(teacher.num_layers, student.num_layers, layer_strategy)
-  # With hidden consistency every layer shares one set; without, the embeddings follow the first kept layer.
-  emb_hidden = indices["layers"][selected[0]]["hidden"]
-  for name in ("word_embeddings/embedding", "position_embeddings/embedding", "token_type_embeddings/embedding"):
-    out[f"embeddings/{name}"] = get(f"embeddings/{name}")[:, emb_hidden]
-  for p in ("scale", "bias"):
-    out[f"embeddings/LayerNorm/{p}"] = get(f"embeddings/LayerNorm/{p}")[emb_hidden]
-  for s, t in enumerate(selected):
-    idx = indices["layers"][t]
-    hidden, ffn, cols = idx["hidden"], idx["ffn"], _columns(idx["heads"], teacher.head_dim)
-    src, dst = f"layer_{t}", f"layer_{s}"
-    for proj in ("query", "key", "value"):
-      out[f"{dst}/attention/{proj}/kernel"] = get(f"{src}/attention/{proj}/kernel")[np.ix_(hidden, cols)]
-      out[f"{dst}/attention/{proj}/bias"] = get(f"{src}/attention/{proj}/bias")[cols]
-    out[f"{dst}/attention/output/kernel"] = get(f"{src}/attention/output/kernel")[np.ix_(cols, hidden)]
-    out[f"{dst}/intermediate/kernel"] = get(f"{src}/intermediate/kernel")[np.ix_(hidden, ffn)]
-    out[f"{dst}/intermediate/bias"] = get(f"{src}/intermediate/bias")[ffn]
-    out[f"{dst}/output/kernel"] = get(f"{src}/output/kernel")[np.ix_(ffn, hidden)]
-    for name in ("attention/output/bias", "attention/LayerNorm/scale", "attention/LayerNorm/bias", "output/bias",
-                 "output_LayerNorm/scale", "output_LayerNorm/bias"):
-      out[f"{dst}/{name}"] = get(f"{src}/{name}")[hidden]
-  last = indices["layers"][selected[-1]]["hidden"]
-  out["pooler/kernel"] = get("pooler/kernel")[np.ix_(last, last)]
-  out["pooler/bias"] = get("pooler/bias")[last]
+  # With hidden consistency every layer shares one set; without, the embeddings follow the first
+  # kept layer and the pooler the last.
+  ends = {"input_hidden": indices["layers"][selected[0]]["hidden"],
+          "output_hidden": indices["layers"][selected[-1]]["hidden"]}
+
+  def take(path, row, layer):
+    index_sets = dict(ends)
+    if layer is not None:
+      idx = indices["layers"][layer]
+      index_sets.update(hidden=idx["hidden"], ffn=idx["ffn"], heads=_columns(idx["heads"], teacher.head_dim))
+    x = np.asarray(flat[path])
+    return x[np.ix_(*(np.arange(n) if axis is None else index_sets[axis] for axis, n in zip(row.etd_axes, x.shape)))]
+
+  out = {}
+  for row in layout.ENCODER:
+    if row.per_layer:
+      for s, t in enumerate(selected):
+        out[row.path.format(i=s)] = take(row.path.format(i=t), row, t)
+    else:
+      out[row.path] = take(row.path, row, None)
   return traverse_util.unflatten_dict(out, sep="/")
 
 
 def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: int = 32):
   """Tokenised, BERT-masked batches of the scoring sentences."""
-  from minilm_jax.distill.importance import mlm_mask
-
   rng = np.random.default_rng(seed)
   special = set(tokenizer.all_special_ids)
   for start in range(0, len(sentences), batch_size):
@@ -143,8 +139,6 @@ def initial_student_params(etd_config, teacher: EncoderConfig, teacher_params, m
     if mlm_head is None:
       raise UserError("the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
                       "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head")
-    from minilm_jax.distill.importance import taylor_scores
-
     batches = scoring_batches(sentences_fn(etd_config.num_sentences), tokenizer, max_len, etd_config.seed)
     indices = top_indices(taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency)
   else:

@@ -1,4 +1,14 @@
-"""Distillation objectives: MiniLM (the default) and the baselines the papers compare it with.
+"""Distillation objectives: a registry of pure functions, MiniLM (the default) and the baselines the
+papers compare it with.
+
+An objective is a function `terms = fn(objective, teacher, student, batch, projection)` of the two
+models' `Outputs` (their layers' LayerOutputs, and masked-LM logits when it asks for them), the
+batch (`attention_mask`, and `mlm_weights` on BERT-masked inputs) and the student's learned maps
+to the teacher's width, returning its loss terms by name (the loss is their sum). `register`
+adds it under a name, with what it needs: which maps (`projections`), the models' masked-LM heads
+on BERT-masked inputs (`mlm_head`), every layer of both models (`whole_models`) instead of the
+configured pair, or several layer pairs (`layer_pairs`). The trainer reads only those
+declarations (`Objective`): it has no objective-specific code.
 
 - "minilm": relation KLs of one teacher layer and one student layer (`losses.minilm_loss`).
 - "layer_to_layer": the same relation KLs at several layer pairs of TinyBERT's uniform mapping
@@ -22,6 +32,7 @@ and by runs read as teachers; the embedding map is exported as a sentence-transf
 """
 
 import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +40,10 @@ import jax.numpy as jnp
 from minilm_jax import embeddings
 from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import merge_heads
+from minilm_jax.models import layout
+from minilm_jax.models.encoder import Encoder, merge_heads
+from minilm_jax.models.heads import LMHead
 
-OBJECTIVES = ("minilm", "layer_to_layer", "value_mse", "hidden_mse", "tinybert", "mlm_kd", "embedding")
 EMBEDDING_LOSSES = ("mse", "cosine")
 LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 
@@ -93,8 +105,101 @@ def attention_score_mse(teacher, student, mask_BxL):
   return jnp.sum(sq) / (jnp.maximum(jnp.sum(pairs), 1.0) * teacher.q.shape[1])
 
 
+class Outputs(NamedTuple):
+  """What an objective reads of a model: its layers' `LayerOutput`s (as many as the objective needs)
+  and, for objectives that declare `mlm_head`, its masked-LM logits [B, L, vocab]."""
+
+  layers: tuple
+  mlm_logits: Optional[Any] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What a registered objective needs besides both models' layers at its layer pairs."""
+
+  projections: tuple = ()  # learned maps student width -> teacher width, by name (when the widths differ)
+  mlm_head: bool = False  # both models' masked-LM heads, on BERT-masked inputs (`batch["mlm_weights"]`)
+  whole_models: bool = False  # every layer of both models, not just the layer pairs
+  layer_pairs: Optional[Callable] = None  # (loss config, teacher depth, student depth) -> pairs; None: the configured pair
+  embedding_term: bool = False  # the sentence-embedding term is the objective (weight 1 unless set)
+
+
+REGISTRY: dict = {}
+
+
+def register(name: str, **needs):
+  """Decorator: adds `fn(objective, teacher, student, batch, projection) -> terms` as `loss.objective=name`."""
+  def add(fn):
+    REGISTRY[name] = (fn, Needs(**needs))
+    return fn
+
+  return add
+
+
+def _pair(objective):
+  (s, t), = objective.pairs
+  return s, t
+
+
+@register("layer_to_layer", layer_pairs=lambda c, t, s: layer_pairs(t, s, c.layer_map))
+@register("minilm")
+def relation_kls(objective, teacher, student, batch, projection) -> dict:
+  """The relation KLs at every layer pair (MiniLM: one pair; layer-to-layer: `@<student layer>` each)."""
+  terms = {}
+  for s, t in objective.pairs:
+    pair = losses.minilm_loss(teacher.layers[t], student.layers[s], batch["attention_mask"], objective.relations,
+                              objective.num_relation_heads, objective.query_chunk)
+    suffix = "" if len(objective.pairs) == 1 else f"@{s}"
+    terms.update({f"{k}{suffix}": v for k, v in pair.items()})
+  return terms
+
+
+def _attention_kl(objective, teacher_layer, student_layer, mask_BxL) -> dict:
+  return losses.minilm_loss(teacher_layer, student_layer, mask_BxL, ("qk",), objective.num_relation_heads,
+                            objective.query_chunk)
+
+
+@register("value_mse", projections=("value",))
+def value_mse(objective, teacher, student, batch, projection) -> dict:
+  s, t = _pair(objective)
+  mask = batch["attention_mask"]
+  value = masked_mse(objective.project(projection, "value", merge_heads(student.layers[s].v)),
+                     merge_heads(teacher.layers[t].v), mask)
+  return {**_attention_kl(objective, teacher.layers[t], student.layers[s], mask), "value_mse": value}
+
+
+@register("hidden_mse", projections=("hidden",))
+def hidden_mse(objective, teacher, student, batch, projection) -> dict:
+  s, t = _pair(objective)
+  mask = batch["attention_mask"]
+  hidden = masked_mse(objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask)
+  return {**_attention_kl(objective, teacher.layers[t], student.layers[s], mask), "hidden_mse": hidden}
+
+
+@register("tinybert", projections=("hidden",))
+def tinybert(objective, teacher, student, batch, projection) -> dict:
+  s, t = _pair(objective)
+  mask = batch["attention_mask"]
+  return {"attention_mse": attention_score_mse(teacher.layers[t], student.layers[s], mask),
+          "hidden_mse": masked_mse(objective.project(projection, "hidden", student.layers[s].hidden),
+                                   teacher.layers[t].hidden, mask)}
+
+
+@register("mlm_kd", mlm_head=True, whole_models=True)
+def mlm_kd(objective, teacher, student, batch, projection) -> dict:
+  return {"mlm_kd": soft_label_kl(teacher.mlm_logits, student.mlm_logits, batch["mlm_weights"])}
+
+
+@register("embedding", whole_models=True, embedding_term=True)
+def embedding(objective, teacher, student, batch, projection) -> dict:
+  return {}  # the sentence-embedding term, which `Objective` adds to any objective, is the whole loss
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
+  """A registered objective with its settings: the loss terms of the models' `Outputs`, plus what the
+  trainer must run and learn for it."""
+
   name: str
   pairs: tuple  # (student layer, teacher layer) the loss reads
   relations: tuple
@@ -107,92 +212,111 @@ class Objective:
   embedding_weight: float = 0.0  # > 0: the sentence-embedding term, times this weight
   embedding_loss: str = "mse"
   pooling: embeddings.Pooling = embeddings.Pooling()
+  masking: tuple = ()  # (special token ids, [MASK] id) for objectives on BERT-masked inputs
 
   @property
-  def uses_embeddings(self) -> bool:
-    return self.embedding_weight > 0
+  def needs(self) -> Needs:
+    return REGISTRY[self.name][1]
+
+  @property
+  def whole_models(self) -> bool:
+    return self.needs.whole_models or self.embedding_weight > 0
 
   @property
   def teacher_layers_needed(self) -> int:
-    return self.teacher_depth if self.uses_embeddings else max(t for _, t in self.pairs) + 1
+    return self.teacher_depth if self.whole_models else max(t for _, t in self.pairs) + 1
 
   @property
   def student_layers_needed(self) -> int:
-    return self.student_depth if self.uses_embeddings else max(s for s, _ in self.pairs) + 1
+    return self.student_depth if self.whole_models else max(s for s, _ in self.pairs) + 1
 
   def projection_shapes(self) -> dict:
     """Learned maps from the student's width to the teacher's, for the MSE objectives and the embeddings."""
     if self.student_width == self.teacher_width:
       return {}
-    shape = (self.student_width, self.teacher_width)
-    target = {"value_mse": "value", "hidden_mse": "hidden", "tinybert": "hidden"}.get(self.name)
-    return {**({target: shape} if target else {}), **({"embedding": shape} if self.uses_embeddings else {})}
+    names = self.needs.projections + (("embedding",) if self.embedding_weight > 0 else ())
+    return {name: (self.student_width, self.teacher_width) for name in names}
 
-  @property
-  def soft_labels(self) -> bool:
-    return self.name == "mlm_kd"
-
-  def init_projection(self, rng):
+  def init_learned(self, rng, student_config) -> dict:
+    """What the student learns besides its encoder, by parameter-tree key: "projection" (the maps to
+    the teacher's width) and "mlm_head" (a masked-LM head tied to its word embeddings)."""
+    learned = {}
     shapes = self.projection_shapes()
-    keys = jax.random.split(rng, max(len(shapes), 1))
-    return {name: {"kernel": jax.random.normal(k, shape) * shape[0] ** -0.5} for k, (name, shape) in zip(keys, shapes.items())}
+    if shapes:
+      keys = jax.random.split(jax.random.fold_in(rng, 1), len(shapes))
+      learned["projection"] = {name: {"kernel": jax.random.normal(k, shape) * shape[0] ** -0.5}
+                               for k, (name, shape) in zip(keys, shapes.items())}
+    if self.needs.mlm_head:
+      hidden = jnp.zeros((1, student_config.hidden_size))
+      embedding = jnp.zeros((student_config.vocab_size, student_config.hidden_size))
+      learned["mlm_head"] = LMHead(student_config).init(jax.random.fold_in(rng, 2), hidden, embedding)["params"]
+    return learned
 
-  def _project(self, projection, name, x_BxLxD):
+  def project(self, projection, name, x_BxLxD):
     return x_BxLxD @ projection[name]["kernel"] if name in projection else x_BxLxD
 
-  def __call__(self, teacher_layers, student_layers, mask_BxL, projection) -> dict:
-    """Loss terms by name; the loss is their sum. `*_layers` are the encoders' LayerOutputs."""
-    teacher_layers = jax.lax.stop_gradient(teacher_layers)
-    terms = {} if self.name == "embedding" else self._relation_terms(teacher_layers, student_layers, mask_BxL, projection)
-    if self.uses_embeddings:
-      teacher = embeddings.sentence_embeddings(teacher_layers[-1].hidden, mask_BxL, self.pooling)
-      kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
-      student = embeddings.sentence_embeddings(student_layers[-1].hidden, mask_BxL, self.pooling, kernel)
-      terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * embeddings.embedding_loss(
-          student, teacher, self.embedding_loss)
-    return terms
+  def inputs(self, rng, batch: dict, vocab_size: int) -> dict:
+    """The batch both models read: BERT-masked (with `mlm_weights`) for objectives on masked-LM heads."""
+    if not self.needs.mlm_head:
+      return batch
+    ids, weights = mlm_mask(rng, batch["input_ids"], batch["attention_mask"], self.masking[0], self.masking[1],
+                            vocab_size)
+    return {**batch, "input_ids": ids, "mlm_weights": weights}
 
-  def _relation_terms(self, teacher_layers, student_layers, mask_BxL, projection) -> dict:
-    if self.name in ("minilm", "layer_to_layer"):
-      terms = {}
-      for s, t in self.pairs:
-        pair = losses.minilm_loss(teacher_layers[t], student_layers[s], mask_BxL, self.relations,
-                                  self.num_relation_heads, self.query_chunk)
-        suffix = "" if len(self.pairs) == 1 else f"@{s}"
-        terms.update({f"{k}{suffix}": v for k, v in pair.items()})
-      return terms
-    (s, t), = self.pairs
-    teacher, student = teacher_layers[t], student_layers[s]
-    if self.name == "tinybert":
-      return {"attention_mse": attention_score_mse(teacher, student, mask_BxL),
-              "hidden_mse": masked_mse(self._project(projection, "hidden", student.hidden), teacher.hidden, mask_BxL)}
-    attention = losses.minilm_loss(teacher, student, mask_BxL, ("qk",), self.num_relation_heads, self.query_chunk)
-    if self.name == "value_mse":
-      value = masked_mse(self._project(projection, "value", merge_heads(student.v)), merge_heads(teacher.v), mask_BxL)
-      return {**attention, "value_mse": value}
-    return {**attention, "hidden_mse": masked_mse(self._project(projection, "hidden", student.hidden), teacher.hidden, mask_BxL)}
+  def outputs(self, model: Encoder, params, batch: dict, num_layers: int, deterministic=True, rngs=None) -> Outputs:
+    """What this objective reads of `model` (the teacher or the student) on `batch`. `params` are the
+    encoder's, with the masked-LM head's under "mlm_head" when the objective runs it."""
+    out = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                      deterministic=deterministic, rngs=rngs, num_layers=num_layers)
+    logits = None
+    if self.needs.mlm_head:
+      logits = LMHead(model.config).apply({"params": params["mlm_head"]}, out.last_hidden_state,
+                                          layout.word_embeddings(params))
+    return Outputs(out.layers, logits)
+
+  def student_terms(self, student: Encoder, params, teacher: Outputs, batch: dict, deterministic=True, rngs=None) -> dict:
+    """The loss terms of student `params` (its encoder's, plus what it learns besides) against the
+    teacher's outputs: what the train step differentiates."""
+    student_out = self.outputs(student, params, batch, self.student_layers_needed, deterministic, rngs)
+    return self(teacher, student_out, batch, params.get("projection", {}))
+
+  def __call__(self, teacher: Outputs, student: Outputs, batch: dict, projection) -> dict:
+    """Loss terms by name; the loss is their sum."""
+    teacher = jax.lax.stop_gradient(teacher)
+    terms = REGISTRY[self.name][0](self, teacher, student, batch, projection)
+    if self.embedding_weight > 0:
+      mask = batch["attention_mask"]
+      t_embedding = embeddings.sentence_embeddings(teacher.layers[-1].hidden, mask, self.pooling)
+      kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
+      s_embedding = embeddings.sentence_embeddings(student.layers[-1].hidden, mask, self.pooling, kernel)
+      terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * embeddings.embedding_loss(
+          s_embedding, t_embedding, self.embedding_loss)
+    return terms
 
 
 def make_objective(loss_config, teacher_config, student_config, teacher_layer: int, student_layer: int,
-                   pooling: embeddings.Pooling = embeddings.Pooling()) -> Objective:
-  """The config's objective; `pooling` is the teacher's sentence-embedding pipeline."""
+                   pooling: embeddings.Pooling = embeddings.Pooling(), masking: tuple = ()) -> Objective:
+  """The config's objective; `pooling` is the teacher's sentence-embedding pipeline, `masking` the
+  tokenizer's (special ids, [MASK] id) for objectives on BERT-masked inputs."""
   name = loss_config.objective
-  if name not in OBJECTIVES:
-    raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(OBJECTIVES)}")
+  if name not in REGISTRY:
+    raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(REGISTRY)}")
+  needs = REGISTRY[name][1]
   weight = loss_config.embedding_weight
-  if name == "embedding" and weight == 0:  # the term alone: its weight only scales the learning rate
+  if needs.embedding_term and weight == 0:  # the term alone: its weight only scales the learning rate
     weight = 1.0
   if loss_config.embedding_loss not in EMBEDDING_LOSSES:
     raise UserError(f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
-  if weight > 0 and name == "mlm_kd":
-    raise UserError("loss.embedding_weight > 0 with loss.objective=mlm_kd: the soft-label objective runs the masked-LM "
+  if weight > 0 and needs.mlm_head:
+    raise UserError(f"loss.embedding_weight > 0 with loss.objective={name}: the soft-label objective runs the masked-LM "
                     "heads, not the encoders' last layers; add the embedding term to a relation objective instead")
-  if name == "layer_to_layer":
-    pairs = layer_pairs(teacher_config.num_layers, student_config.num_layers, loss_config.layer_map)
+  if needs.layer_pairs:
+    pairs = needs.layer_pairs(loss_config, teacher_config.num_layers, student_config.num_layers)
   else:
     pairs = [(student_layer, teacher_layer)]
   return Objective(name=name, pairs=tuple(pairs), relations=losses.parse_relations(loss_config.relations),
                    num_relation_heads=loss_config.num_relation_heads, query_chunk=loss_config.query_chunk,
                    teacher_width=teacher_config.hidden_size, student_width=student_config.hidden_size,
                    teacher_depth=teacher_config.num_layers, student_depth=student_config.num_layers,
-                   embedding_weight=weight, embedding_loss=loss_config.embedding_loss, pooling=pooling)
+                   embedding_weight=weight, embedding_loss=loss_config.embedding_loss, pooling=pooling,
+                   masking=masking if needs.mlm_head else ())

@@ -20,13 +20,11 @@ from minilm_jax import checkpoint, embeddings, parallel, runs
 from minilm_jax.data.corpus import BatchStream, first_sentences
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import etd, losses
-from minilm_jax.distill import objectives as objective_lib
 from minilm_jax.distill.objectives import make_objective
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.models.heads import MaskedLM
 from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
                                      make_optimizer)
 
@@ -52,51 +50,31 @@ def resolve_layer(index: int, num_layers: int, what: str) -> int:
 
 def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   """A fresh train state: the given student parameters (ETD), or random ones, plus what the objective
-  learns besides (maps to the teacher's width, or an MLM head for soft-label distillation)."""
+  learns besides (`Objective.init_learned`: maps to the teacher's width, a masked-LM head)."""
   params = init_params(student.config, rng) if params is None else params
-  projection = objective.init_projection(jax.random.fold_in(rng, 1))
-  if projection:
-    params = {**params, "projection": projection}
-  if objective.soft_labels:
-    ids = jnp.zeros((1, 8), jnp.int32)
-    head = MaskedLM(student.config).init(jax.random.fold_in(rng, 2), ids, jnp.ones_like(ids))["params"]
-    params = {**params, "mlm_head": {k: v for k, v in head.items() if k != "encoder"}}
+  params = {**params, **objective.init_learned(rng, student.config)}
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, mlm=None,
-                    accumulate_steps: int = 1):
+def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, accumulate_steps: int = 1):
   """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated.
-  For soft-label distillation `teacher_params` is {"encoder": ..., <MLM head>} and `mlm` holds the
-  tokenizer's (special_ids, mask_id). With `accumulate_steps` K each device's batch runs as K
-  micro-batches (teacher included) whose gradients are averaged before the one update.
-  `metrics["skipped"]` is 1 where a non-finite loss or update was not applied (`guarded_update`)."""
+  `teacher_params` are the encoder's, with its masked-LM head under "mlm_head" when the objective
+  runs it. With `accumulate_steps` K each device's batch runs as K micro-batches (teacher included)
+  whose gradients are averaged before the one update. `metrics["skipped"]` is 1 where a non-finite
+  loss or update was not applied (`guarded_update`)."""
 
   def per_device(state, batch, teacher_params, rng):
     step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
 
     def value_and_grad(params, micro_batch, index):
-      ids, mask, types = micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["token_type_ids"]
       micro_rng = step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)
-      dropout_rng, mask_rng = jax.random.split(micro_rng)
-      if objective.soft_labels:
-        ids, weights = objective_lib.mlm_mask(mask_rng, ids, mask, mlm[0], mlm[1], teacher.config.vocab_size)
-        t_logits = MaskedLM(teacher.config).apply({"params": teacher_params}, ids, mask, types)
-      else:
-        # The teacher runs only up to the deepest layer the loss reads, deterministically.
-        t_out = teacher.apply({"params": teacher_params}, ids, mask, types, num_layers=objective.teacher_layers_needed)
+      dropout_rng, inputs_rng = jax.random.split(micro_rng)
+      inputs = objective.inputs(inputs_rng, micro_batch, teacher.config.vocab_size)
+      # The teacher runs only up to the deepest layer the loss reads, deterministically.
+      teacher_out = objective.outputs(teacher, teacher_params, inputs, objective.teacher_layers_needed)
 
       def loss_fn(params):
-        rngs = {"dropout": dropout_rng}
-        if objective.soft_labels:
-          encoder = {k: v for k, v in params.items() if k != "mlm_head"}
-          s_logits = MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids, mask,
-                                                    types, deterministic=False, rngs=rngs)
-          terms = {"mlm_kd": objective_lib.soft_label_kl(jax.lax.stop_gradient(t_logits), s_logits, weights)}
-        else:
-          s_out = student.apply({"params": params}, ids, mask, types, deterministic=False, rngs=rngs,
-                                num_layers=objective.student_layers_needed)
-          terms = objective(t_out.layers, s_out.layers, mask, params.get("projection", {}))
+        terms = objective.student_terms(student, params, teacher_out, inputs, False, {"dropout": dropout_rng})
         return sum(terms.values()), terms
 
       return jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -130,23 +108,23 @@ class Distillation:
                                 self.student.config.hidden_size)
     self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
     self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
-    self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
-                                    self.student_layer, self._teacher_pooling(config))
     if config.data.max_seq_length > self.teacher.config.max_position_embeddings:
       raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the teacher's "
                       f"{self.teacher.config.max_position_embeddings} positions: lower it")
+    masking = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
+    self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
+                                    self.student_layer, self._teacher_pooling(config), masking)
     self.mesh = mesh or parallel.make_mesh()
     parallel.check_batch_divides(config.batch_size, self.mesh)
     # The teacher's MLM head costs a second read of its weights: only ETD-Impt and soft labels use it.
-    uses_mlm_head = self.objective.soft_labels or (config.student.init == "etd" and config.etd.method == "impt")
+    uses_mlm_head = self.objective.needs.mlm_head or (config.student.init == "etd" and config.etd.method == "impt")
     mlm_head = runs.load_mlm_head(config.teacher.path, teacher_config) if uses_mlm_head else None
-    mlm = None
-    if self.objective.soft_labels:
+    if self.objective.needs.mlm_head:
       if mlm_head is None:
-        raise UserError("loss.objective=mlm_kd needs the teacher's masked-LM head, and this teacher has none: use a "
-                        "checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
-      mlm = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
-    step_teacher = {"encoder": teacher_params, **mlm_head} if self.objective.soft_labels else teacher_params
+        raise UserError(f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+                        f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
+    # The step's teacher: the encoder, with its masked-LM head under "mlm_head" when the objective runs it.
+    step_teacher = {**teacher_params, "mlm_head": mlm_head} if self.objective.needs.mlm_head else teacher_params
     self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
     blocks, collate = corpus_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
     self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
@@ -154,7 +132,7 @@ class Distillation:
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
     accumulate = config.optimizer.accumulate_steps
     check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, mlm,
+    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh,
                                       accumulate)
     # Parameters this objective leaves as initialised (an export names them): traced, not computed.
     abstract = jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))

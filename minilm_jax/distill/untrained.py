@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core
 
-from minilm_jax.models.heads import MaskedLM
 
 
 def _inner(eqn):
@@ -48,25 +47,16 @@ def untrained_parameters(loss_fn, params, *inputs) -> list:
 
 
 def untrained_student_parameters(teacher, student, objective, teacher_params, student_params) -> list:
-  """The student parameters `objective` never trains, traced on one abstract sequence of 8 tokens.
-  (Soft labels: whatever the student's masked-LM logits do not depend on.)"""
+  """The student parameters `objective` never trains, traced on one abstract sequence of 8 tokens
+  through the train step's own loss (`Objective.student_terms`)."""
   ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  if objective.soft_labels:
-    def logits(params, ids):
-      encoder = {k: v for k, v in params.items() if k != "mlm_head"}
-      return jnp.sum(MaskedLM(student.config).apply({"params": {"encoder": encoder, **params["mlm_head"]}}, ids,
-                                                    jnp.ones_like(ids), jnp.zeros_like(ids)))
+  batch = {"input_ids": ids, "attention_mask": ids, "token_type_ids": ids,
+           **({"mlm_weights": jax.ShapeDtypeStruct((1, 8), jnp.float32)} if objective.needs.mlm_head else {})}
 
-    return untrained_parameters(logits, student_params, ids)
+  def teacher_outputs(params, batch):
+    return objective.outputs(teacher, params, batch, objective.teacher_layers_needed)
 
-  def teacher_layers(params, ids):
-    return teacher.apply({"params": params}, ids, jnp.ones_like(ids), jnp.zeros_like(ids),
-                         num_layers=objective.teacher_layers_needed).layers
+  def loss(params, teacher_out, batch):
+    return sum(objective.student_terms(student, params, teacher_out, batch).values())
 
-  def loss(params, t_layers, ids):
-    mask = jnp.ones_like(ids)
-    s_layers = student.apply({"params": params}, ids, mask, jnp.zeros_like(ids),
-                             num_layers=objective.student_layers_needed).layers
-    return sum(objective(t_layers, s_layers, mask, params.get("projection", {})).values())
-
-  return untrained_parameters(loss, student_params, jax.eval_shape(teacher_layers, teacher_params, ids), ids)
+  return untrained_parameters(loss, student_params, jax.eval_shape(teacher_outputs, teacher_params, batch), batch)

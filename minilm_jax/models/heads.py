@@ -5,27 +5,45 @@ BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 import flax.linen as nn
 import jax.numpy as jnp
 
+from minilm_jax.models import layout
 from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache
 
 CLASSIFICATION, SPAN, SEQ2SEQ = "classification", "span", "seq2seq"
 
 
-class MaskedLM(nn.Module):
-  """The encoder with BERT's masked-LM head (transformers' `cls.predictions`): dense -> GELU ->
-  LayerNorm -> scores against the tied word embeddings + a bias. Logits [batch, length, vocab], float32."""
+class LMHead(nn.Module):
+  """BERT's masked-LM head (transformers' `cls.predictions`): dense -> activation -> LayerNorm ->
+  scores against the tied word embeddings + a bias. Logits [..., vocab], float32. Task models
+  share their scope with it (`nn.share_scope`), so its parameters sit beside "encoder" under
+  transformers' names; distillation keeps a student's under "mlm_head"."""
 
   config: EncoderConfig
 
-  @nn.compact
-  def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+  def setup(self):
     c = self.config
-    out = Encoder(c, name="encoder")(input_ids, attention_mask, token_type_ids, deterministic)
-    h = nn.Dense(c.hidden_size, param_dtype=jnp.float32, name="transform")(out.last_hidden_state)
-    h = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False, name="transform_LayerNorm")(
-        nn.gelu(h, approximate=False))
-    embedding = self.variables["params"]["encoder"]["embeddings"]["word_embeddings"]["embedding"]
-    bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
-    return (h.astype(jnp.float32) @ embedding.T + bias).astype(jnp.float32)
+    self.transform = nn.Dense(c.hidden_size, param_dtype=jnp.float32,
+                              kernel_init=nn.initializers.normal(c.initializer_range))
+    self.transform_LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False)
+    self.bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
+
+  def __call__(self, hidden, word_embeddings):
+    h = ACTIVATIONS[self.config.hidden_act](self.transform(hidden.astype(jnp.float32)))
+    return (self.transform_LayerNorm(h) @ word_embeddings.T + self.bias).astype(jnp.float32)
+
+
+class MaskedLM(nn.Module):
+  """The encoder with BERT's masked-LM head: logits [batch, length, vocab], float32."""
+
+  config: EncoderConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.config)
+    self.head = LMHead(self.config)
+    nn.share_scope(self, self.head)
+
+  def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
+    out = self.encoder(input_ids, attention_mask, token_type_ids, deterministic)
+    return self.head(out.last_hidden_state, layout.word_embeddings(self.encoder.variables["params"]))
 
 
 class SequenceClassifier(nn.Module):
@@ -91,17 +109,12 @@ class Seq2SeqLM(nn.Module):
   target_length: int
 
   def setup(self):
-    c = self.config
-    init = nn.initializers.normal(c.initializer_range)
-    self.encoder = Encoder(c)
-    self.transform = nn.Dense(c.hidden_size, param_dtype=jnp.float32, kernel_init=init)
-    self.transform_LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False)
-    self.bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
+    self.encoder = Encoder(self.config)
+    self.head = LMHead(self.config)
+    nn.share_scope(self, self.head)
 
   def _logits(self, hidden):
-    h = self.transform_LayerNorm(ACTIVATIONS[self.config.hidden_act](self.transform(hidden.astype(jnp.float32))))
-    embedding = self.encoder.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
-    return h @ embedding.T + self.bias
+    return self.head(hidden, layout.word_embeddings(self.encoder.variables["params"]))
 
   def _target_segment(self, like):
     """Segment 1 for target tokens; a model with one segment embedding (RoBERTa) uses 0."""
@@ -115,7 +128,7 @@ class Seq2SeqLM(nn.Module):
     slots = jnp.concatenate([source_last[:, None], source_length + jnp.broadcast_to(
         jnp.arange(self.target_length), (input_ids.shape[0], self.target_length))], axis=1)
     hidden = jnp.take_along_axis(out.last_hidden_state, slots[:, :, None], axis=1)
-    return self._logits(hidden).astype(jnp.float32)
+    return self._logits(hidden)
 
   def encode_source(self, source_ids, source_mask, source_types):
     """(logits [B, vocab] of the first target token, every layer's keys and values [B, heads,
@@ -127,7 +140,7 @@ class Seq2SeqLM(nn.Module):
     values = tuple(jnp.pad(layer.v, room) for layer in out.layers)
     source_last = source_mask.sum(axis=1) - 1
     hidden = jnp.take_along_axis(out.last_hidden_state, source_last[:, None, None], axis=1)[:, 0]
-    return self._logits(hidden).astype(jnp.float32), keys, values
+    return self._logits(hidden), keys, values
 
   def decode_step(self, tokens_N, keys, values, source_mask, step):
     """Feeds target token `step` (0-based) of each sequence: (logits [N, vocab] of the token after
@@ -141,7 +154,7 @@ class Seq2SeqLM(nn.Module):
     out = self.encoder(tokens, key_mask[:, None, :], self._target_segment(tokens), position_ids_BxL=positions,
                        cache=cache)
     keys, values = tuple(layer.k for layer in out.layers), tuple(layer.v for layer in out.layers)
-    return self._logits(out.last_hidden_state[:, 0]).astype(jnp.float32), keys, values
+    return self._logits(out.last_hidden_state[:, 0]), keys, values
 
 
 def task_model(config: EncoderConfig, head: dict) -> nn.Module:

@@ -1,0 +1,111 @@
+"""The encoder's parameter layout: one table that every part handling parameters by name reads.
+
+A row names one parameter of `Encoder` (`{i}`: the layer index) and says, for each reader:
+- `hf_name`, `linear`: the Hugging Face tensor it converts to (`minilm_jax.hf`); a linear kernel
+  is stored [in, out] here and [out, in] in PyTorch.
+- `shard`: how tensor parallelism splits it over the mesh's `model` axis (`minilm_jax.parallel`),
+  Megatron-style: "column" splits the last axis (Q/K/V and the first feed-forward matrix, by
+  output), "row" the first (the attention output and second feed-forward matrix, by input; the
+  word embeddings, by vocabulary); None keeps it whole.
+- `etd_axes`: the index set that ETD's width extraction keeps along each axis (`distill.etd`):
+  "hidden" (the layer's hidden dimensions), "heads" (the kept dimensions of every head, as Q/K/V
+  columns), "ffn" (intermediate units), "input_hidden" / "output_hidden" (the hidden dimensions
+  of the first / last kept layer, for the embeddings and the pooler), None (kept whole).
+
+A new encoder architecture adds its module and its rows here; conversion, sharding rules and ETD
+follow from the table.
+"""
+
+import dataclasses
+import re
+from typing import Optional
+
+LAYER = "layer_{i}"  # the name of Transformer layer i in the encoder's parameter tree
+EMBEDDINGS, POOLER = "embeddings", "pooler"
+WORD_EMBEDDINGS = ("embeddings", "word_embeddings", "embedding")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+  path: str
+  hf_name: str
+  linear: bool = False
+  shard: Optional[str] = None
+  etd_axes: tuple = ("hidden",)
+
+  @property
+  def per_layer(self) -> bool:
+    return "{i}" in self.path
+
+
+def _layer(path, hf_name, linear=False, shard=None, etd_axes=("hidden",)):
+  return Param(f"{LAYER}/{path}", f"encoder.layer.{{i}}.{hf_name}", linear, shard, etd_axes)
+
+
+ENCODER = (
+    Param("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight", shard="row",
+          etd_axes=(None, "input_hidden")),
+    Param("embeddings/position_embeddings/embedding", "embeddings.position_embeddings.weight",
+          etd_axes=(None, "input_hidden")),
+    Param("embeddings/token_type_embeddings/embedding", "embeddings.token_type_embeddings.weight",
+          etd_axes=(None, "input_hidden")),
+    Param("embeddings/LayerNorm/scale", "embeddings.LayerNorm.weight", etd_axes=("input_hidden",)),
+    Param("embeddings/LayerNorm/bias", "embeddings.LayerNorm.bias", etd_axes=("input_hidden",)),
+    *(entry for proj in ("query", "key", "value") for entry in (
+        _layer(f"attention/{proj}/kernel", f"attention.self.{proj}.weight", True, "column", ("hidden", "heads")),
+        _layer(f"attention/{proj}/bias", f"attention.self.{proj}.bias", shard="column", etd_axes=("heads",)))),
+    _layer("attention/output/kernel", "attention.output.dense.weight", True, "row", ("heads", "hidden")),
+    _layer("attention/output/bias", "attention.output.dense.bias"),
+    _layer("attention/LayerNorm/scale", "attention.output.LayerNorm.weight"),
+    _layer("attention/LayerNorm/bias", "attention.output.LayerNorm.bias"),
+    _layer("intermediate/kernel", "intermediate.dense.weight", True, "column", ("hidden", "ffn")),
+    _layer("intermediate/bias", "intermediate.dense.bias", shard="column", etd_axes=("ffn",)),
+    _layer("output/kernel", "output.dense.weight", True, "row", ("ffn", "hidden")),
+    _layer("output/bias", "output.dense.bias"),
+    _layer("output_LayerNorm/scale", "output.LayerNorm.weight"),
+    _layer("output_LayerNorm/bias", "output.LayerNorm.bias"),
+    Param("pooler/kernel", "pooler.dense.weight", linear=True, etd_axes=("output_hidden", "output_hidden")),
+    Param("pooler/bias", "pooler.dense.bias", etd_axes=("output_hidden",)),
+)
+_BY_PATH = {p.path: p for p in ENCODER}
+_LAYER_INDEX = re.compile(r"layer_\d+")
+
+
+def layer_name(i: int) -> str:
+  return LAYER.format(i=i)
+
+
+def num_layers(encoder_params: dict) -> int:
+  return sum(1 for name in encoder_params if _LAYER_INDEX.fullmatch(name))
+
+
+def first_layers(encoder_params: dict, n: int) -> dict:
+  """The embeddings, the first `n` layers and the pooler of an encoder's parameters."""
+  keep = {EMBEDDINGS, POOLER, *(layer_name(i) for i in range(n))}
+  return {k: v for k, v in encoder_params.items() if k in keep}
+
+
+def word_embeddings(encoder_params: dict):
+  """The [vocab, hidden] word-embedding matrix (the tied output layer of a masked-LM head)."""
+  x = encoder_params
+  for key in WORD_EMBEDDINGS:
+    x = x[key]
+  return x
+
+
+def named_params(num_layers: int):
+  """Yields (our path, Hugging Face name, row) for every parameter of a `num_layers` encoder."""
+  for p in ENCODER:
+    for i in range(num_layers) if p.per_layer else (0,):
+      yield p.path.format(i=i), p.hf_name.format(i=i), p
+
+
+def find(path: str) -> Optional[Param]:
+  """The row of a parameter anywhere in a tree ("params/encoder/layer_3/attention/query/kernel",
+  an optimizer moment of it, a multi-task body's ...), or None for what is not the encoder's."""
+  parts = _LAYER_INDEX.sub(LAYER, path).split("/")
+  for start in range(len(parts)):
+    row = _BY_PATH.get("/".join(parts[start:]))
+    if row is not None:
+      return row
+  return None
