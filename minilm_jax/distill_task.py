@@ -11,7 +11,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.program import run_program
-from minilm_jax.tasks.distillation import TaskDistillation
+from minilm_jax.distill.task_specific import TaskDistillation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Task distillation config (configs/task/*.py).",
                                           lock_config=True)

@@ -12,11 +12,12 @@ by one protocol (WordNet retrieval, STS): `<out>/embeddings.json`.
 
 from absl import flags
 
+from minilm_jax import parallel
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError
 from minilm_jax.program import run_program
-from minilm_jax.tasks.embedding_eval import evaluate_embeddings
-from minilm_jax.tasks.evaluation import evaluate_runs
+from minilm_jax.finetuning.embedding_eval import evaluate_embeddings
+from minilm_jax.finetuning.evaluation import evaluate_runs
 
 _RUNS = flags.DEFINE_list("runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.")
 _EMBEDDINGS = flags.DEFINE_list("embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose "
@@ -37,8 +38,6 @@ def main(argv):
   if bool(_RUNS.value) == bool(_EMBEDDINGS.value) or not _OUT.value:
     raise UserError("name the runs, or the models whose embeddings to evaluate, and an output folder: "
                     "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>")
-  from minilm_jax import parallel
-
   if _EMBEDDINGS.value:
     rows = evaluate_embeddings(_EMBEDDINGS.value, _OUT.value, _STS.value, _WORDNET_DIR.value, _BATCH.value,
                                _MAX_LEN.value, parallel.make_mesh(-1, 1))

@@ -14,9 +14,9 @@ from ml_collections import config_flags
 
 from minilm_jax.errors import UserError
 from minilm_jax.program import run_program
-from minilm_jax.tasks.finetuning import FineTuning
-from minilm_jax.tasks.grid import run_grid
-from minilm_jax.tasks.multitask import MultiTaskFineTuning
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.grid import run_grid
+from minilm_jax.finetuning.multitask import MultiTaskFineTuning
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (configs/finetune/*.py).",
                                           lock_config=True)

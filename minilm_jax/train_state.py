@@ -1,6 +1,6 @@
-"""The train state, optimizer and update shared by distillation and fine-tuning: gradient
-accumulation over micro-batches, and an update that is skipped, on the device, when it would make
-the state non-finite."""
+"""The train state, optimizer and update shared by distillation and fine-tuning: a run's state
+restored or initialised (`restore_or_init`), gradient accumulation over micro-batches, and an
+update that is skipped, on the device, when it would make the state non-finite."""
 
 import flax.struct
 import jax
@@ -17,6 +17,22 @@ class TrainState:
   step: jax.Array
   params: dict
   opt_state: optax.OptState
+
+  @classmethod
+  def fresh(cls, params, tx) -> "TrainState":
+    """Step 0 of `params` under optimizer `tx`."""
+    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def restore_or_init(checkpoints, init_fn, args: tuple, shardings):
+  """(train state, index of the next batch) of a run: its latest checkpoint, restored onto the
+  shardings `init_fn`'s state would have, or `init_fn(*args)` placed by `shardings` at batch 0.
+  Restoring first means a failed restore leaves the workdir as it was."""
+  init = jax.jit(init_fn, out_shardings=shardings)
+  if checkpoints.latest_step() is None:
+    return init(*args), 0
+  state, data, _ = checkpoints.restore(jax.eval_shape(init, *args))
+  return state, data["next_batch"]
 
 
 def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:

@@ -20,7 +20,7 @@ from minilm_jax.distill.trainer import Distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.tasks import embedding_eval
+from minilm_jax.finetuning import embedding_eval
 
 _LAST_LAYER_BUT_QKV = ["layer_1/attention/LayerNorm/bias", "layer_1/attention/LayerNorm/scale",
                        "layer_1/attention/output/bias", "layer_1/attention/output/kernel", "layer_1/intermediate/bias",

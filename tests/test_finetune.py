@@ -17,9 +17,10 @@ from conftest import ROOT, apply_overrides, load_config_module
 from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import task_model
-from minilm_jax.tasks.config import base_config
-from minilm_jax.tasks.evaluation import evaluate_runs
-from minilm_jax.tasks.finetuning import FineTuning, get_task
+from minilm_jax.finetuning.config import base_config
+from minilm_jax.finetuning.evaluation import evaluate_runs
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.tasks import get_task
 
 
 
@@ -220,7 +221,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_path):
-  from minilm_jax.tasks.grid import run_grid
+  from minilm_jax.finetuning.grid import run_grid
 
   config = finetune_config(tiny_teacher, "sst2", sst2_dir)
   config.grid.lrs, config.grid.epochs = (1e-3, 1e-6), (1,)
@@ -235,7 +236,7 @@ def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_
 
 
 def test_grid_with_seeds_reports_mean_and_std_and_picks_by_the_mean(tiny_teacher, sst2_dir, tmp_path):
-  from minilm_jax.tasks.grid import run_grid
+  from minilm_jax.finetuning.grid import run_grid
 
   config = finetune_config(tiny_teacher, "sst2", sst2_dir)
   config.grid.lrs, config.grid.epochs, config.seeds = (1e-3, 1e-4), (1,), 2

@@ -1,5 +1,9 @@
-"""The linter (ruff, configured in ruff.toml) passes on the package, its tests and configs."""
+"""The linter and formatter (ruff, configured in ruff.toml) pass on the package, its tests and
+configs, and the package's import graph is clean."""
 
+import ast
+import glob
+import os
 import subprocess
 import sys
 
@@ -10,3 +14,55 @@ def test_ruff_finds_nothing():
   proc = subprocess.run([sys.executable, "-m", "ruff", "check", "minilm_jax", "tests", "configs"], cwd=ROOT,
                         capture_output=True, text=True)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _imports(path: str, modules) -> tuple:
+  """(module-level imports, imports inside functions) of the package's modules by one source file:
+  `from minilm_jax.x import y` imports module minilm_jax.x.y when there is one, else minilm_jax.x."""
+  top, local = set(), set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      found = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      found = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names]
+    else:
+      continue
+    (top if node.col_offset == 0 else local).update(n for n in found if n.startswith("minilm_jax"))
+  return top, local
+
+
+def _modules() -> dict:
+  """{module name: source path} of the package."""
+  out = {}
+  for path in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True):
+    name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+  return out
+
+
+def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
+  """The package's modules import each other at module level only, in an acyclic graph, and no
+  library module imports a program (a module run with `python -m`, which calls `run_program`)."""
+  modules = _modules()
+  programs = {name for name, path in modules.items() if "run_program(main)" in open(path).read()}
+  graph = {}
+  for name, path in modules.items():
+    top, local = _imports(path, modules)
+    assert not local, f"{name} imports {sorted(local)} inside a function: import at module level"
+    graph[name] = {n for n in top if n in modules and n != name}
+    if name not in programs:
+      assert not graph[name] & programs, f"library module {name} imports the program(s) {sorted(graph[name] & programs)}"
+  state = {}
+
+  def visit(name, trail):
+    if state.get(name) == "done":
+      return
+    assert state.get(name) != "open", f"import cycle: {' -> '.join(trail + [name])}"
+    state[name] = "open"
+    for other in sorted(graph[name]):
+      visit(other, trail + [name])
+    state[name] = "done"
+
+  for name in sorted(graph):
+    visit(name, [])
+  assert len(programs) >= 7 and "minilm_jax.distill.trainer" in graph

@@ -6,7 +6,7 @@ import pytest
 from scipy.special import log_softmax, softmax
 
 from minilm_jax.errors import UserError
-from minilm_jax.tasks import logit_losses
+from minilm_jax.distill import logit_losses
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ _CHECK = """
 import importlib, json, sys
 from absl import flags
 from minilm_jax.loop import check_ranges
-from minilm_jax.tasks.finetuning import get_task
+from minilm_jax.tasks import get_task
 
 importlib.import_module(sys.argv[1])
 for argv in json.loads(sys.argv[2]):

@@ -20,9 +20,10 @@ from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.generation import DecodeSettings, beam_search, generate
 from minilm_jax.models.heads import Seq2SeqLM, real_positions, seq2seq_mask
 from minilm_jax.tasks import generation_metrics
-from minilm_jax.tasks.config import base_config
-from minilm_jax.tasks.evaluation import evaluate_runs
-from minilm_jax.tasks.finetuning import FineTuning, get_task
+from minilm_jax.finetuning.config import base_config
+from minilm_jax.finetuning.evaluation import evaluate_runs
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.tasks import get_task
 
 HAS_WORDNET = all(os.path.isfile(os.path.join("/usr/share/wordnet", f)) for f in ("data.verb", "index.noun", "verb.exc"))
 needs_wordnet = pytest.mark.skipif(not HAS_WORDNET, reason="METEOR needs WordNet 3.0 (apt-get install wordnet-base)")

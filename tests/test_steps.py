@@ -13,7 +13,7 @@ from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.tasks import finetuning
+from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.train_state import TrainState, check_accumulation
 
 TEACHER = EncoderConfig(vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -78,7 +78,7 @@ def _finetune_step(mesh, accumulate_steps):
 
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=SGD.init(params))
   shardings = parallel.tree_shardings(jax.eval_shape(lambda: state), mesh)
-  step = finetuning.make_train_step(loss_of, SGD, lambda s: 0.5, shardings, mesh, accumulate_steps)
+  step = finetuning_steps.make_train_step(loss_of, SGD, lambda s: 0.5, shardings, mesh, accumulate_steps)
   batch = {**_batch(), "target": np.asarray(targets)}
   new_state, metrics = step(jax.device_put(state, shardings), parallel.shard_batch(batch, mesh), jax.random.key(1))
   return jax.device_get(new_state.params), jax.device_get(metrics)

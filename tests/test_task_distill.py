@@ -12,11 +12,12 @@ import pytest
 from conftest import ROOT, WORDNET_EXCERPT, load_config_module
 
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.config import base_config, mkd_config, task_distillation_config
-from minilm_jax.tasks.distillation import TaskDistillation, teacher_logits
-from minilm_jax.tasks.evaluation import evaluate_runs
-from minilm_jax.tasks.finetuning import FineTuning, get_task
-from minilm_jax.tasks.multitask import MultiTaskFineTuning
+from minilm_jax.finetuning.config import base_config, mkd_config, task_distillation_config
+from minilm_jax.distill.task_specific import TaskDistillation, teacher_logits
+from minilm_jax.finetuning.evaluation import evaluate_runs
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.tasks import get_task
+from minilm_jax.finetuning.multitask import MultiTaskFineTuning
 
 TASKS = ("wordnet_supersense", "wordnet_examples")
 
@@ -53,7 +54,7 @@ def refined_teacher(tmp_path_factory, tiny_teacher):
 
 
 def test_per_task_data_folders():
-  from minilm_jax.tasks.multitask import parse_tasks, task_data_dirs
+  from minilm_jax.finetuning.multitask import parse_tasks, task_data_dirs
 
   tasks = parse_tasks(",".join(TASKS))
   assert task_data_dirs(tasks, "a, b") == {TASKS[0]: "a", TASKS[1]: "b"}

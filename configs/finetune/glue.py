@@ -6,7 +6,7 @@
 Max length 128, batch 32; `--grid` tries learning rates {2e-5, 3e-5, 4e-5, 5e-5} x epochs {3, 4, 5}.
 """
 
-from minilm_jax.tasks.config import base_config
+from minilm_jax.finetuning.config import base_config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 set, F1/EM on each language's test set. Max length 512, windows every 128 tokens, batch 32, 3
 epochs, lr from {3e-5, 4e-5, 5e-5, 6e-5}."""
 
-from minilm_jax.tasks.config import squad_config
+from minilm_jax.finetuning.config import squad_config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 sentence" -> the definition), small enough for a CPU: total length 64, output 24, batch 32, lr 3e-4,
 3 epochs, beam 4, length penalty 1.0, repeated bigrams blocked."""
 
-from minilm_jax.tasks.config import base_config
+from minilm_jax.finetuning.config import base_config
 
 
 def get_config():

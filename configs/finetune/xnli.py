@@ -3,7 +3,7 @@
 Train on English MNLI-format data, evaluate on XNLI's dev file: accuracy overall and per language.
 """
 
-from minilm_jax.tasks.config import base_config
+from minilm_jax.finetuning.config import base_config
 
 
 def get_config():

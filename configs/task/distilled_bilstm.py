@@ -10,7 +10,7 @@ AdaDelta (lr 1.0, rho 0.95), batch 50; BiLSTM 150 units, Dense+ReLU 200. Sentenc
 `--config.objective=hard` (gold labels, no augmentation).
 """
 
-from minilm_jax.tasks.config import task_distillation_config
+from minilm_jax.finetuning.config import task_distillation_config
 
 
 def get_config():

@@ -24,8 +24,9 @@ from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.config import base_config as finetune_config
-from minilm_jax.tasks.finetuning import FineTuning, get_task, selection_metric
+from minilm_jax.finetuning.config import base_config as finetune_config
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.tasks import get_task, selection_metric
 
 BASELINES = ("teacher", "first_layers", "uniform_layers", "random")
 RECIPES = {

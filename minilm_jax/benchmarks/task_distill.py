@@ -17,9 +17,9 @@ are dev accuracy after the last epoch.
 import os
 import tempfile
 
-from minilm_jax.tasks.config import base_config, task_distillation_config
-from minilm_jax.tasks.distillation import TaskDistillation
-from minilm_jax.tasks.finetuning import FineTuning
+from minilm_jax.finetuning.config import base_config, task_distillation_config
+from minilm_jax.distill.task_specific import TaskDistillation
+from minilm_jax.finetuning.run import FineTuning
 
 TASK = "wordnet_supersense"
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from minilm_jax.models import layout
 from minilm_jax.models.heads import MaskedLM
 
 MASK_PROB = 0.15
@@ -63,8 +64,8 @@ def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
   for batch in batches:
     scores = jax.device_get(batch_scores({k: jnp.asarray(v) for k, v in batch.items()}))
     total = scores if total is None else jax.tree.map(np.add, total, scores)
-  encoder = total["encoder"]
-  layers = [{"hidden": encoder[f"layer_{i}"]["attention"]["input"],
-             "heads": encoder[f"layer_{i}"]["attention"]["heads"].reshape(config.num_heads, config.head_dim),
-             "ffn": encoder[f"layer_{i}"]["ffn"]} for i in range(config.num_layers)]
+  probes = [total["encoder"][layout.layer_name(i)] for i in range(config.num_layers)]
+  layers = [{"hidden": probe["attention"]["input"],
+             "heads": probe["attention"]["heads"].reshape(config.num_heads, config.head_dim),
+             "ffn": probe["ffn"]} for probe in probes]
   return {"hidden": sum(layer["hidden"] for layer in layers), "layers": layers}

@@ -12,7 +12,6 @@ import os
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
@@ -26,7 +25,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
-                                     make_optimizer)
+                                     make_optimizer, restore_or_init)
 
 
 def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
@@ -52,8 +51,7 @@ def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   """A fresh train state: the given student parameters (ETD), or random ones, plus what the objective
   learns besides (`Objective.init_learned`: maps to the teacher's width, a masked-LM head)."""
   params = init_params(student.config, rng) if params is None else params
-  params = {**params, **objective.init_learned(rng, student.config)}
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  return TrainState.fresh({**params, **objective.init_learned(rng, student.config)}, tx)
 
 
 def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, accumulate_steps: int = 1):
@@ -108,9 +106,7 @@ class Distillation:
                                 self.student.config.hidden_size)
     self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
     self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
-    if config.data.max_seq_length > self.teacher.config.max_position_embeddings:
-      raise UserError(f"data.max_seq_length={config.data.max_seq_length} exceeds the teacher's "
-                      f"{self.teacher.config.max_position_embeddings} positions: lower it")
+    self.teacher.config.check_length(config.data.max_seq_length, "data.max_seq_length", "the teacher")
     masking = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
     self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
                                     self.student_layer, self._teacher_pooling(config), masking)
@@ -167,11 +163,8 @@ class Distillation:
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
-    init = jax.jit(partial(init_state, self.student, self.tx, self.objective), out_shardings=parallel.replicated(self.mesh))
-    if self.checkpoints.latest_step() is None:
-      return init(rng, self.student_params), 0
-    state, data, _ = self.checkpoints.restore(jax.eval_shape(init, rng))
-    return state, data["next_batch"]
+    return restore_or_init(self.checkpoints, partial(init_state, self.student, self.tx, self.objective),
+                           (rng, self.student_params), parallel.replicated(self.mesh))
 
   def meta(self) -> dict:
     return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json()),

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from minilm_jax.errors import UserError
+from minilm_jax.models import layout
 
 # Added to the attention scores of padding keys. Finite on purpose: a row whose keys are all
 # masked then gets a uniform distribution instead of NaN.
@@ -70,6 +71,11 @@ class EncoderConfig:
   def position_offset(self) -> int:
     """RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0."""
     return 0 if self.model_type == "bert" else self.pad_token_id + 1
+
+  def check_length(self, length: int, field: str, model: str = "the model"):
+    """One line when sequences of `length` (the config's `field`) need more positions than `model` has."""
+    if length > self.max_position_embeddings:
+      raise UserError(f"{field}={length} exceeds {model}'s {self.max_position_embeddings} positions: lower it")
 
   def replace(self, **changes) -> "EncoderConfig":
     return dataclasses.replace(self, **changes)
@@ -279,7 +285,7 @@ class Encoder(nn.Module):
     layers = []
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = TransformerLayer(c, name=f"layer_{i}")(x, mask, deterministic, return_attention, layer_cache)
+      out = TransformerLayer(c, name=layout.layer_name(i))(x, mask, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))

@@ -22,10 +22,11 @@ from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, fit
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import KINDS, make_student, refined_teacher
-from minilm_jax.tasks.finetuning import Predictor, get_task, make_train_step
+from minilm_jax.finetuning.steps import Predictor, make_train_step
+from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
-from minilm_jax.tasks.logit_losses import task_loss
-from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer
+from minilm_jax.distill.logit_losses import task_loss
+from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
 SEPARATE_INPUTS = ("input_ids", "attention_mask")
 PAIR_INPUTS = ("input_ids_b", "attention_mask_b")
@@ -123,7 +124,6 @@ class MultiTaskRun:
     self.tx, self.schedule = self._optimizer(self.num_steps)
     abstract = jax.eval_shape(self._init_state, jax.random.key(0))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
-    self.abstract_state = parallel.placed(abstract, self.state_shardings)
     check_accumulation(c.optimizer.accumulate_steps, c.batch_size // self.mesh.shape[parallel.DATA])
     self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
     self.predictors = {t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params,
@@ -135,8 +135,7 @@ class MultiTaskRun:
     return {k: jnp.ones((1, self.config.max_seq_length), jnp.int32) for k in inputs}
 
   def _init_state(self, rng):
-    params = self._init_params(rng)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params))
+    return TrainState.fresh(self._init_params(rng), self.tx)
 
   def forward(self, task: str):
     return lambda params, batch: self.model.apply({"params": params}, batch, task)
@@ -153,11 +152,7 @@ class MultiTaskRun:
                            self.config.optimizer.accumulate_steps)
 
   def initial_state(self):
-    if self.checkpoints.latest_step() is not None:
-      state, data, _ = self.checkpoints.restore(self.abstract_state)
-      return state, data["next_batch"]
-    state = jax.jit(self._init_state, out_shardings=self.state_shardings)(jax.random.key(self.config.seed))
-    return state, 0
+    return restore_or_init(self.checkpoints, self._init_state, (jax.random.key(self.config.seed),), self.state_shardings)
 
   def evaluate(self, params) -> dict:
     """Every task's dev metrics, flat: {"<task>/dev/accuracy": ...}."""
@@ -193,9 +188,7 @@ class MultiTaskFineTuning(MultiTaskRun):
     self.config, self.workdir = config, workdir
     self.tasks = parse_tasks(config.task)
     encoder_config, self._encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
-    if config.max_seq_length > encoder_config.max_position_embeddings:
-      raise UserError(f"max_seq_length={config.max_seq_length} exceeds the model's "
-                      f"{encoder_config.max_position_embeddings} positions")
+    encoder_config.check_length(config.max_seq_length, "max_seq_length")
     self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
     self.heads = tuple((t.name, t.head()["num_labels"]) for t in self.tasks)
     self.model = refined_teacher(self.encoder_config, self.heads)

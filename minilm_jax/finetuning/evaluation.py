@@ -18,9 +18,23 @@ from tqdm import tqdm
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.errors import UserError
+from minilm_jax.finetuning.steps import Predictor, prediction_forward
 from minilm_jax.models.heads import task_model
-from minilm_jax.tasks.finetuning import Predictor, get_task, prediction_forward, write_predictions
-from minilm_jax.tasks.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
+from minilm_jax.tasks import get_task
+from minilm_jax.finetuning.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
+
+
+def write_predictions(task, predictions, examples, path: str):
+  """`path`.json (id -> answer or generated text: SQuAD's official prediction format) or `path`.tsv
+  (index and label name or score, as GLUE's submission files)."""
+  if isinstance(predictions, dict):
+    with open(path + ".json", "w") as f:
+      json.dump(predictions, f, indent=1)
+    return
+  with open(path + ".tsv", "w") as f:
+    f.write("index\tprediction\n")
+    for idx, p in zip(examples["idx"], predictions):
+      f.write(f"{idx}\t{p if task.labels is None else task.labels[int(p)]}\n")
 
 
 def _run_config(workdir: str, data_dir: str):

@@ -12,7 +12,8 @@ import numpy as np
 
 from minilm_jax.errors import UserError
 from minilm_jax.loop import check_ranges
-from minilm_jax.tasks.finetuning import FineTuning, get_task, selection_metric
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.tasks import get_task, selection_metric
 
 
 def run_grid(config, workdir: str, settings=None):

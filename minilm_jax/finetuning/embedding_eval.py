@@ -27,7 +27,7 @@ from minilm_jax import embeddings, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.tasks import glue, wordnet
-from minilm_jax.tasks.finetuning import Predictor
+from minilm_jax.finetuning.steps import Predictor
 
 
 @dataclasses.dataclass(frozen=True)

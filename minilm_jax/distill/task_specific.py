@@ -22,11 +22,12 @@ from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data import augment
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run
+from minilm_jax.models import layout
 from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
-from minilm_jax.tasks.finetuning import Predictor, task_forward
-from minilm_jax.tasks.logit_losses import check_objective
-from minilm_jax.tasks.multitask import MultiTaskRun, is_pair, parse_tasks, read_multitask_run, task_features
+from minilm_jax.finetuning.steps import Predictor, task_forward
+from minilm_jax.distill.logit_losses import check_objective
+from minilm_jax.finetuning.multitask import MultiTaskRun, is_pair, parse_tasks, read_multitask_run, task_features
 
 
 def task_optimizer(opt):
@@ -42,11 +43,10 @@ def task_optimizer(opt):
 
 def transformer_init(encoder_params: dict, num_layers: int) -> dict:
   """The 3-layer Transformer student's body from a teacher encoder: its embeddings, first layers and pooler."""
-  available = sum(k.startswith("layer_") for k in encoder_params)
+  available = layout.num_layers(encoder_params)
   if num_layers > available:
     raise UserError(f"student.num_layers={num_layers} but the encoder to initialise from has {available} layers")
-  keep = {"embeddings", "pooler", *(f"layer_{i}" for i in range(num_layers))}
-  return {"encoder": {k: v for k, v in encoder_params.items() if k in keep}}
+  return {"encoder": layout.first_layers(encoder_params, num_layers)}
 
 
 def find_teachers(teacher_runs: list, tasks: list) -> dict:

@@ -1,0 +1,106 @@
+"""A fine-tuning run: a pre-trained encoder and a task's head trained on the task's training split
+(`steps.make_train_step`), evaluated on its dev splits after every epoch (`steps.Predictor`)."""
+
+import json
+import logging
+import os
+from functools import partial
+
+import jax
+import ml_collections
+
+from minilm_jax import checkpoint, parallel, runs
+from minilm_jax.data.corpus import BatchStream, stack_columns
+from minilm_jax.finetuning.evaluation import write_predictions
+from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
+from minilm_jax.loop import begin_run, fit
+from minilm_jax.models.encoder import extend_positions
+from minilm_jax.models.heads import SEQ2SEQ, task_model
+from minilm_jax.tasks import get_task, selection_metric
+from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
+
+
+class FineTuning:
+  """A fine-tuning run, built and validated before any compute; `run()` trains and evaluates."""
+
+  def __init__(self, config, workdir: str, mesh=None):
+    begin_run(config, workdir)
+    self.config, self.workdir = config, workdir
+    self.task = get_task(config.task, config)
+    encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
+    self.head = self.task.head(config)
+    if config.max_seq_length > encoder_config.max_position_embeddings and self.head["kind"] == SEQ2SEQ:
+      # UniLM's CNN/DailyMail setting (total length 768) on a 512-position model.
+      logging.warning("max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
+                      config.max_seq_length, config.init, encoder_config.max_position_embeddings)
+      encoder_params = extend_positions(encoder_params, config.max_seq_length)
+      encoder_config = encoder_config.replace(max_position_embeddings=config.max_seq_length)
+    encoder_config.check_length(config.max_seq_length, "max_seq_length")
+    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+    self.selection_metric = selection_metric(self.task)  # results.json's best epoch
+    self.model = task_model(self.encoder_config, self.head)
+    self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
+    parallel.check_batch_divides(config.batch_size, self.mesh)
+    train_features = self.task.prepare("train", config, self.tokenizer)[0]
+    self.stream = BatchStream(train_features.select_columns(self.task.train_columns), config.batch_size, config.seed,
+                              stack_columns, jax.process_index(), jax.process_count(), f"{config.task} train split")
+    self.eval_data = {split: self.task.prepare(split, config, self.tokenizer) for split in self.task.eval_splits}
+    self.num_steps = config.epochs * self.stream.batches_per_epoch
+    optimizer = ml_collections.ConfigDict({**config.optimizer.to_dict(),
+                                           "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)})
+    self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
+    abstract = jax.eval_shape(partial(TrainState.fresh, tx=self.tx), runs.abstract_model_params(self.encoder_config, self.head))
+    self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
+    task_loss_of = self.task.loss
+    if self.head["kind"] == SEQ2SEQ:
+      task_loss_of = partial(self.task.loss, label_smoothing=config.seq2seq.label_smoothing)
+    loss_of = lambda params, batch, rngs: task_loss_of(apply_model(self.model, params, batch, False, rngs), batch)
+    accumulate = config.optimizer.accumulate_steps
+    check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
+    self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, accumulate)
+    self.predict = Predictor(prediction_forward(self.task, self.model, config, self.tokenizer), self.mesh,
+                             self.state_shardings.params, config.eval_batch_size)
+    self._pretrained = {"encoder": encoder_params}
+    if self.head["kind"] == SEQ2SEQ:
+      self._pretrained.update(_masked_lm_head(config.init, self.encoder_config))
+    self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+
+  def initial_state(self):
+    def init(rng, pretrained):
+      params = runs.init_task_params(self.encoder_config, self.head, rng)
+      return TrainState.fresh({**params, **pretrained}, self.tx)  # pre-trained encoder (and masked-LM head), fresh task head
+
+    return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained),
+                           self.state_shardings)
+
+  def meta(self) -> dict:
+    return {"encoder": self.encoder_config.to_dict(), "head": self.head, "task": self.task.name,
+            "config": json.loads(self.config.to_json())}
+
+  def evaluate(self, params) -> dict:
+    """Metrics of every evaluation split, flat: {"dev/accuracy": ...}."""
+    results = {}
+    for split, (features, context) in self.eval_data.items():
+      outputs = self.predict(params, features, desc=f"evaluate {split}")
+      scores, predictions = self.task.evaluate(outputs, features, context, self.config)
+      results.update({f"{split}/{k}": v for k, v in scores.items()})
+      if jax.process_index() == 0:  # the latest evaluation's, beside results.json
+        write_predictions(self.task, predictions, context, os.path.join(self.workdir, f"{split}_predictions"))
+    return results
+
+  def run(self):
+    def step_fn(state, batch, rng):
+      return self.train_step(state, batch, rng)
+
+    return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
+
+
+def _masked_lm_head(init: str, config) -> dict:
+  """The masked-LM head of `init` for a sequence-to-sequence model (a Hugging Face checkpoint
+  saved with one), or {} (distilled students and encoder-only checkpoints: freshly initialised)."""
+  head = runs.load_mlm_head(init, config)
+  if head is None:
+    logging.warning("%s has no masked-LM head: the sequence-to-sequence head (transform, its LayerNorm, the output "
+                    "bias) starts fresh; the output layer is the word embeddings", init)
+    return {}
+  return dict(head)
