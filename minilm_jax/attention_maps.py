@@ -27,7 +27,7 @@ def main(argv):
   del argv
   maps, tokens = {}, None
   for title, path, layer in (("teacher", _TEACHER.value, _TEACHER_LAYER.value), ("student", _STUDENT.value, _STUDENT_LAYER.value)):
-    config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")
+    config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")[:3]
     ids = tokenizer([_SENTENCE.value], return_tensors="np")
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
     if len(tokens) > config.max_position_embeddings:

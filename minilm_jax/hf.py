@@ -1,6 +1,6 @@
 """Hugging Face import and export for the BERT family, without torch on the safetensors path.
 
-`load(dir) -> (Encoder, params)` reads `config.json` plus `model.safetensors` (or a sharded
+`load(dir) -> LoadedModel` reads `config.json` plus `model.safetensors` (or a sharded
 safetensors index, or `pytorch_model.bin` through torch's pickle-free `weights_only=True` loader).
 `save(dir, config, params, tokenizer=None)` writes what `transformers.AutoModel.from_pretrained`
 loads. Every encoder parameter's name crosses over through `models.layout`'s table, and nowhere else.
@@ -9,6 +9,7 @@ loads. Every encoder parameter's name crosses over through `models.layout`'s tab
 import json
 import logging
 import os
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -16,9 +17,19 @@ from flax import traverse_util
 
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
-from minilm_jax.models.encoder import MODEL_TYPES, Encoder, EncoderConfig, abstract_params, init_params
+from minilm_jax.models.encoder import MODEL_TYPES, EncoderConfig, abstract_params, init_params
 
 log = logging.getLogger(__name__)
+
+
+class LoadedModel(NamedTuple):
+  """A model as every loader returns it (`load` here; `runs.load_encoder`, `runs.read_run`)."""
+
+  config: EncoderConfig
+  params: dict  # the encoder's, or a fine-tuned run's task model's {"encoder": ..., <head>: ...}
+  tokenizer: Any = None
+  head: Optional[dict] = None  # a fine-tuned run's task head ({"kind": ...}); None: an encoder
+  mlm_head: Optional[dict] = None  # the masked-LM head's parameters, when asked for and saved
 
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
 _HEAD_TABLE = {
@@ -140,10 +151,13 @@ def read_config(model_dir: str, dtype: str = "float32") -> EncoderConfig:
     return config_from_hf(json.load(f), dtype)
 
 
-def load(model_dir: str, dtype: str = "float32"):
-  """Loads a local Hugging Face BERT/RoBERTa/XLM-R directory: returns (Encoder, float32 params)."""
+def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> LoadedModel:
+  """A local Hugging Face BERT/RoBERTa/XLM-R directory's config and float32 encoder params, read once;
+  with `mlm_head`, also its masked-LM head's parameters (None when it was saved without one).
+  The tokenizer is `load_tokenizer`'s."""
   config = read_config(model_dir, dtype)
-  tensors = {_normalise_name(k): v for k, v in _read_tensors(model_dir).items()}
+  raw = _read_tensors(model_dir)
+  tensors = {_normalise_name(k): v for k, v in raw.items()}
   expected = traverse_util.flatten_dict(abstract_params(config), sep="/")
   flat, missing = {}, []
   for ours, theirs, kind in _name_pairs(config.num_layers):
@@ -163,7 +177,7 @@ def load(model_dir: str, dtype: str = "float32"):
     fresh = traverse_util.flatten_dict(init_params(config, jax.random.key(0)), sep="/")
     flat.update({k: np.asarray(v) for k, v in fresh.items() if k not in flat})
   params = jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
-  return Encoder(config), params
+  return LoadedModel(config, params, mlm_head=_mlm_head(raw, config) if mlm_head else None)
 
 
 def _convert(flat, pairs):
@@ -174,10 +188,9 @@ def _convert(flat, pairs):
   return out
 
 
-def load_mlm_head(model_dir: str, config: EncoderConfig):
-  """The masked-LM head's parameters of a checkpoint, or None when it was saved without one."""
+def _mlm_head(tensors: dict, config: EncoderConfig):
+  """The masked-LM head's parameters among a checkpoint's tensors, or None when it was saved without one."""
   table = _MLM_TABLE["bert" if config.model_type == "bert" else "roberta"]
-  tensors = _read_tensors(model_dir)
   if any(theirs not in tensors for _, theirs, _ in table):
     return None
   flat = {ours: np.asarray(tensors[theirs].T if kind == "linear" else tensors[theirs], np.float32)

@@ -1,10 +1,9 @@
 """The training loop shared by distillation and fine-tuning: batches from a resumable stream,
 prefetched onto the devices, progress bar, metrics, a stop at a non-finite update, periodic and
-SIGTERM checkpoints."""
+SIGTERM checkpoints; and the checks every training program runs before it starts (`begin_run`)."""
 
 import json
 import math
-import os
 import queue
 import signal
 import threading
@@ -20,7 +19,6 @@ from minilm_jax.checkpoint import RunCheckpoints, is_run
 from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import Preempted, UserError
 from minilm_jax.metrics import MetricWriter
-from minilm_jax.runs import TOKENIZER_DIR
 
 
 class _Preemption:
@@ -242,52 +240,3 @@ def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int,
     checkpoints.wait()
     writer.close()
   return state
-
-
-def fit(run, step_fn, summary: dict, desc: str):
-  """The `run()` of a fine-tuning or multi-task run: saves its tokenizer, starts from
-  `run.initial_state()` (fresh or resumed), trains with `step_fn(state, local_batch, rng)`, evaluates
-  `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
-  the last metrics to `results.json` after `summary`, with every epoch's metrics and, where `run`
-  has a `selection_metric`, the best epoch by it. Returns (state, metrics).
-  `step_fn` takes the batch already placed on `run.mesh`."""
-  state, next_batch = run.initial_state()
-  if jax.process_index() == 0:
-    run.tokenizer.save_pretrained(os.path.join(run.workdir, TOKENIZER_DIR))
-  rng = jax.random.key(run.config.seed + 1)
-  per_epoch, results = run.stream.batches_per_epoch, {}
-
-  def after_step(done, state):
-    if done % per_epoch and done != run.num_steps:
-      return {}
-    results.clear()
-    results.update(run.evaluate(state.params))
-    tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
-    return results
-
-  state = train_loop(state, next_batch, step_fn=lambda state, batch: step_fn(state, batch, rng), stream=run.stream,
-                     mesh=run.mesh, num_steps=run.num_steps, checkpoints=run.checkpoints, meta=run.meta(), workdir=run.workdir,
-                     log_every=run.config.log_every, desc=desc, after_step=after_step)
-  if not results:  # resumed after the last step: evaluate what was saved
-    results.update(run.evaluate(state.params))
-  if jax.process_index() == 0:
-    epochs = _epoch_results(run.workdir, set(results), per_epoch)
-    best = {}
-    if run.selection_metric and epochs:
-      best_row = max(epochs, key=lambda row: row[run.selection_metric])
-      best = {"best_epoch": best_row["epoch"], "best": {run.selection_metric: best_row[run.selection_metric]}}
-    with open(os.path.join(run.workdir, "results.json"), "w") as f:
-      json.dump({**summary, "step": int(host_scalars(state.step)), **results, "epochs": epochs, **best}, f, indent=2)
-  return state, results
-
-
-def _epoch_results(workdir: str, keys: set, per_epoch: int) -> list:
-  """Every evaluation of a run, from its `metrics.jsonl` (which a resumed run keeps up to its
-  checkpoint): [{"epoch", "step", metric: value, ...}] in step order."""
-  rows = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      row = json.loads(line)
-      if keys and keys <= set(row):
-        rows[row["step"]] = {k: row[k] for k in sorted(keys)}
-  return [{"epoch": math.ceil(step / per_epoch), "step": step, **rows[step]} for step in sorted(rows)]

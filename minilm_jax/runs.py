@@ -16,25 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from minilm_jax import checkpoint, embeddings, hf, parallel
+from minilm_jax import checkpoint, embeddings, hf, hub, parallel
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import EncoderConfig, abstract_params
-from minilm_jax.models.heads import SEQ2SEQ, task_model
+from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params
 
 TOKENIZER_DIR = "tokenizer"
 REFINED_TEACHER, STUDENT = "refined_teacher", "student"  # meta["model"] of the multi-task runs
-
-
-def abstract_model_params(config: EncoderConfig, head: dict = None):
-  """Parameter shapes of the encoder alone (head None) or of a task model."""
-  if head is None:
-    return abstract_params(config)
-  return jax.eval_shape(lambda: init_task_params(config, head, jax.random.key(0)))
-
-
-def init_task_params(config: EncoderConfig, head: dict, rng):
-  ids = jnp.zeros((1, 8 + head.get("target_length", 0)), jnp.int32)  # a seq2seq model's source and target blocks
-  return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
 
 
 def read_meta(workdir: str, step: int = None) -> dict:
@@ -45,9 +33,10 @@ def read_meta(workdir: str, step: int = None) -> dict:
     ckpt.close()
 
 
-def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None):
-  """(encoder config, head or None, params, tokenizer) of a run's checkpoint (latest, or `step`);
-  of a multi-task run, its shared encoder alone (head None). With `mesh`, the parameters are
+def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None, tokenizer: bool = True) -> hf.LoadedModel:
+  """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
+  for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
+  False: more checkpoints of a run already read) its tokenizer. With `mesh`, the parameters are
   restored straight onto it, sharded by `parallel`'s rules."""
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   try:
@@ -67,41 +56,23 @@ def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None):
       params = ckpt.restore_params(abstract, step)
   finally:
     ckpt.close()
-  return config, head, params, hf.load_tokenizer(os.path.join(workdir, TOKENIZER_DIR))
+  return hf.LoadedModel(config, params, load_tokenizer_of(workdir) if tokenizer else None, head)
 
 
-def _download(name: str) -> str:
-  from huggingface_hub import snapshot_download
-
-  try:
-    return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
-  except Exception as e:  # offline, unknown repository, ...: the hub's exception types vary by version
-    raise UserError(f"{name!r} is not a local directory and could not be fetched from the hub "
-                    f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir") from None
-
-
-def local_dir(path: str, what: str = "model") -> str:
-  """`path` when it exists; a hub name's downloaded snapshot (online); else one line naming `what`."""
-  if os.path.exists(path):
-    return path
-  if not path or path.startswith((".", "/", "~")) or path.count("/") > 1:
-    raise UserError(f"{what} {path} does not exist: pass a Hugging Face directory or a run's workdir")
-  return _download(path)
-
-
-def load_encoder(path: str, dtype: str = "float32", what: str = "model"):
-  """(encoder config, encoder params, tokenizer) from a run's workdir, a Hugging Face directory, or
-  (when online) a hub name. `what` names the path in errors ("teacher.path", "init", ...)."""
+def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_head: bool = False) -> hf.LoadedModel:
+  """The encoder (config, encoder params, tokenizer) of a run's workdir, a Hugging Face directory, or
+  (when online) a hub name; with `mlm_head`, a Hugging Face checkpoint's masked-LM head too, from
+  the same read of its weights (runs and encoder-only checkpoints have none). `what` names the
+  path in errors ("teacher.path", "init", ...)."""
   if not path:
     raise UserError(f"{what} is empty: set it to a Hugging Face directory or a run's workdir")
   if checkpoint.is_run(path):
-    config, head, params, tokenizer = read_run(path, dtype=dtype)
-    return config, params["encoder"] if head else params, tokenizer
-  path = local_dir(path, what)
+    run = read_run(path, dtype=dtype)
+    return hf.LoadedModel(run.config, run.params["encoder"] if run.head else run.params, run.tokenizer)
+  path = hub.local_dir(path, what)
   if not os.path.exists(os.path.join(path, "config.json")):
     raise UserError(f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)")
-  model, params = hf.load(path, dtype)
-  return model.config, params, hf.load_tokenizer(path)
+  return hf.load(path, dtype, mlm_head)._replace(tokenizer=hf.load_tokenizer(path))
 
 
 def sentence_pipeline_of(path: str, default_length: int):
@@ -111,32 +82,30 @@ def sentence_pipeline_of(path: str, default_length: int):
     meta = read_meta(path)
     config = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else EncoderConfig()
     return sentence_pipeline(path, meta, config)
-  return embeddings.read_pipeline(local_dir(path), default_length)
+  return embeddings.read_pipeline(hub.local_dir(path), default_length)
 
 
 def load_tokenizer_of(path: str, what: str = "model"):
   """The tokenizer of a run's workdir, of a Hugging Face directory or (online) of a hub name."""
-  path = local_dir(path, what)
+  path = hub.local_dir(path, what)
   return hf.load_tokenizer(os.path.join(path, TOKENIZER_DIR) if checkpoint.is_run(path) else path)
 
 
-def load_mlm_head(path: str, config: EncoderConfig):
-  """The masked-LM head of a Hugging Face teacher, or None (runs and encoder-only checkpoints have none)."""
-  if checkpoint.is_run(path) or not os.path.isdir(path):
-    return None
-  return hf.load_mlm_head(path, config)
+def save_tokenizer(workdir: str, tokenizer):
+  """The run's tokenizer, beside its checkpoints (`load_tokenizer_of` reads it)."""
+  save_tokenizer(workdir, tokenizer)
 
 
 def write_run_from_hf(hf_dir: str, workdir: str):
   """An Orbax run (step 0) holding a Hugging Face encoder: it can then start fine-tuning or teach."""
-  config, params, tokenizer = load_encoder(hf_dir, what="--from-hf")
+  config, params, tokenizer = load_encoder(hf_dir, what="--from-hf")[:3]
   ckpt = checkpoint.RunCheckpoints(workdir)
   if ckpt.latest_step() is not None:
     raise UserError(f"{workdir} already holds checkpoints: choose a new --out")
   ckpt.save(0, {"params": params}, {}, {"encoder": config.to_dict(), "source": os.path.abspath(hf_dir)})
   ckpt.wait()
   ckpt.close()
-  tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))
+  save_tokenizer(workdir, tokenizer)
 
 
 def sentence_pipeline(workdir: str, meta: dict, config: EncoderConfig, step: int = None):
@@ -161,7 +130,7 @@ def export_run(workdir: str, out_dir: str, step: int = None, sentence_transforme
   Parameters the run's objective never trained are named in a warning."""
   if not checkpoint.is_run(workdir):
     raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run")
-  config, head, params, tokenizer = read_run(workdir, step)
+  config, params, tokenizer, head = read_run(workdir, step)[:4]
   if sentence_transformers and head is not None:
     raise UserError(f"{workdir} is a fine-tuned {head['kind']} model, not a sentence encoder: export it without "
                     f"--sentence-transformers, or export the distilled run it started from")

@@ -36,9 +36,10 @@ def minilm_dir():
 @pytest.fixture(scope="session")
 def minilm(minilm_dir):
   from minilm_jax import hf
+  from minilm_jax.models.encoder import Encoder
 
-  model, params = hf.load(minilm_dir)
-  return model, params, hf.load_tokenizer(minilm_dir)
+  loaded = hf.load(minilm_dir)
+  return Encoder(loaded.config), loaded.params, hf.load_tokenizer(minilm_dir)
 
 
 def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrides):

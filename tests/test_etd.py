@@ -160,17 +160,16 @@ def test_mlm_head_loads_from_transformers(tmp_path):
                                    intermediate_size=40, max_position_embeddings=32)
   model = transformers.BertForMaskedLM(config).eval()
   model.save_pretrained(str(tmp_path))
-  encoder_model, encoder_params = hf.load(str(tmp_path))
-  head = hf.load_mlm_head(str(tmp_path), encoder_model.config)
+  encoder_config, encoder_params, _, _, head = hf.load(str(tmp_path), mlm_head=True)
   from minilm_jax.models.heads import MaskedLM
 
   ids = _ids(1, (2, 6))
-  ours = MaskedLM(encoder_model.config).apply({"params": {"encoder": encoder_params, **head}}, ids, jnp.ones_like(ids))
+  ours = MaskedLM(encoder_config).apply({"params": {"encoder": encoder_params, **head}}, ids, jnp.ones_like(ids))
   with torch.no_grad():
     theirs = model(input_ids=torch.tensor(np.asarray(ids))).logits.numpy()
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
   transformers.BertModel(config).save_pretrained(str(tmp_path / "bare"))  # an encoder without its MLM head
-  assert hf.load_mlm_head(str(tmp_path / "bare"), encoder_model.config) is None
+  assert hf.load(str(tmp_path / "bare"), mlm_head=True).mlm_head is None
 
 
 def test_clear_errors():
@@ -192,9 +191,9 @@ def test_distillation_starts_from_the_extracted_student(tiny_teacher, tiny_corpu
 
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=0, **{"student.init": "etd", "etd.seed": 7})
   Distillation(config, str(tmp_path / "etd")).run()
-  _, _, params, _ = runs.read_run(str(tmp_path / "etd"))
+  params = runs.read_run(str(tmp_path / "etd")).params
   teacher_config = hf.read_config(tiny_teacher)
-  _, teacher_params = hf.load(tiny_teacher)
+  teacher_params = hf.load(tiny_teacher).params
   from minilm_jax.distill.trainer import student_config
 
   student = student_config(config, teacher_config)

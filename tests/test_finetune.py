@@ -85,7 +85,7 @@ def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path
 
   out = str(tmp_path / "sst2_hf")
   runs.export_run(run_dir, out)
-  config, head, params, tokenizer = runs.read_run(run_dir)
+  config, params, tokenizer, head = runs.read_run(run_dir)[:4]
   batch = tokenizer(["Return the path.", "This sentence is about something else entirely."], padding=True, return_tensors="np")
   ours = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
   model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
@@ -116,7 +116,7 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
 
   out = str(tmp_path / "squad_hf")
   runs.export_run(run_dir, out)
-  config, head, params, tokenizer = runs.read_run(run_dir)
+  config, params, tokenizer, head = runs.read_run(run_dir)[:4]
   batch = tokenizer(["Which word comes first?"], ["Return the value."], return_tensors="np")
   start, end = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
   model = transformers.AutoModelForQuestionAnswering.from_pretrained(out).eval()
@@ -177,8 +177,8 @@ def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir):
 def test_converted_run_can_teach_and_start_finetuning(tmp_path, tiny_teacher, sst2_dir):
   run_dir = str(tmp_path / "run")
   runs.write_run_from_hf(tiny_teacher, run_dir)
-  config, params, _ = runs.load_encoder(run_dir)
-  _, expected = hf.load(tiny_teacher)
+  config, params = runs.load_encoder(run_dir)[:2]
+  expected = hf.load(tiny_teacher).params
   jax.tree.map(np.testing.assert_array_equal, params, expected)
   FineTuning(finetune_config(run_dir, "sst2", sst2_dir), str(tmp_path / "ft"))  # builds from the run
 
@@ -204,7 +204,7 @@ def test_init_that_is_neither_run_nor_hf_directory(tmp_path, sst2_dir):
 
 
 def test_head_and_label_count_mismatch_on_export(tmp_path, tiny_teacher):
-  _, params = hf.load(tiny_teacher)
+  params = hf.load(tiny_teacher).params
   config = hf.read_config(tiny_teacher)
   task_params = {"encoder": params, "classifier": {"kernel": jnp.zeros((32, 3)), "bias": jnp.zeros(3)}}
   with pytest.raises(UserError, match="3 outputs but the head names 2 labels"):

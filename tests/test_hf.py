@@ -13,6 +13,13 @@ import transformers
 from conftest import SENTENCES
 from minilm_jax import hf
 from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import Encoder
+
+
+def _load(path):
+  """(Encoder, params) of a Hugging Face directory."""
+  loaded = hf.load(path)
+  return Encoder(loaded.config), loaded.params
 
 
 def _ours(model, params, batch, return_attention=True):
@@ -102,7 +109,7 @@ def _random_batch(pad_token_id=1, seed=0):
 @pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
 def test_random_roberta_family_matches_transformers(tmp_path, model_type):
   path = _random_hf_checkpoint(tmp_path, model_type)
-  model, params = hf.load(path)
+  model, params = _load(path)
   assert model.config.model_type == model_type and model.config.position_offset == 2
   batch = _random_batch()
   _assert_parity(_ours(model, params, batch), _theirs(path, batch), batch["attention_mask"])
@@ -111,7 +118,7 @@ def test_random_roberta_family_matches_transformers(tmp_path, model_type):
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_save_round_trip_through_transformers(tmp_path, model_type):
   src = _random_hf_checkpoint(tmp_path, model_type)
-  model, params = hf.load(src)
+  model, params = _load(src)
   out = str(tmp_path / "exported")
   hf.save(out, model.config, params)
   batch = _random_batch()
@@ -119,7 +126,7 @@ def test_save_round_trip_through_transformers(tmp_path, model_type):
   np.testing.assert_allclose(exported.last_hidden_state.numpy(), original.last_hidden_state.numpy(), atol=1e-6)
   np.testing.assert_allclose(exported.pooler_output.numpy(), original.pooler_output.numpy(), atol=1e-6)
   # And our loader reads our own export back to the same parameters.
-  _, again = hf.load(out)
+  again = hf.load(out).params
   jax.tree.map(np.testing.assert_array_equal, params, again)
 
 
@@ -187,9 +194,9 @@ def test_weights_that_do_not_fit_the_config(tmp_path):
 
 def test_pytorch_bin_loads_through_weights_only(tmp_path):
   src = _random_hf_checkpoint(tmp_path, "bert")
-  _, expected = hf.load(src)
+  expected = hf.load(src).params
   state = transformers.AutoModel.from_pretrained(src).state_dict()
   os.remove(os.path.join(src, "model.safetensors"))
   torch.save({"bert." + k: v for k, v in state.items()}, os.path.join(src, "pytorch_model.bin"))
-  _, params = hf.load(src)
+  params = hf.load(src).params
   np.testing.assert_array_equal(np.asarray(params["layer_1"]["output"]["kernel"]), np.asarray(expected["layer_1"]["output"]["kernel"]))

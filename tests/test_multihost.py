@@ -44,7 +44,7 @@ def _launch(settings, workdir, env, *overrides, background=False):
 
 
 def _flat_params(workdir):
-  return traverse_util.flatten_dict(runs.read_run(workdir)[2], sep="/")
+  return traverse_util.flatten_dict(runs.read_run(workdir).params, sep="/")
 
 
 def _assert_same_run(a, b):

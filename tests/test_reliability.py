@@ -94,7 +94,7 @@ def test_export_refuses_a_non_finite_checkpoint(tiny_teacher, tmp_path):
   runs.write_run_from_hf(tiny_teacher, workdir)
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   meta = ckpt.read_meta()
-  params = runs.read_run(workdir)[2]
+  params = runs.read_run(workdir).params
   params = jax.tree.map(np.asarray, params)
   params["embeddings"]["word_embeddings"]["embedding"][3, 3] = np.nan
   writer = checkpoint.RunCheckpoints(workdir)

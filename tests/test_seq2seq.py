@@ -304,7 +304,7 @@ def test_question_generation_and_summarisation_runs_are_scored_evaluated_and_exp
   layout = json.load(open(os.path.join(out, "seq2seq.json")))
   assert (layout["source_length"], layout["target_length"]) == (28, 12)
   torch_model = transformers.BertForMaskedLM.from_pretrained(out).eval()
-  _, _, params, tokenizer = runs.read_run(sum_run)
+  params, tokenizer = runs.read_run(sum_run)[1:3]
   features, _ = get_task("cnndm").prepare("dev", seq2seq_config(out, "cnndm", summary_dir), tokenizer)
   batch = {k: jnp.asarray(features[:4][k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
   ours = np.asarray(Seq2SeqLM(config, head["target_length"]).apply({"params": params}, **batch))

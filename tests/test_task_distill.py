@@ -153,12 +153,12 @@ def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_pat
   c.augment.enabled = False
   run = TaskDistillation(c, str(tmp_path / "t"))
   state, _ = run.initial_state()
-  teacher_encoder = runs.load_encoder(refined_teacher[0])[1]  # a multi-task run lends its shared encoder
+  teacher_encoder = runs.load_encoder(refined_teacher[0]).params  # a multi-task run lends its shared encoder
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params["body"]["encoder"]), teacher_encoder)
   _, results = run.run()
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(results)
   runs.export_run(str(tmp_path / "t"), str(tmp_path / "hf"))  # the student's 2-layer encoder, as a HF directory
-  assert runs.load_encoder(str(tmp_path / "hf"))[0].num_layers == 2
+  assert runs.load_encoder(str(tmp_path / "hf")).config.num_layers == 2
 
 
 def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):

@@ -22,7 +22,7 @@ from minilm_jax.models.encoder import Encoder, abstract_params
 
 
 def _final_params(workdir):
-  return runs.read_run(workdir)[2]
+  return runs.read_run(workdir).params
 
 
 def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_path):
@@ -214,7 +214,7 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   out = str(tmp_path / "student_hf")
   subprocess.run([sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", out], check=True,
                  capture_output=True)
-  config, _, params, tokenizer = runs.read_run(workdir)
+  config, params, tokenizer = runs.read_run(workdir)[:3]
   batch = tokenizer(["A distilled student.", "It should load in transformers unchanged."], padding=True, return_tensors="np")
   ours = Encoder(config).apply({"params": params}, *(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")))
   with torch.no_grad():

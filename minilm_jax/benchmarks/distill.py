@@ -75,8 +75,8 @@ def load_teacher(spec: str):
   else:
     config = parse_shape(spec)
     return config, None, f"{spec} (random)"
-  model, params = hf.load(spec)
-  return model.config, params, name
+  model = hf.load(spec)
+  return model.config, model.params, name
 
 
 def random_batch(batch_size: int, length: int, vocab_size: int) -> dict:

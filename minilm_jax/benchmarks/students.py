@@ -87,7 +87,7 @@ def run(teacher: str = "", student: str = "3x384", steps: int = 300, batch: int 
   if unknown:
     raise UserError(f"unknown students {unknown}: choose from {', '.join(BASELINES + tuple(RECIPES))}")
   metric = selection_metric(get_task(task))
-  teacher_config = runs.load_encoder(teacher, what="--teacher")[0]
+  teacher_config = runs.load_encoder(teacher, what="--teacher").config
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for name in models:

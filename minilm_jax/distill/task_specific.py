@@ -71,7 +71,7 @@ def _teacher(run: str, task, mesh):
   if runs.read_meta(run).get("model") == runs.REFINED_TEACHER:
     model, params, tokenizer, _, _ = read_multitask_run(run, mesh)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
-  encoder_config, head, params, tokenizer = runs.read_run(run, mesh=mesh)
+  encoder_config, params, tokenizer, head = runs.read_run(run, mesh=mesh)[:4]
   return task_forward(task_model(encoder_config, head)), params, tokenizer
 
 
@@ -106,12 +106,11 @@ class TaskDistillation(MultiTaskRun):
 
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
-    self.config, self.workdir = config, workdir
-    self.tasks = parse_tasks(config.tasks)
+    tasks = parse_tasks(config.tasks)
     kind = config.student.kind
     if kind not in KINDS:
       raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
-    for task in self.tasks:
+    for task in tasks:
       check_objective(config.objective, task.head()["num_labels"], task.name)
       if is_pair(task) and kind not in PAIR_KINDS:
         raise UserError(f"{task.name} is a sentence-pair task but student.kind={kind!r} reads one sentence: "
@@ -123,22 +122,20 @@ class TaskDistillation(MultiTaskRun):
     if not teacher_runs:
       raise UserError("config.teacher is empty: pass the workdir of a run fine-tuned on each task "
                       "(its tokenizer is also the student's vocabulary)")
-    self.objective = config.objective
-    self.target = "label" if config.objective == "hard" else "teacher_logits"
-    self.teachers = find_teachers(teacher_runs, self.tasks) if self.target == "teacher_logits" else {}
-    self.tokenizer = runs.load_tokenizer_of(teacher_runs[0])
-    self.mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
+    target = "label" if config.objective == "hard" else "teacher_logits"
+    self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
+    tokenizer = runs.load_tokenizer_of(teacher_runs[0])
     self.cache_dir = config.cache_dir or os.path.join(workdir, "cache")
-    self.tag = augment.load_pos_tagger() if config.augment.enabled and self.target == "teacher_logits" else None
-    self.joint = KINDS[kind] == "joint"
+    self.tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
     self.encoder_config, self._init_body = None, None
     if kind == "transformer":
-      encoder_config, params, _ = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
-      self.encoder_config, self._init_body = encoder_config, transformer_init(params, config.student.num_layers)
-    self.heads = tuple((t.name, t.head()["num_labels"]) for t in self.tasks)
-    self.model = make_student(config.student, self.heads, len(self.tokenizer), self.encoder_config)
-    self.desc = f"distill {config.tasks} -> {kind}"
-    self._build()
+      body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
+      self.encoder_config, self._init_body = body.config, transformer_init(body.params, config.student.num_layers)
+    self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
+    super().__init__(config, workdir, mesh or parallel.make_mesh(config.mesh.data, 1), tasks=tasks, tokenizer=tokenizer,
+                     model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
+                     joint=KINDS[kind] == "joint", objective=config.objective, target=target,
+                     desc=f"distill {config.tasks} -> {kind}")
 
   def _training_rows(self, task) -> datasets.Dataset:
     """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented

@@ -99,7 +99,9 @@ class Distillation:
     self.config, self.workdir = config, workdir
     if config.student.init not in ("random", "etd"):
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
-    teacher_config, teacher_params, self.tokenizer = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path")
+    # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
+    teacher_config, teacher_params, self.tokenizer, _, mlm_head = runs.load_encoder(
+        config.teacher.path, config.dtype, "teacher.path", mlm_head=True)
     self.teacher = Encoder(teacher_config)
     self.student = Encoder(student_config(config, self.teacher.config))
     losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
@@ -112,13 +114,9 @@ class Distillation:
                                     self.student_layer, self._teacher_pooling(config), masking)
     self.mesh = mesh or parallel.make_mesh()
     parallel.check_batch_divides(config.batch_size, self.mesh)
-    # The teacher's MLM head costs a second read of its weights: only ETD-Impt and soft labels use it.
-    uses_mlm_head = self.objective.needs.mlm_head or (config.student.init == "etd" and config.etd.method == "impt")
-    mlm_head = runs.load_mlm_head(config.teacher.path, teacher_config) if uses_mlm_head else None
-    if self.objective.needs.mlm_head:
-      if mlm_head is None:
-        raise UserError(f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
-                        f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
+    if self.objective.needs.mlm_head and mlm_head is None:
+      raise UserError(f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+                      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
     # The step's teacher: the encoder, with its masked-LM head under "mlm_head" when the objective runs it.
     step_teacher = {**teacher_params, "mlm_head": mlm_head} if self.objective.needs.mlm_head else teacher_params
     self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
@@ -175,7 +173,7 @@ class Distillation:
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
     if jax.process_index() == 0:
-      self.tokenizer.save_pretrained(os.path.join(self.workdir, runs.TOKENIZER_DIR))
+      runs.save_tokenizer(self.workdir, self.tokenizer)
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
 
     def step_fn(state, batch):

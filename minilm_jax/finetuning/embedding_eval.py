@@ -87,7 +87,7 @@ class SentenceModel:
   fine-tuned run's encoder), or a Hugging Face / sentence-transformers directory."""
 
   def __init__(self, path: str, mesh, batch_size: int, max_seq_length: int):
-    config, params, self.tokenizer = runs.load_encoder(path, what="--embeddings")  # a fine-tuned run: its encoder
+    config, params, self.tokenizer = runs.load_encoder(path, what="--embeddings")[:3]  # a fine-tuned run: its encoder
     self.pooling, dense = runs.sentence_pipeline_of(path, max_seq_length)
     if max_seq_length > config.max_position_embeddings:
       raise UserError(f"--max_seq_length={max_seq_length} exceeds {path}'s {config.max_position_embeddings} positions")

@@ -80,7 +80,7 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
       evaluations.append(_TaskEvaluation(task, Predictor(forward, mesh, shardings, batch_size, model_inputs(joint, task)),
                                          data, f"{task.name}_"))
     return params, evaluations
-  encoder_config, head, params, tokenizer = runs.read_run(workdir, step, mesh=mesh)
+  encoder_config, params, tokenizer, head = runs.read_run(workdir, step, mesh=mesh, tokenizer=prepare)[:4]
   if not prepare:
     return params, None
   task = get_task(config.task, config)

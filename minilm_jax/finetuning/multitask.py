@@ -19,8 +19,9 @@ import ml_collections
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
 from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run, fit
-from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.finetuning.fit import fit
+from minilm_jax.loop import begin_run
+from minilm_jax.models.encoder import EncoderConfig, dummy_ids
 from minilm_jax.models.students import KINDS, make_student, refined_teacher
 from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.tasks import get_task
@@ -40,6 +41,12 @@ def is_pair(task) -> bool:
 def model_inputs(joint: bool, task) -> tuple:
   """The batch columns a model reads for `task`: the joint sequence, or each sentence on its own."""
   return JOINT_INPUTS if joint else SEPARATE_INPUTS + PAIR_INPUTS * is_pair(task)
+
+
+def dummy_batch(joint: bool, tasks) -> dict:
+  """The batch `init` traces a multi-task model with: every input column its tasks read, one
+  sequence of ones (parameter shapes do not depend on its length)."""
+  return {k: jnp.ones_like(dummy_ids()) for task in tasks for k in model_inputs(joint, task)}
 
 
 def parse_tasks(spec: str) -> list:
@@ -83,12 +90,18 @@ def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_
 
 
 class MultiTaskRun:
-  """Subclasses set `config`, `workdir`, `tasks`, `tokenizer`, `model`, `mesh`, `joint`, `objective`
-  (a `logit_losses` objective) and `target` (the batch column it reads), implement
-  `_training_rows`, `_init_params`, `_optimizer` and `meta`, then call `_build()`."""
+  """A subclass builds what is its own (the model, its teachers, ...) and then this constructor with
+  what every multi-task run has: its `tasks`, `tokenizer`, `model` (a body and a head per task),
+  whether the model reads the `joint` sequence, the `logit_losses` `objective` and the batch column
+  it reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `meta`."""
 
-  desc = "train"
   selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
+
+  def __init__(self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, objective: str, target: str,
+               desc: str):
+    self.config, self.workdir, self.mesh, self.tasks, self.tokenizer = config, workdir, mesh, tasks, tokenizer
+    self.model, self.joint, self.objective, self.target, self.desc = model, joint, objective, target, desc
+    self._build()
 
   def _training_rows(self, task) -> datasets.Dataset:
     raise NotImplementedError
@@ -131,8 +144,7 @@ class MultiTaskRun:
     self.checkpoints = checkpoint.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
 
   def dummy_batch(self) -> dict:
-    inputs = set().union(*(self.inputs(t) for t in self.tasks))
-    return {k: jnp.ones((1, self.config.max_seq_length), jnp.int32) for k in inputs}
+    return dummy_batch(self.joint, self.tasks)
 
   def _init_state(self, rng):
     return TrainState.fresh(self._init_params(rng), self.tx)
@@ -181,20 +193,16 @@ class MultiTaskFineTuning(MultiTaskRun):
   of the tasks' losses (cross-entropy; MSE for a similarity score) over their shuffled batches.
   The fine-tuning config's settings (AdamW, warm-up, epochs, dropout) apply."""
 
-  joint, objective, target = True, "hard", "label"
-
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
-    self.config, self.workdir = config, workdir
-    self.tasks = parse_tasks(config.task)
-    encoder_config, self._encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
+    tasks = parse_tasks(config.task)
+    encoder_config, self._encoder_params, tokenizer = runs.load_encoder(config.init, config.dtype, "init")[:3]
     encoder_config.check_length(config.max_seq_length, "max_seq_length")
     self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
-    self.heads = tuple((t.name, t.head()["num_labels"]) for t in self.tasks)
-    self.model = refined_teacher(self.encoder_config, self.heads)
-    self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
-    self.desc = f"multi-task refine {config.task}"
-    self._build()
+    self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
+    super().__init__(config, workdir, mesh or parallel.make_mesh(config.mesh.data, config.mesh.model), tasks=tasks,
+                     tokenizer=tokenizer, model=refined_teacher(self.encoder_config, self.heads), joint=True,
+                     objective="hard", target="label", desc=f"multi-task refine {config.task}")
 
   def _training_rows(self, task):
     return task.features(task.load("train", self.data_dirs[task.name]), self.tokenizer, self.config.max_seq_length)
@@ -226,8 +234,7 @@ def read_multitask_run(workdir: str, mesh, step: int = None):
     encoder = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else None
     model, joint = make_student(student, heads, meta["vocab_size"], encoder), KINDS[student.kind] == "joint"
   tasks = [get_task(name) for name in meta["tasks"]]
-  dummy = {k: jnp.ones((1, 8), jnp.int32) for task in tasks for k in model_inputs(joint, task)}
-  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy)["params"])
+  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
   abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
   ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
   try:

@@ -13,9 +13,10 @@ from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
-from minilm_jax.loop import begin_run, fit
+from minilm_jax.finetuning.fit import fit
+from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import extend_positions
-from minilm_jax.models.heads import SEQ2SEQ, task_model
+from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
@@ -27,8 +28,10 @@ class FineTuning:
     begin_run(config, workdir)
     self.config, self.workdir = config, workdir
     self.task = get_task(config.task, config)
-    encoder_config, encoder_params, self.tokenizer = runs.load_encoder(config.init, config.dtype, "init")
     self.head = self.task.head(config)
+    # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
+    pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=self.head["kind"] == SEQ2SEQ)
+    encoder_config, encoder_params, self.tokenizer = pretrained[:3]
     if config.max_seq_length > encoder_config.max_position_embeddings and self.head["kind"] == SEQ2SEQ:
       # UniLM's CNN/DailyMail setting (total length 768) on a 512-position model.
       logging.warning("max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
@@ -49,7 +52,7 @@ class FineTuning:
     optimizer = ml_collections.ConfigDict({**config.optimizer.to_dict(),
                                            "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)})
     self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
-    abstract = jax.eval_shape(partial(TrainState.fresh, tx=self.tx), runs.abstract_model_params(self.encoder_config, self.head))
+    abstract = jax.eval_shape(partial(TrainState.fresh, tx=self.tx), abstract_model_params(self.encoder_config, self.head))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     task_loss_of = self.task.loss
     if self.head["kind"] == SEQ2SEQ:
@@ -62,12 +65,12 @@ class FineTuning:
                              self.state_shardings.params, config.eval_batch_size)
     self._pretrained = {"encoder": encoder_params}
     if self.head["kind"] == SEQ2SEQ:
-      self._pretrained.update(_masked_lm_head(config.init, self.encoder_config))
+      self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 
   def initial_state(self):
     def init(rng, pretrained):
-      params = runs.init_task_params(self.encoder_config, self.head, rng)
+      params = init_task_params(self.encoder_config, self.head, rng)
       return TrainState.fresh({**params, **pretrained}, self.tx)  # pre-trained encoder (and masked-LM head), fresh task head
 
     return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained),
@@ -95,10 +98,9 @@ class FineTuning:
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
 
 
-def _masked_lm_head(init: str, config) -> dict:
+def _masked_lm_head(init: str, head) -> dict:
   """The masked-LM head of `init` for a sequence-to-sequence model (a Hugging Face checkpoint
   saved with one), or {} (distilled students and encoder-only checkpoints: freshly initialised)."""
-  head = runs.load_mlm_head(init, config)
   if head is None:
     logging.warning("%s has no masked-LM head: the sequence-to-sequence head (transform, its LayerNorm, the output "
                     "bias) starts fresh; the output layer is the word embeddings", init)

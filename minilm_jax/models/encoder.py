@@ -292,10 +292,15 @@ class Encoder(nn.Module):
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled, embeddings=embeddings, layers=tuple(layers))
 
 
-def init_params(config: EncoderConfig, rng: jax.Array, seq_len: int = 8):
+def dummy_ids(length: int = 8):
+  """The inputs `init` traces a model with: one sequence of `length` tokens (parameter shapes do
+  not depend on it)."""
+  return jnp.zeros((1, length), jnp.int32)
+
+
+def init_params(config: EncoderConfig, rng: jax.Array):
   """Random (BERT-style normal(0.02)) parameters for `config`."""
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  return Encoder(config).init(rng, ids)["params"]
+  return Encoder(config).init(rng, dummy_ids())["params"]
 
 
 def abstract_params(config: EncoderConfig):

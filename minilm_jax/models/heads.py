@@ -3,10 +3,11 @@
 BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from minilm_jax.models import layout
-from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache
+from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache, abstract_params, dummy_ids
 
 CLASSIFICATION, SPAN, SEQ2SEQ = "classification", "span", "seq2seq"
 
@@ -165,3 +166,16 @@ def task_model(config: EncoderConfig, head: dict) -> nn.Module:
   if head["kind"] == SEQ2SEQ:
     return Seq2SeqLM(config, head["target_length"])
   return SpanExtractor(config)
+
+
+def init_task_params(config: EncoderConfig, head: dict, rng):
+  """Random parameters of the task model for `head`."""
+  ids = dummy_ids(8 + head.get("target_length", 0))  # a seq2seq model's source and target blocks
+  return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
+
+
+def abstract_model_params(config: EncoderConfig, head: dict = None):
+  """Parameter shapes of the encoder alone (head None) or of a task model."""
+  if head is None:
+    return abstract_params(config)
+  return jax.eval_shape(lambda: init_task_params(config, head, jax.random.key(0)))
