@@ -26,13 +26,18 @@ _HEADS = flags.DEFINE_list("heads", ["0", "1", "2", "3"], "Attention heads to dr
 def main(argv):
   del argv
   maps, tokens = {}, None
-  for title, path, layer in (("teacher", _TEACHER.value, _TEACHER_LAYER.value), ("student", _STUDENT.value, _STUDENT_LAYER.value)):
+  for title, path, layer in (
+    ("teacher", _TEACHER.value, _TEACHER_LAYER.value),
+    ("student", _STUDENT.value, _STUDENT_LAYER.value),
+  ):
     config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")[:3]
     ids = tokenizer([_SENTENCE.value], return_tensors="np")
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
     if len(tokens) > config.max_position_embeddings:
-      raise UserError(f"the sentence is {len(tokens)} tokens long but the {title} has {config.max_position_embeddings} "
-                      f"positions: give a shorter --sentence (a map of that many tokens is unreadable anyway)")
+      raise UserError(
+        f"the sentence is {len(tokens)} tokens long but the {title} has {config.max_position_embeddings} "
+        f"positions: give a shorter --sentence (a map of that many tokens is unreadable anyway)"
+      )
     inputs = (jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask"))
     out = Encoder(config).apply({"params": params}, *inputs, return_attention=True)
     maps[f"{title} L{resolve_layer(layer, config.num_layers, f'--{title}_layer') + 1}"] = out.layers[layer].attention[0]

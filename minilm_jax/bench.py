@@ -1,4 +1,5 @@
-"""Benchmarks: `python -m minilm_jax.bench <distill|inference|memory|etd|task_distill|data|students|generate> [--json FILE] [flags]`.
+"""Benchmarks: `python -m minilm_jax.bench <suite> [--json FILE] [flags]`, the suite one of distill,
+inference, memory, etd, task_distill, data, students, generate.
 
 Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
 a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
@@ -18,41 +19,83 @@ from minilm_jax.errors import UserError
 from minilm_jax.program import run_program
 
 SUITES = {
-    "distill": lambda: distill.run(_CASE.value, _REPEATS.value, _DTYPE.value, _TEACHER.value, _STUDENT.value,
-                                   _BATCH.value, _seq_lens(), _PEERS.value, _TRAIN_STEPS.value),
-    "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
-    "memory": lambda: memory.run(),
-    "etd": lambda: etd.run(_STEPS.value),
-    "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
-    "data": lambda: data.run(_seq_lens() or (128, 512)),
-    "students": lambda: students.run(
-        "" if _TEACHER.value in (None, "demo") else _TEACHER.value, (_STUDENT.value or ["3x384"])[0],
-        _STEPS.value if _STEPS.present else 300, _BATCH.value or 64, (_seq_lens() or [64])[0],
-        data_dir=_DATA_DIR.value, models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES))),
-    "generate": lambda: generation.run((_STUDENT.value or ["6x384"])[0], _BATCH.value or 32, (_seq_lens() or [128])[0],
-                                       _TARGET_LENGTH.value, _REPEATS.value, _DTYPE.value),
+  "distill": lambda: distill.run(
+    _CASE.value,
+    _REPEATS.value,
+    _DTYPE.value,
+    _TEACHER.value,
+    _STUDENT.value,
+    _BATCH.value,
+    _seq_lens(),
+    _PEERS.value,
+    _TRAIN_STEPS.value,
+  ),
+  "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
+  "memory": lambda: memory.run(),
+  "etd": lambda: etd.run(_STEPS.value),
+  "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
+  "data": lambda: data.run(_seq_lens() or (128, 512)),
+  "students": lambda: students.run(
+    "" if _TEACHER.value in (None, "demo") else _TEACHER.value,
+    (_STUDENT.value or ["3x384"])[0],
+    _STEPS.value if _STEPS.present else 300,
+    _BATCH.value or 64,
+    (_seq_lens() or [64])[0],
+    data_dir=_DATA_DIR.value,
+    models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
+  ),
+  "generate": lambda: generation.run(
+    (_STUDENT.value or ["6x384"])[0],
+    _BATCH.value or 32,
+    (_seq_lens() or [128])[0],
+    _TARGET_LENGTH.value,
+    _REPEATS.value,
+    _DTYPE.value,
+  ),
 }
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).")
-_STEPS = flags.DEFINE_integer("steps", 20, "etd: distillation steps after the starting loss; students: the "
-                              "distillation budget in steps (default 300).")
-_EPOCHS = flags.DEFINE_integer("epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps).")
+_STEPS = flags.DEFINE_integer(
+  "steps",
+  20,
+  "etd: distillation steps after the starting loss; students: the distillation budget in steps (default 300).",
+)
+_EPOCHS = flags.DEFINE_integer(
+  "epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps)."
+)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
-_CASE = flags.DEFINE_string("case", "cpu", "distill: the shapes, 'cpu' (2 CPU cores' worth) or 'paper' (batch 256, "
-                            "lengths 128 and 512, BERT-base shape -> 6x384 and 6x768).")
-_TEACHER = flags.DEFINE_string("teacher", None, "distill: the teacher instead of the case's: 'demo', a shape such as "
-                               "12x768 (random weights), or a Hugging Face directory; students: a Hugging Face "
-                               "directory or run (default: the demo's all-MiniLM-L6-v2).")
-_STUDENT = flags.DEFINE_list("student", None, "distill: student shapes instead of the case's, e.g. 6x384,6x768; "
-                             "students: the one student shape (default 3x384); generate: the model's (default 6x384).")
+_CASE = flags.DEFINE_string(
+  "case",
+  "cpu",
+  "distill: the shapes, 'cpu' (2 CPU cores' worth) or 'paper' (batch 256, "
+  "lengths 128 and 512, BERT-base shape -> 6x384 and 6x768).",
+)
+_TEACHER = flags.DEFINE_string(
+  "teacher",
+  None,
+  "distill: the teacher instead of the case's: 'demo', a shape such as "
+  "12x768 (random weights), or a Hugging Face directory; students: a Hugging Face "
+  "directory or run (default: the demo's all-MiniLM-L6-v2).",
+)
+_STUDENT = flags.DEFINE_list(
+  "student",
+  None,
+  "distill: student shapes instead of the case's, e.g. 6x384,6x768; "
+  "students: the one student shape (default 3x384); generate: the model's (default 6x384).",
+)
 _BATCH = flags.DEFINE_integer("batch", None, "Batch size instead of the case's (inference: default 8; generate: 32).")
-_SEQ_LEN = flags.DEFINE_list("seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128).")
+_SEQ_LEN = flags.DEFINE_list(
+  "seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128)."
+)
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
-_TRAIN_STEPS = flags.DEFINE_integer("train_steps", 5, "distill: steps per timing window of the train program "
-                                    "(it runs two windows); 0 skips it.")
+_TRAIN_STEPS = flags.DEFINE_integer(
+  "train_steps", 5, "distill: steps per timing window of the train program (it runs two windows); 0 skips it."
+)
 _MODELS = flags.DEFINE_list("models", None, "students: the models to fine-tune (default: every baseline and recipe).")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "students: the task's data folder (default: Debian's WordNet).")
-_TARGET_LENGTH = flags.DEFINE_integer("target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).")
+_TARGET_LENGTH = flags.DEFINE_integer(
+  "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's)."
+)
 _BATCHES = flags.DEFINE_integer("batches", 100, "inference: batches averaged over (the paper's protocol: 100).")
 
 

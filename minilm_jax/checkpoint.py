@@ -61,12 +61,12 @@ def _quiet_orbax_failure_reports():
 
 
 class RunCheckpoints:
-
   def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False):
     _quiet_orbax_failure_reports()
     if read_only:
-      options = ocp.CheckpointManagerOptions(read_only=True, enable_async_checkpointing=False, create=False,
-                                             save_interval_steps=0)
+      options = ocp.CheckpointManagerOptions(
+        read_only=True, enable_async_checkpointing=False, create=False, save_interval_steps=0
+      )
     else:
       options = ocp.CheckpointManagerOptions(max_to_keep=keep)
     self.every, self.read_only, self._failure = every, read_only, None
@@ -83,8 +83,13 @@ class RunCheckpoints:
     """Saves `step` now (asynchronously); the caller decides when (`due`, the last step, a preemption)."""
     self.check()
     try:
-      return self.manager.save(step, force=True, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)))
+      return self.manager.save(
+        step,
+        force=True,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)
+        ),
+      )
     except Exception as e:  # storage errors come as OSError, ValueError(RESOURCE_EXHAUSTED), ...
       self._failed(e)
 
@@ -108,9 +113,11 @@ class RunCheckpoints:
       pass
     _remove_partial_saves(directory)
     usage = shutil.disk_usage(directory)
-    self._failure = (f"saving a checkpoint in {directory} failed ({_storage_reason(error)}); {usage.free / 2 ** 20:.1f} MiB of "
-                     f"{usage.total / 2 ** 20:.1f} MiB free there. The checkpoints saved before "
-                     f"({list(self.manager.all_steps())}) are kept: free space and rerun the same command to resume")
+    self._failure = (
+      f"saving a checkpoint in {directory} failed ({_storage_reason(error)}); {usage.free / 2**20:.1f} MiB of "
+      f"{usage.total / 2**20:.1f} MiB free there. The checkpoints saved before "
+      f"({list(self.manager.all_steps())}) are kept: free space and rerun the same command to resume"
+    )
     raise UserError(self._failure) from None
 
   def read_meta(self, step=None) -> dict:
@@ -120,16 +127,31 @@ class RunCheckpoints:
   def restore(self, abstract_state, step=None):
     """(state, data position, meta) of `step` (default: the newest that can be read), placed as
     `abstract_state`'s shardings say."""
-    out = self._restore_intact(step, lambda s: self.manager.restore(s, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())))
+    out = self._restore_intact(
+      step,
+      lambda s: self.manager.restore(
+        s,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+        ),
+      ),
+    )
     return out.state, out.data, out.meta
 
   def restore_params(self, abstract_params, step=None):
     """Only the parameters of a saved train state (a teacher needs no optimizer state)."""
     target = {"params": abstract_params}
-    out = self._restore_intact(step, lambda s: self.manager.restore(s, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                     partial_restore=True))))
+    out = self._restore_intact(
+      step,
+      lambda s: self.manager.restore(
+        s,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+          )
+        ),
+      ),
+    )
     return out.state["params"]
 
   def _restore_intact(self, step, restore):
@@ -142,8 +164,10 @@ class RunCheckpoints:
       try:
         return restore(step)
       except Exception as e:  # Orbax and TensorStore raise many types for a damaged file
-        raise UserError(f"the checkpoint of step {step} in {self.manager.directory} cannot be read ({_brief(e)}): "
-                        f"choose another step (steps there: {list(self.manager.all_steps())})") from None
+        raise UserError(
+          f"the checkpoint of step {step} in {self.manager.directory} cannot be read ({_brief(e)}): "
+          f"choose another step (steps there: {list(self.manager.all_steps())})"
+        ) from None
     steps = sorted(self.manager.all_steps(), reverse=True)
     self._step(None)  # one line when there is none
     damaged = []
@@ -154,12 +178,17 @@ class RunCheckpoints:
         damaged.append((candidate, e))
         continue
       if damaged:
-        print(f"warning: the checkpoint of step {damaged[0][0]} in {self.manager.directory} cannot be read "
-              f"({_brief(damaged[0][1])}); using step {candidate}, the newest that can", file=sys.stderr)
+        print(
+          f"warning: the checkpoint of step {damaged[0][0]} in {self.manager.directory} cannot be read "
+          f"({_brief(damaged[0][1])}); using step {candidate}, the newest that can",
+          file=sys.stderr,
+        )
         self._set_aside([s for s, _ in damaged])
       return out
-    raise UserError(f"no checkpoint in {self.manager.directory} can be read (steps {steps}; the newest: "
-                    f"{_brief(damaged[0][1])}): start a new --workdir")
+    raise UserError(
+      f"no checkpoint in {self.manager.directory} can be read (steps {steps}; the newest: "
+      f"{_brief(damaged[0][1])}): start a new --workdir"
+    )
 
   def _set_aside(self, steps):
     if self.read_only:
@@ -177,8 +206,10 @@ class RunCheckpoints:
   def _step(self, step):
     step = self.latest_step() if step is None else step
     if step is None or step not in self.manager.all_steps():
-      raise UserError(f"no complete checkpoint{'' if step is None else f' at step {step}'} in {self.manager.directory}: "
-                      f"steps there are {list(self.manager.all_steps())}")
+      raise UserError(
+        f"no complete checkpoint{'' if step is None else f' at step {step}'} in {self.manager.directory}: "
+        f"steps there are {list(self.manager.all_steps())}"
+      )
     return step
 
   def wait(self):

@@ -17,11 +17,17 @@ from minilm_jax.program import run_program
 
 _FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
 _TO_HF = flags.DEFINE_bool("to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.")
-_SENTENCE_TRANSFORMERS = flags.DEFINE_bool("sentence-transformers", False, "With --to-hf: also the sentence-transformers "
-                                           "files (pooling, Dense map, Normalize), loadable by SentenceTransformer(dir).")
+_SENTENCE_TRANSFORMERS = flags.DEFINE_bool(
+  "sentence-transformers",
+  False,
+  "With --to-hf: also the sentence-transformers "
+  "files (pooling, Dense map, Normalize), loadable by SentenceTransformer(dir).",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "With --to-hf: the run to export.")
 _STEP = flags.DEFINE_integer("step", None, "With --to-hf: the checkpoint step (default: the latest).")
-_OUT = flags.DEFINE_string("out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf).")
+_OUT = flags.DEFINE_string(
+  "out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf)."
+)
 
 
 def main(argv):
@@ -37,7 +43,13 @@ def main(argv):
   if not _WORKDIR.value:
     raise UserError("--to-hf needs --workdir <run to export>")
   config, head = runs.export_run(_WORKDIR.value, _OUT.value, _STEP.value, _SENTENCE_TRANSFORMERS.value)
-  kind = "sentence-transformers encoder" if _SENTENCE_TRANSFORMERS.value else "encoder" if head is None else f"{head['kind']} model"
+  kind = (
+    "sentence-transformers encoder"
+    if _SENTENCE_TRANSFORMERS.value
+    else "encoder"
+    if head is None
+    else f"{head['kind']} model"
+  )
   print(f"wrote {config.num_layers}x{config.hidden_size} {kind} to {_OUT.value}", file=sys.stderr)
 
 

@@ -13,8 +13,9 @@ from ml_collections import config_flags
 from minilm_jax.program import run_program
 from minilm_jax.distill.task_specific import TaskDistillation
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Task distillation config (configs/task/*.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Task distillation config (configs/task/*.py).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the teacher-logit cache, results.")
 flags.mark_flags_as_required(["config"])
 

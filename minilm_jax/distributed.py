@@ -34,12 +34,18 @@ def maybe_initialize():
   if coordinator and index not in (None, "0"):
     _wait_for_coordinator(coordinator, timeout, index, num)
   try:
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=int(num) if num else None,
-                               process_id=int(index) if index else None, initialization_timeout=timeout)
+    jax.distributed.initialize(
+      coordinator_address=coordinator,
+      num_processes=int(num) if num else None,
+      process_id=int(index) if index else None,
+      initialization_timeout=timeout,
+    )
   except Exception as e:  # the runtime raises several types (RuntimeError, XlaRuntimeError, ValueError)
-    raise UserError(f"could not join the distributed run (coordinator {coordinator or 'from the cluster'}, "
-                    f"process {index} of {num}) within {timeout}s: {type(e).__name__}: "
-                    f"{' '.join(str(e).split())[:200]}; check that every process was started and the address is reachable") from None
+    raise UserError(
+      f"could not join the distributed run (coordinator {coordinator or 'from the cluster'}, "
+      f"process {index} of {num}) within {timeout}s: {type(e).__name__}: "
+      f"{' '.join(str(e).split())[:200]}; check that every process was started and the address is reachable"
+    ) from None
 
 
 def _wait_for_coordinator(address: str, timeout: int, index, num):
@@ -53,8 +59,10 @@ def _wait_for_coordinator(address: str, timeout: int, index, num):
       return
     except OSError as e:
       if time.monotonic() > deadline:
-        raise UserError(f"could not join the distributed run: coordinator {address} unreachable from process {index} of "
-                        f"{num} after {timeout}s ({e.strerror or e}); start process 0 first and check the address") from None
+        raise UserError(
+          f"could not join the distributed run: coordinator {address} unreachable from process {index} of "
+          f"{num} after {timeout}s ({e.strerror or e}); start process 0 first and check the address"
+        ) from None
       time.sleep(0.5)
 
 
@@ -68,8 +76,10 @@ def check_same_config(config_json: str):
   digests = np.asarray(multihost_utils.process_allgather(digest)).reshape(-1)
   if len(set(digests.tolist())) > 1:
     differing = [i for i, d in enumerate(digests) if d != digests[0]]
-    raise UserError(f"the {jax.process_count()} processes disagree on the config (processes {differing} differ from "
-                    f"process 0): start every process with the same command and overrides")
+    raise UserError(
+      f"the {jax.process_count()} processes disagree on the config (processes {differing} differ from "
+      f"process 0): start every process with the same command and overrides"
+    )
 
 
 def host_scalars(tree):

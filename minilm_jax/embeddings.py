@@ -49,13 +49,17 @@ def read_pipeline(model_dir: str, default_length: int):
   kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
   unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Dense", "Normalize"})
   if unknown:
-    raise UserError(f"{model_dir}'s sentence-transformers pipeline has modules {unknown} that we do not reproduce: "
-                    f"use a model made of Transformer, Pooling, Dense and Normalize")
+    raise UserError(
+      f"{model_dir}'s sentence-transformers pipeline has modules {unknown} that we do not reproduce: "
+      f"use a model made of Transformer, Pooling, Dense and Normalize"
+    )
   mode, dense = "mean", None
   for kind, module in zip(kinds, modules):
     config = _read_json(os.path.join(model_dir, module["path"], "config.json")) if kind in ("Pooling", "Dense") else {}
     if kind == "Pooling":
-      modes = [m for m in ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens") if config.get(f"pooling_mode_{m}")]
+      modes = [
+        m for m in ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens") if config.get(f"pooling_mode_{m}")
+      ]
       if modes not in (["mean_tokens"], ["cls_token"]):
         raise UserError(f"{model_dir} pools by {modes}: we reproduce mean or CLS pooling alone")
       mode = "mean" if modes == ["mean_tokens"] else "cls"
@@ -90,12 +94,13 @@ def sentence_embeddings(hidden_BxLxD, mask_BxL, pooling: Pooling, dense_kernel=N
 
 
 def embedding_loss(student_BxD, teacher_BxD, kind: str):
-  """"mse": the squared distance summed over features, averaged over sentences (for normalised
+  """ "mse": the squared distance summed over features, averaged over sentences (for normalised
   embeddings 2 - 2 cos, on the scale of the relation KLs); "cosine": 1 - cos, averaged."""
   if kind == "mse":
     return jnp.mean(jnp.sum((student_BxD - teacher_BxD) ** 2, axis=-1))
   cos = jnp.sum(student_BxD * teacher_BxD, axis=-1) / jnp.maximum(
-      jnp.linalg.norm(student_BxD, axis=-1) * jnp.linalg.norm(teacher_BxD, axis=-1), 1e-12)
+    jnp.linalg.norm(student_BxD, axis=-1) * jnp.linalg.norm(teacher_BxD, axis=-1), 1e-12
+  )
   return jnp.mean(1.0 - cos)
 
 
@@ -105,28 +110,48 @@ def save_sentence_transformers(out_dir: str, pooling: Pooling, dense_kernel=None
   Normalize module when the embeddings are normalised, `sentence_bert_config.json` and
   `config_sentence_transformers.json`."""
   modules = [("Transformer", "")]
-  _write_json(os.path.join(out_dir, "1_Pooling", "config.json"), {
-      "word_embedding_dimension": width, "pooling_mode_cls_token": pooling.mode == "cls",
-      "pooling_mode_mean_tokens": pooling.mode == "mean", "pooling_mode_max_tokens": False,
-      "pooling_mode_mean_sqrt_len_tokens": False})
+  _write_json(
+    os.path.join(out_dir, "1_Pooling", "config.json"),
+    {
+      "word_embedding_dimension": width,
+      "pooling_mode_cls_token": pooling.mode == "cls",
+      "pooling_mode_mean_tokens": pooling.mode == "mean",
+      "pooling_mode_max_tokens": False,
+      "pooling_mode_mean_sqrt_len_tokens": False,
+    },
+  )
   modules.append(("Pooling", "1_Pooling"))
   if dense_kernel is not None:
     kernel = np.asarray(dense_kernel, np.float32)
-    _write_json(os.path.join(out_dir, "2_Dense", "config.json"), {
-        "in_features": kernel.shape[0], "out_features": kernel.shape[1], "bias": False,
-        "activation_function": "torch.nn.modules.linear.Identity"})
-    save_file({"linear.weight": np.ascontiguousarray(kernel.T)}, os.path.join(out_dir, "2_Dense", "model.safetensors"),
-              metadata={"format": "pt"})
+    _write_json(
+      os.path.join(out_dir, "2_Dense", "config.json"),
+      {
+        "in_features": kernel.shape[0],
+        "out_features": kernel.shape[1],
+        "bias": False,
+        "activation_function": "torch.nn.modules.linear.Identity",
+      },
+    )
+    save_file(
+      {"linear.weight": np.ascontiguousarray(kernel.T)},
+      os.path.join(out_dir, "2_Dense", "model.safetensors"),
+      metadata={"format": "pt"},
+    )
     modules.append(("Dense", "2_Dense"))
   if pooling.normalize:
     modules.append(("Normalize", f"{len(modules)}_Normalize"))
-  _write_json(os.path.join(out_dir, "modules.json"), [
-      {"idx": i, "name": str(i), "path": path, "type": _ST_TYPE + kind} for i, (kind, path) in enumerate(modules)])
-  _write_json(os.path.join(out_dir, "sentence_bert_config.json"),
-              {"max_seq_length": pooling.max_seq_length, "do_lower_case": False})
-  _write_json(os.path.join(out_dir, "config_sentence_transformers.json"),
-              {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None,
-               "similarity_fn_name": "cosine"})
+  _write_json(
+    os.path.join(out_dir, "modules.json"),
+    [{"idx": i, "name": str(i), "path": path, "type": _ST_TYPE + kind} for i, (kind, path) in enumerate(modules)],
+  )
+  _write_json(
+    os.path.join(out_dir, "sentence_bert_config.json"),
+    {"max_seq_length": pooling.max_seq_length, "do_lower_case": False},
+  )
+  _write_json(
+    os.path.join(out_dir, "config_sentence_transformers.json"),
+    {"model_type": "SentenceTransformer", "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+  )
 
 
 def _read_json(path: str):

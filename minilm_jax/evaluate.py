@@ -20,14 +20,21 @@ from minilm_jax.finetuning.embedding_eval import evaluate_embeddings
 from minilm_jax.finetuning.evaluation import evaluate_runs
 
 _RUNS = flags.DEFINE_list("runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.")
-_EMBEDDINGS = flags.DEFINE_list("embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose "
-                                "sentence embeddings to evaluate.")
+_EMBEDDINGS = flags.DEFINE_list(
+  "embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose sentence embeddings to evaluate."
+)
 _OUT = flags.DEFINE_string("out", None, "Directory for metrics.json, predictions and submission files.")
 _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Evaluate every kept checkpoint, not only the latest.")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order).")
+_DATA_DIR = flags.DEFINE_string(
+  "data_dir", "", "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order)."
+)
 _STS = flags.DEFINE_string("sts", "", "--embeddings: an STS-B-format TSV (sentence1, sentence2, score) to score.")
-_WORDNET_DIR = flags.DEFINE_string("wordnet_dir", "", "--embeddings: WordNet 3.0's dict folder (default: Debian's "
-                                   "/usr/share/wordnet; tests/data/wordnet holds an excerpt).")
+_WORDNET_DIR = flags.DEFINE_string(
+  "wordnet_dir",
+  "",
+  "--embeddings: WordNet 3.0's dict folder (default: Debian's "
+  "/usr/share/wordnet; tests/data/wordnet holds an excerpt).",
+)
 _MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "--embeddings: tokens per sentence, the same for every model.")
 _BATCH = flags.DEFINE_integer("eval_batch_size", 128, "Global evaluation batch size.")
 _MODEL = flags.DEFINE_integer("mesh_model", 1, "Devices each parameter matrix is split over.")
@@ -36,14 +43,24 @@ _MODEL = flags.DEFINE_integer("mesh_model", 1, "Devices each parameter matrix is
 def main(argv):
   del argv
   if bool(_RUNS.value) == bool(_EMBEDDINGS.value) or not _OUT.value:
-    raise UserError("name the runs, or the models whose embeddings to evaluate, and an output folder: "
-                    "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>")
+    raise UserError(
+      "name the runs, or the models whose embeddings to evaluate, and an output folder: "
+      "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>"
+    )
   if _EMBEDDINGS.value:
-    rows = evaluate_embeddings(_EMBEDDINGS.value, _OUT.value, _STS.value, _WORDNET_DIR.value, _BATCH.value,
-                               _MAX_LEN.value, parallel.make_mesh(-1, 1))
+    rows = evaluate_embeddings(
+      _EMBEDDINGS.value,
+      _OUT.value,
+      _STS.value,
+      _WORDNET_DIR.value,
+      _BATCH.value,
+      _MAX_LEN.value,
+      parallel.make_mesh(-1, 1),
+    )
   else:
-    rows = evaluate_runs(_RUNS.value, _OUT.value, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value,
-                         parallel.make_mesh(-1, _MODEL.value))
+    rows = evaluate_runs(
+      _RUNS.value, _OUT.value, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value, parallel.make_mesh(-1, _MODEL.value)
+    )
   print(format_table(rows))
 
 

@@ -18,8 +18,9 @@ from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.finetuning.grid import run_grid
 from minilm_jax.finetuning.multitask import MultiTaskFineTuning
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file (configs/finetune/*.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
 _GRID = flags.DEFINE_bool("grid", False, "Run the config's learning-rate x epochs grid as one batch job.")
 flags.mark_flags_as_required(["config"])

@@ -31,44 +31,57 @@ class LoadedModel(NamedTuple):
   head: Optional[dict] = None  # a fine-tuned run's task head ({"kind": ...}); None: an encoder
   mlm_head: Optional[dict] = None  # the masked-LM head's parameters, when asked for and saved
 
+
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
 _HEAD_TABLE = {
-    "classification": (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
-    "span": (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
+  "classification": (
+    ("classifier/kernel", "classifier.weight", "linear"),
+    ("classifier/bias", "classifier.bias", "copy"),
+  ),
+  "span": (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
 }
 # The masked-LM head (decoder weights tied to the word embeddings): BERT's and RoBERTa's names.
 _MLM_TABLE = {
-    "bert": (("transform/kernel", "cls.predictions.transform.dense.weight", "linear"),
-             ("transform/bias", "cls.predictions.transform.dense.bias", "copy"),
-             ("transform_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", "copy"),
-             ("transform_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", "copy"),
-             ("bias", "cls.predictions.bias", "copy")),
-    "roberta": (("transform/kernel", "lm_head.dense.weight", "linear"), ("transform/bias", "lm_head.dense.bias", "copy"),
-                ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
-                ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"), ("bias", "lm_head.bias", "copy")),
+  "bert": (
+    ("transform/kernel", "cls.predictions.transform.dense.weight", "linear"),
+    ("transform/bias", "cls.predictions.transform.dense.bias", "copy"),
+    ("transform_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", "copy"),
+    ("transform_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", "copy"),
+    ("bias", "cls.predictions.bias", "copy"),
+  ),
+  "roberta": (
+    ("transform/kernel", "lm_head.dense.weight", "linear"),
+    ("transform/bias", "lm_head.dense.bias", "copy"),
+    ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
+    ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"),
+    ("bias", "lm_head.bias", "copy"),
+  ),
 }
 _HEAD_TABLE["seq2seq"] = _MLM_TABLE["bert"]  # UniLM's sequence-to-sequence model is BERT's masked LM
-_HEAD_ARCHITECTURES = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering",
-                       "seq2seq": "BertForMaskedLM"}
+_HEAD_ARCHITECTURES = {
+  "classification": "BertForSequenceClassification",
+  "span": "BertForQuestionAnswering",
+  "seq2seq": "BertForMaskedLM",
+}
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
 _MODEL_PREFIXES = ("bert.", "roberta.")
 _ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
 # Our EncoderConfig field <- Hugging Face config.json key.
 _CONFIG_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "layer_norm_eps": "layer_norm_eps",
-    "hidden_act": "hidden_act",
-    "hidden_dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-    "pad_token_id": "pad_token_id",
-    "initializer_range": "initializer_range",
+  "vocab_size": "vocab_size",
+  "hidden_size": "hidden_size",
+  "num_layers": "num_hidden_layers",
+  "num_heads": "num_attention_heads",
+  "intermediate_size": "intermediate_size",
+  "max_position_embeddings": "max_position_embeddings",
+  "type_vocab_size": "type_vocab_size",
+  "layer_norm_eps": "layer_norm_eps",
+  "hidden_act": "hidden_act",
+  "hidden_dropout": "hidden_dropout_prob",
+  "attention_dropout": "attention_probs_dropout_prob",
+  "pad_token_id": "pad_token_id",
+  "initializer_range": "initializer_range",
 }
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "vocab.json")
 
@@ -85,15 +98,18 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
   if model_type not in MODEL_TYPES:
     raise UserError(f"unsupported model_type {model_type!r} in config.json: minilm_jax loads {', '.join(MODEL_TYPES)}")
   if hf_config.get("position_embedding_type", "absolute") != "absolute":
-    raise UserError(f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented")
+    raise UserError(
+      f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented"
+    )
   fields = {ours: hf_config[theirs] for ours, theirs in _CONFIG_KEYS.items() if theirs in hf_config}
   return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
 
 
 def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
-  d.update(model_type=config.model_type, architectures=[_ARCHITECTURES[config.model_type]],
-           position_embedding_type="absolute")
+  d.update(
+    model_type=config.model_type, architectures=[_ARCHITECTURES[config.model_type]], position_embedding_type="absolute"
+  )
   return d
 
 
@@ -104,8 +120,10 @@ def _load_safetensors(path: str) -> dict:
   try:
     return load_file(path)
   except (SafetensorError, OSError) as e:
-    raise UserError(f"could not read the weights file {path} ({' '.join(str(e).split())[:120]}): it is damaged or "
-                    f"incomplete; copy or download it again") from None
+    raise UserError(
+      f"could not read the weights file {path} ({' '.join(str(e).split())[:120]}): it is damaged or "
+      f"incomplete; copy or download it again"
+    ) from None
 
 
 def _read_tensors(model_dir: str) -> dict:
@@ -126,17 +144,21 @@ def _read_tensors(model_dir: str) -> dict:
     try:
       import torch
     except ImportError:
-      raise UserError(f"{torch_bin} needs torch to read (pip install torch), or convert it to model.safetensors") from None
+      raise UserError(
+        f"{torch_bin} needs torch to read (pip install torch), or convert it to model.safetensors"
+      ) from None
     # weights_only=True: torch's restricted unpickler, which never runs code from the file.
     state = torch.load(torch_bin, map_location="cpu", weights_only=True)
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
-  raise UserError(f"no weights in {model_dir}: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+  raise UserError(
+    f"no weights in {model_dir}: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+  )
 
 
 def _normalise_name(name: str) -> str:
   for prefix in _MODEL_PREFIXES:
     if name.startswith(prefix):
-      name = name[len(prefix):]
+      name = name[len(prefix) :]
   # Checkpoints from the TensorFlow era name LayerNorm parameters gamma/beta.
   return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
@@ -166,12 +188,17 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
       continue
     value = tensors[theirs].T if kind == "linear" else tensors[theirs]
     if value.shape != expected[ours].shape:
-      raise UserError(f"{model_dir}: tensor {theirs} has shape {tuple(tensors[theirs].shape)}, but config.json implies "
-                      f"{tuple(expected[ours].shape[::-1] if kind == 'linear' else expected[ours].shape)}: config and weights do not match")
+      raise UserError(
+        f"{model_dir}: tensor {theirs} has shape {tuple(tensors[theirs].shape)}, but config.json implies "
+        f"{tuple(expected[ours].shape[::-1] if kind == 'linear' else expected[ours].shape)}: "
+        f"config and weights do not match"
+      )
     flat[ours] = np.asarray(value, np.float32)
   required = [theirs for ours, theirs in missing if not ours.startswith(_OPTIONAL_PREFIXES)]
   if required:
-    raise UserError(f"{model_dir}: weights are missing {len(required)} tensors of a {config.model_type} encoder, e.g. {required[:3]}")
+    raise UserError(
+      f"{model_dir}: weights are missing {len(required)} tensors of a {config.model_type} encoder, e.g. {required[:3]}"
+    )
   if missing:
     log.info("%s has no pooler; it gets a freshly initialised one", model_dir)
     fresh = traverse_util.flatten_dict(init_params(config, jax.random.key(0)), sep="/")
@@ -193,8 +220,10 @@ def _mlm_head(tensors: dict, config: EncoderConfig):
   table = _MLM_TABLE["bert" if config.model_type == "bert" else "roberta"]
   if any(theirs not in tensors for _, theirs, _ in table):
     return None
-  flat = {ours: np.asarray(tensors[theirs].T if kind == "linear" else tensors[theirs], np.float32)
-          for ours, theirs, kind in table}
+  flat = {
+    ours: np.asarray(tensors[theirs].T if kind == "linear" else tensors[theirs], np.float32)
+    for ours, theirs, kind in table
+  }
   return jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
 
 
@@ -203,7 +232,7 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict = None) -> dict:
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   if head is None:
     return _convert(flat, _name_pairs(config.num_layers))
-  encoder = {k[len("encoder/"):]: v for k, v in flat.items() if k.startswith("encoder/")}
+  encoder = {k[len("encoder/") :]: v for k, v in flat.items() if k.startswith("encoder/")}
   tensors = {"bert." + k: v for k, v in _convert(encoder, _name_pairs(config.num_layers)).items()}
   tensors.update(_convert(flat, _HEAD_TABLE[head["kind"]]))
   return tensors
@@ -216,8 +245,12 @@ def config_with_head(config: EncoderConfig, head: dict = None) -> dict:
   d["architectures"] = [_HEAD_ARCHITECTURES[head["kind"]]]
   if head["kind"] == "classification":
     labels = head.get("labels") or [f"LABEL_{i}" for i in range(head["num_labels"])]
-    d.update(num_labels=head["num_labels"], id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-             problem_type="regression" if head["num_labels"] == 1 else "single_label_classification")
+    d.update(
+      num_labels=head["num_labels"],
+      id2label=dict(enumerate(labels)),
+      label2id={l: i for i, l in enumerate(labels)},
+      problem_type="regression" if head["num_labels"] == 1 else "single_label_classification",
+    )
   return d
 
 
@@ -228,13 +261,17 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   from safetensors.numpy import save_file
 
   if head is not None and config.model_type != "bert":
-    raise UserError(f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
-                    f"from BERT's): export the encoder alone")
+    raise UserError(
+      f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
+      f"from BERT's): export the encoder alone"
+    )
   if head is not None and head["kind"] == "classification":
     outputs = params["classifier"]["kernel"].shape[-1]
     if outputs != head["num_labels"] or len(head.get("labels") or [None] * outputs) != outputs:
-      raise UserError(f"the classifier has {outputs} outputs but the head names {head['num_labels']} labels: "
-                      f"the checkpoint does not belong to this task's label set")
+      raise UserError(
+        f"the classifier has {outputs} outputs but the head names {head['num_labels']} labels: "
+        f"the checkpoint does not belong to this task's label set"
+      )
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config_with_head(config, head), f, indent=2)
@@ -249,12 +286,16 @@ def load_tokenizer(model_dir: str):
   from transformers import AutoTokenizer
 
   if not any(os.path.exists(os.path.join(model_dir, f)) for f in _TOKENIZER_FILES):
-    raise UserError(f"{model_dir} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer beside the weights")
+    raise UserError(
+      f"{model_dir} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer beside the weights"
+    )
   try:
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
   except Exception as e:  # a damaged tokenizer.json raises the Rust parser's own exception types
-    raise UserError(f"could not load the tokenizer in {model_dir} ({type(e).__name__}: {' '.join(str(e).split())[:120]}): "
-                    f"its files are damaged or incomplete; save the tokenizer again") from None
+    raise UserError(
+      f"could not load the tokenizer in {model_dir} ({type(e).__name__}: {' '.join(str(e).split())[:120]}): "
+      f"its files are damaged or incomplete; save the tokenizer again"
+    ) from None
   backend = getattr(tokenizer, "_tokenizer", None)
   if backend is not None:
     backend.no_padding()

@@ -11,8 +11,10 @@ def _download(name: str) -> str:
   try:
     return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
   except Exception as e:  # offline, unknown repository, ...: the hub's exception types vary by version
-    raise UserError(f"{name!r} is not a local directory and could not be fetched from the hub "
-                    f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir") from None
+    raise UserError(
+      f"{name!r} is not a local directory and could not be fetched from the hub "
+      f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir"
+    ) from None
 
 
 def local_dir(path: str, what: str = "model") -> str:

@@ -50,17 +50,67 @@ class _Preemption:
 # Config fields the training programs have (each program's config has some of them): the least
 # allowed value, and for probabilities the bound they must stay below.
 _RANGES = {
-    **dict.fromkeys(("log_every", "epochs", "seeds", "batch_size", "eval_batch_size", "checkpoint.every", "checkpoint.keep",
-                     "optimizer.accumulate_steps", "student.num_layers", "student.hidden_size", "student.num_heads",
-                     "student.intermediate_size", "student.vocab_size", "student.embed_dim", "student.hidden",
-                     "student.fc", "loss.num_relation_heads", "etd.num_sentences", "data.num_proc", "n_best",
-                     "max_answer_length", "doc_stride", "augment.size_factor", "mesh.model"), (1, None)),
-    **dict.fromkeys(("seed", "etd.seed", "augment.seed", "num_steps", "optimizer.warmup_steps", "loss.query_chunk",
-                     "optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_norm", "optimizer.rho",
-                     "augment.n_iter", "loss.embedding_weight"), (0, None)),
-    **dict.fromkeys(("student.dropout", "dropout", "optimizer.b1", "optimizer.b2", "augment.p_mask",
-                     "augment.p_pos", "optimizer.warmup_proportion"), (0, 1)),
-    "data.max_seq_length": (2, None), "max_seq_length": (2, None),  # [CLS] and [SEP]
+  **dict.fromkeys(
+    (
+      "log_every",
+      "epochs",
+      "seeds",
+      "batch_size",
+      "eval_batch_size",
+      "checkpoint.every",
+      "checkpoint.keep",
+      "optimizer.accumulate_steps",
+      "student.num_layers",
+      "student.hidden_size",
+      "student.num_heads",
+      "student.intermediate_size",
+      "student.vocab_size",
+      "student.embed_dim",
+      "student.hidden",
+      "student.fc",
+      "loss.num_relation_heads",
+      "etd.num_sentences",
+      "data.num_proc",
+      "n_best",
+      "max_answer_length",
+      "doc_stride",
+      "augment.size_factor",
+      "mesh.model",
+    ),
+    (1, None),
+  ),
+  **dict.fromkeys(
+    (
+      "seed",
+      "etd.seed",
+      "augment.seed",
+      "num_steps",
+      "optimizer.warmup_steps",
+      "loss.query_chunk",
+      "optimizer.lr",
+      "optimizer.eps",
+      "optimizer.weight_decay",
+      "optimizer.clip_norm",
+      "optimizer.rho",
+      "augment.n_iter",
+      "loss.embedding_weight",
+    ),
+    (0, None),
+  ),
+  **dict.fromkeys(
+    (
+      "student.dropout",
+      "dropout",
+      "optimizer.b1",
+      "optimizer.b2",
+      "augment.p_mask",
+      "augment.p_pos",
+      "optimizer.warmup_proportion",
+    ),
+    (0, 1),
+  ),
+  "data.max_seq_length": (2, None),
+  "max_seq_length": (2, None),  # [CLS] and [SEP]
 }
 
 
@@ -112,12 +162,15 @@ def _check_resumable(config, workdir: str):
     ckpt.close()
   now = traverse_util.flatten_dict(json.loads(config.to_json()), sep=".")
   # Fields on one side only come from another version of this program, not from the user.
-  differing = sorted(k for k in saved.keys() & now.keys()
-                     if saved[k] != now[k] and not k.startswith(_MAY_CHANGE_ON_RESUME))
+  differing = sorted(
+    k for k in saved.keys() & now.keys() if saved[k] != now[k] and not k.startswith(_MAY_CHANGE_ON_RESUME)
+  )
   if differing:
     changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in differing[:6])
-    raise UserError(f"{workdir} holds a run started with another config ({changes}{', ...' if len(differing) > 6 else ''}): "
-                    f"rerun with that run's settings, or use a new --workdir")
+    raise UserError(
+      f"{workdir} holds a run started with another config ({changes}{', ...' if len(differing) > 6 else ''}): "
+      f"rerun with that run's settings, or use a new --workdir"
+    )
 
 
 class _Prefetcher:
@@ -128,8 +181,9 @@ class _Prefetcher:
   def __init__(self, stream, first: int, last: int, place, depth: int = 2):
     self._queue = queue.Queue(maxsize=depth)
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._work, args=(stream, first, last, place), daemon=True,
-                                    name="batch-prefetch")
+    self._thread = threading.Thread(
+      target=self._work, args=(stream, first, last, place), daemon=True, name="batch-prefetch"
+    )
     self._thread.start()
 
   def _put(self, item) -> bool:
@@ -178,14 +232,29 @@ def _check_finite(pending: list, checkpoints):
     if metrics["skipped"]:
       latest = checkpoints.latest_step()
       kept = "no checkpoint was saved yet" if latest is None else f"the last checkpoint (step {latest}) is intact"
-      raise UserError(f"non-finite loss or update at step {done} (loss {float(metrics['loss'])}): the update was not "
-                      f"applied and the run stops; {kept}: lower the learning rate or enable gradient clipping "
-                      f"(optimizer.clip_norm)")
+      raise UserError(
+        f"non-finite loss or update at step {done} (loss {float(metrics['loss'])}): the update was not "
+        f"applied and the run stops; {kept}: lower the learning rate or enable gradient clipping "
+        f"(optimizer.clip_norm)"
+      )
   return rows[-1][1] if rows else None
 
 
-def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int, checkpoints, meta: dict,
-               workdir: str, log_every: int, desc: str, after_step=None):
+def train_loop(
+  state,
+  next_batch: int,
+  *,
+  step_fn,
+  stream,
+  mesh,
+  num_steps: int,
+  checkpoints,
+  meta: dict,
+  workdir: str,
+  log_every: int,
+  desc: str,
+  after_step=None,
+):
   """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `num_steps`, the batches
   read from `stream` and placed on `mesh` ahead of time (`_Prefetcher`).
 
@@ -202,8 +271,9 @@ def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int,
     return state
   writer = MetricWriter(workdir, start)
   preemption = _Preemption()
-  prefetcher = _Prefetcher(stream, next_batch, next_batch + max(num_steps - start, 0),
-                           partial(parallel.shard_batch, mesh=mesh))
+  prefetcher = _Prefetcher(
+    stream, next_batch, next_batch + max(num_steps - start, 0), partial(parallel.shard_batch, mesh=mesh)
+  )
   real_tokens, window_start, window_steps, pending = 0, time.perf_counter(), 0, []
   bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
   try:
@@ -221,8 +291,9 @@ def train_loop(state, next_batch: int, *, step_fn, stream, mesh, num_steps: int,
       if done % log_every == 0 or done == num_steps or extra:
         metrics = _check_finite(pending, checkpoints)
         elapsed = time.perf_counter() - window_start
-        writer.write(done, {**metrics, **extra, "step_time_s": elapsed / window_steps,
-                            "tokens_per_s": real_tokens / elapsed})
+        writer.write(
+          done, {**metrics, **extra, "step_time_s": elapsed / window_steps, "tokens_per_s": real_tokens / elapsed}
+        )
         bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", lr=f"{float(metrics['lr']):.2e}")
         real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
       if preemption.stop_at(done):

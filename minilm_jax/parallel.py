@@ -2,8 +2,9 @@
 
 The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style, as the
 encoder's layout table says: Q/K/V and the first feed-forward matrix by output column, the
-attention output and second feed-forward matrix by input row, the word embeddings by vocabulary row). Distillation uses `data` only;
-fine-tuning and evaluation use both through `jax.jit` shardings.
+attention output and second feed-forward matrix by input row, the word embeddings by vocabulary
+row). Distillation uses `data` only; fine-tuning and evaluation use both through `jax.jit`
+shardings.
 """
 
 import jax
@@ -24,7 +25,7 @@ def make_mesh(num_data: int = -1, num_model: int = 1) -> Mesh:
   n = len(devices) // num_model if num_data == -1 else num_data
   if not 0 < n * num_model <= len(devices):
     raise UserError(f"mesh asks for {num_data} x {num_model} devices but {len(devices)} are available: use -1 for all")
-  return Mesh(np.asarray(devices[:n * num_model]).reshape(n, num_model), (DATA, MODEL))
+  return Mesh(np.asarray(devices[: n * num_model]).reshape(n, num_model), (DATA, MODEL))
 
 
 def _spec(path: str, shape, mesh: Mesh) -> P:
@@ -45,6 +46,7 @@ def _spec(path: str, shape, mesh: Mesh) -> P:
 
 def tree_shardings(abstract_tree, mesh: Mesh):
   """NamedShardings for a tree of parameters or train state, by the rules above."""
+
   def sharding(path, leaf):
     name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
     return NamedSharding(mesh, _spec(name, getattr(leaf, "shape", ()), mesh))
@@ -65,8 +67,10 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def check_batch_divides(global_batch: int, mesh: Mesh):
   n = mesh.shape[DATA]
   if global_batch % n or global_batch % jax.process_count():
-    raise UserError(f"batch_size {global_batch} does not divide over {n} devices in {jax.process_count()} processes: "
-                    f"use a multiple of {n}")
+    raise UserError(
+      f"batch_size {global_batch} does not divide over {n} devices in {jax.process_count()} processes: "
+      f"use a multiple of {n}"
+    )
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -77,5 +81,7 @@ def shard_batch(local_batch: dict, mesh: Mesh) -> dict:
   """This process's rows of a global batch -> global arrays sharded over `data`. Entries that are
   not arrays (a multi-task batch's task name) pass through."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) if isinstance(v, np.ndarray) else v
-          for k, v in local_batch.items()}
+  return {
+    k: jax.make_array_from_process_local_data(sharding, v) if isinstance(v, np.ndarray) else v
+    for k, v in local_batch.items()
+  }

@@ -18,10 +18,13 @@ from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
 from minilm_jax.program import run_program
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "The distillation config whose corpus to prepare.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "The distillation config whose corpus to prepare.", lock_config=True
+)
 _OUT = flags.DEFINE_string("out", None, "The new prepared directory (local, or gs://... through etils.epath).")
-_SHARDS = flags.DEFINE_integer("shards", 8, "Number of shard files (more for large corpora: each holds a slice of the blocks).")
+_SHARDS = flags.DEFINE_integer(
+  "shards", 8, "Number of shard files (more for large corpora: each holds a slice of the blocks)."
+)
 flags.mark_flags_as_required(["config"])
 
 
@@ -39,8 +42,11 @@ def main(argv):
     blocks = load_blocks(c.data, tokenizer, cache)
     sources = [c.data.corpus] + ([c.data.corpus_config] if c.data.corpus_config else [])
     manifest = write_prepared(blocks, tokenizer, c.data.max_seq_length, _OUT.value, _SHARDS.value, sources)
-  print(f"wrote {manifest['blocks']} blocks ({manifest['tokens']} tokens) of {c.data.max_seq_length} in "
-        f"{len(manifest['shards'])} shards to {_OUT.value}", file=sys.stderr)
+  print(
+    f"wrote {manifest['blocks']} blocks ({manifest['tokens']} tokens) of {c.data.max_seq_length} in "
+    f"{len(manifest['shards'])} shards to {_OUT.value}",
+    file=sys.stderr,
+  )
 
 
 if __name__ == "__main__":

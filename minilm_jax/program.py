@@ -22,25 +22,34 @@ def run_program(main):
     # Its message is "'field'" or "'field'\nDid you mean \"other\" instead of \"field\"?", nested in quotes.
     lines = str(e.args[0] if e.args else e).replace("\\n", "\n").splitlines()
     field = lines[0].strip("'\"\\ ")
-    hint = next((f" ({line.strip(chr(39) + ' ')})".replace('\\"', '"') for line in lines[1:] if "Did you mean" in line), "")
-    print(f"error: unknown config field {field!r} on the command line{hint}: check its spelling against the config file",
-          file=sys.stderr)
+    hint = next(
+      (f" ({line.strip(chr(39) + ' ')})".replace('\\"', '"') for line in lines[1:] if "Did you mean" in line), ""
+    )
+    print(
+      f"error: unknown config field {field!r} on the command line{hint}: check its spelling against the config file",
+      file=sys.stderr,
+    )
     sys.exit(2)
   except (flags.Error, ValueError) as e:
     print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
     sys.exit(2)
   except Exception as e:  # raised while executing the --config file (a syntax error, a bad import, ...)
     where = f" ({e.filename}, line {e.lineno})" if isinstance(e, SyntaxError) else ""
-    print(f"error: the --config file could not be loaded{where}: {type(e).__name__}: "
-          f"{' '.join(str(getattr(e, 'msg', e)).split())[:200]}", file=sys.stderr)
+    print(
+      f"error: the --config file could not be loaded{where}: {type(e).__name__}: "
+      f"{' '.join(str(getattr(e, 'msg', e)).split())[:200]}",
+      file=sys.stderr,
+    )
     sys.exit(2)
 
   if "config" in flags.FLAGS and flags.FLAGS["config"].present:
     try:  # ml_collections reports a file it could not find on first access to the config
       flags.FLAGS.config.keys()
     except OSError:
-      print(f"error: the --config file {flags.FLAGS['config'].config_filename} does not exist: check the path",
-            file=sys.stderr)
+      print(
+        f"error: the --config file {flags.FLAGS['config'].config_filename} does not exist: check the path",
+        file=sys.stderr,
+      )
       sys.exit(2)
 
   def main_or_one_line(argv):
@@ -56,8 +65,11 @@ def run_program(main):
       if e.errno not in STORAGE_ERRNOS:
         raise
       where = f" writing {e.filename}" if e.filename else ""
-      print(f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "
-            f"the checkpoints already saved are kept", file=sys.stderr)
+      print(
+        f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "
+        f"the checkpoints already saved are kept",
+        file=sys.stderr,
+      )
       sys.exit(2)
     except Preempted as e:
       print(f"preempted: {e}", file=sys.stderr)

@@ -33,7 +33,9 @@ def read_meta(workdir: str, step: int = None) -> dict:
     ckpt.close()
 
 
-def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None, tokenizer: bool = True) -> hf.LoadedModel:
+def read_run(
+  workdir: str, step: int = None, dtype: str = "float32", mesh=None, tokenizer: bool = True
+) -> hf.LoadedModel:
   """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
   for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
   False: more checkpoints of a run already read) its tokenizer. With `mesh`, the parameters are
@@ -42,8 +44,10 @@ def read_run(workdir: str, step: int = None, dtype: str = "float32", mesh=None, 
   try:
     meta = ckpt.read_meta(step)
     if "encoder" not in meta:
-      raise UserError(f"{workdir} holds a {meta.get('student', {}).get('kind')} student, which has no Transformer "
-                      f"encoder to load or export: its dev metrics are in results.json")
+      raise UserError(
+        f"{workdir} holds a {meta.get('student', {}).get('kind')} student, which has no Transformer "
+        f"encoder to load or export: its dev metrics are in results.json"
+      )
     config = EncoderConfig.from_dict({**meta["encoder"], "dtype": dtype})
     multi_task = meta.get("model") in (REFINED_TEACHER, STUDENT)
     head = None if multi_task else meta.get("head")
@@ -71,7 +75,9 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_hea
     return hf.LoadedModel(run.config, run.params["encoder"] if run.head else run.params, run.tokenizer)
   path = hub.local_dir(path, what)
   if not os.path.exists(os.path.join(path, "config.json")):
-    raise UserError(f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)")
+    raise UserError(
+      f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)"
+    )
   return hf.load(path, dtype, mlm_head)._replace(tokenizer=hf.load_tokenizer(path))
 
 
@@ -129,28 +135,39 @@ def export_run(workdir: str, out_dir: str, step: int = None, sentence_transforme
   embeddings the run was distilled for (its teacher's pooling, the learned Dense map if any).
   Parameters the run's objective never trained are named in a warning."""
   if not checkpoint.is_run(workdir):
-    raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run")
+    raise UserError(
+      f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run"
+    )
   config, params, tokenizer, head = read_run(workdir, step)[:4]
   if sentence_transformers and head is not None:
-    raise UserError(f"{workdir} is a fine-tuned {head['kind']} model, not a sentence encoder: export it without "
-                    f"--sentence-transformers, or export the distilled run it started from")
+    raise UserError(
+      f"{workdir} is a fine-tuned {head['kind']} model, not a sentence encoder: export it without "
+      f"--sentence-transformers, or export the distilled run it started from"
+    )
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   broken = [name for name, x in flat.items() if not np.isfinite(np.asarray(x)).all()]
   if broken:
-    raise UserError(f"the checkpoint of {workdir} holds non-finite parameters ({len(broken)} of {len(flat)}, e.g. "
-                    f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate")
+    raise UserError(
+      f"the checkpoint of {workdir} holds non-finite parameters ({len(broken)} of {len(flat)}, e.g. "
+      f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate"
+    )
   meta = read_meta(workdir, step)
   hf.save(out_dir, config, params, tokenizer, head)
   if head is not None and head["kind"] == SEQ2SEQ:
     _write_seq2seq_layout(out_dir, meta["config"], head)
   if sentence_transformers:
-    embeddings.save_sentence_transformers(out_dir, *sentence_pipeline(workdir, meta, config, step), width=config.hidden_size)
+    embeddings.save_sentence_transformers(
+      out_dir, *sentence_pipeline(workdir, meta, config, step), width=config.hidden_size
+    )
   untrained = meta.get("untrained") or []
   if untrained:
     objective = meta.get("config", {}).get("loss", {}).get("objective")
-    print(f"warning: {len(untrained)} parameters never received a gradient under loss.objective={objective} and are "
-          f"exported as initialised: {', '.join(untrained)} (the embedding objective, loss.embedding_weight > 0, "
-          f"trains every layer)", file=sys.stderr)
+    print(
+      f"warning: {len(untrained)} parameters never received a gradient under loss.objective={objective} and are "
+      f"exported as initialised: {', '.join(untrained)} (the embedding objective, loss.embedding_weight > 0, "
+      f"trains every layer)",
+      file=sys.stderr,
+    )
   return config, head
 
 
@@ -159,17 +176,20 @@ def _write_seq2seq_layout(out_dir: str, config: dict, head: dict):
   attention mask it was trained with, which transformers' BertForMaskedLM does not build itself."""
   total, target = config["max_seq_length"], head["target_length"]
   layout = {
-      "total_length": total, "source_length": total - target, "target_length": target,
-      "input": "[CLS] source [SEP] padded to source_length, then the target's tokens padded to target_length; "
-               "token_type_ids 0 for the source block, 1 for the target block",
-      "position_ids": "the real tokens numbered 0, 1, ... consecutively, skipping the source block's padding",
-      "attention_mask": "a [batch, 1, total, total] boolean mask: a source token sees the real source tokens; a target "
-                        "token sees the real source tokens and the real target tokens up to itself "
-                        "(minilm_jax.models.heads.seq2seq_mask)",
-      "prediction": "the first target token from the source's last real token ([SEP]), each next token from the one "
-                    "before it; [SEP] ends the output",
-      "decoding": {k: config["seq2seq"][k] for k in ("beam_size", "length_penalty", "min_target_length",
-                                                       "no_repeat_ngram")},
+    "total_length": total,
+    "source_length": total - target,
+    "target_length": target,
+    "input": "[CLS] source [SEP] padded to source_length, then the target's tokens padded to target_length; "
+    "token_type_ids 0 for the source block, 1 for the target block",
+    "position_ids": "the real tokens numbered 0, 1, ... consecutively, skipping the source block's padding",
+    "attention_mask": "a [batch, 1, total, total] boolean mask: a source token sees the real source tokens; a target "
+    "token sees the real source tokens and the real target tokens up to itself "
+    "(minilm_jax.models.heads.seq2seq_mask)",
+    "prediction": "the first target token from the source's last real token ([SEP]), each next token from the one "
+    "before it; [SEP] ends the output",
+    "decoding": {
+      k: config["seq2seq"][k] for k in ("beam_size", "length_penalty", "min_target_length", "no_repeat_ngram")
+    },
   }
   with open(os.path.join(out_dir, "seq2seq.json"), "w") as f:
     json.dump(layout, f, indent=2)

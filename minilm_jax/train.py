@@ -1,4 +1,5 @@
-"""Task-agnostic distillation: `python -m minilm_jax.train --config configs/<file>.py --workdir <dir> [--config.<field>=<value>]`.
+"""Task-agnostic distillation:
+`python -m minilm_jax.train --config configs/<file>.py --workdir <dir> [--config.<field>=<value>]`.
 
 Rerunning the same command with the same workdir resumes from the latest complete checkpoint.
 """

@@ -39,17 +39,29 @@ def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
   """AdamW settings as the papers use them (betas 0.9/0.999, weight decay 0.01); callers add their warm-up field.
   `accumulate_steps` K splits every batch into K micro-batches whose gradients are averaged before
   one update: the update of the whole batch with the memory of one micro-batch."""
-  return ml_collections.ConfigDict(dict(lr=lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
-                                        clip_norm=clip_norm,  # 0: no clipping
-                                        accumulate_steps=1))
+  return ml_collections.ConfigDict(
+    dict(
+      lr=lr,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-6,
+      weight_decay=0.01,
+      clip_norm=clip_norm,  # 0: no clipping
+      accumulate_steps=1,
+    )
+  )
 
 
 def make_optimizer(opt, num_steps: int):
   """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as BERT)."""
   warmup = min(opt.warmup_steps, num_steps)
   schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, opt.lr, max(warmup, 1)), optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1))],
-      [warmup])
+    [
+      optax.linear_schedule(0.0, opt.lr, max(warmup, 1)),
+      optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1)),
+    ],
+    [warmup],
+  )
 
   def decay_mask(params):
     flat = traverse_util.flatten_dict(params)
@@ -63,8 +75,10 @@ def make_optimizer(opt, num_steps: int):
 
 def check_accumulation(accumulate_steps: int, batch_per_device: int, what: str = "batch_size"):
   if accumulate_steps < 1 or batch_per_device % accumulate_steps:
-    raise UserError(f"optimizer.accumulate_steps={accumulate_steps} does not split the {batch_per_device} examples "
-                    f"each device gets per step ({what} over the devices): use a divisor of {batch_per_device}")
+    raise UserError(
+      f"optimizer.accumulate_steps={accumulate_steps} does not split the {batch_per_device} examples "
+      f"each device gets per step ({what} over the devices): use a divisor of {batch_per_device}"
+    )
 
 
 def _micro_batches(batch, k: int):
@@ -106,6 +120,7 @@ def guarded_update(state: TrainState, grads, loss, tx):
   params = optax.apply_updates(state.params, updates)
   ok = jnp.isfinite(loss) & all_finite(params) & all_finite(opt_state)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
-                         opt_state=keep(opt_state, state.opt_state))
+  new_state = TrainState(
+    step=state.step + 1, params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state)
+  )
   return new_state, 1.0 - ok.astype(jnp.float32)

@@ -17,11 +17,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDNET_EXCERPT = os.path.join(ROOT, "tests", "data", "wordnet")
 
 SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello world",
-    "Knowledge distillation compresses a large pre-trained Transformer into a small, fast student "
-    "model while keeping most of its accuracy on downstream tasks.",
-    "Attention maps differ between layers.",
+  "The quick brown fox jumps over the lazy dog.",
+  "Hello world",
+  "Knowledge distillation compresses a large pre-trained Transformer into a small, fast student "
+  "model while keeping most of its accuracy on downstream tasks.",
+  "Attention maps differ between layers.",
 ]
 
 
@@ -50,8 +50,15 @@ def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrid
   from minilm_jax import hf
 
   torch.manual_seed(0)
-  config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                   intermediate_size=64, max_position_embeddings=64, **config_overrides)
+  config = transformers.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    **config_overrides,
+  )
   path = str(tmp_path_factory.mktemp(name))
   getattr(transformers, model_class)(config).save_pretrained(path)
   hf.load_tokenizer(minilm_dir).save_pretrained(path)
@@ -139,8 +146,7 @@ def output_lines(stderr: str) -> list:
   carriage returns): what is left is what the program said."""
   import re
 
-  return [line for line in re.split(r"[\r\n]", stderr)
-          if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
+  return [line for line in re.split(r"[\r\n]", stderr) if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
 
 
 def read_metrics(workdir):

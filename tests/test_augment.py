@@ -85,8 +85,11 @@ def test_pairs_cycle_through_first_second_and_both(tagged):
   rng = np.random.default_rng(0)
   got = augmenter.example(a, b, rng, n_iter=6, max_new=10)
   masked_a, masked_b = "[MASK] " * 4 + "[MASK]", "[MASK] " * 4 + "[MASK]"
-  assert got == [(masked_a, "she slept through the storm"), ("a temporary state of mind", masked_b),
-                 (masked_a, masked_b)]  # draws 4-6 repeat 1-3 and are dropped
+  assert got == [
+    (masked_a, "she slept through the storm"),
+    ("a temporary state of mind", masked_b),
+    (masked_a, masked_b),
+  ]  # draws 4-6 repeat 1-3 and are dropped
 
 
 def test_missing_pos_tagger_says_how_to_install_it(monkeypatch):

@@ -27,9 +27,13 @@ def test_reference_loss_is_ours():
   t = {n: rng.standard_normal((2, 12, 7, 8)).astype(np.float32) for n in "qkv"}
   s = {n: rng.standard_normal((2, 12, 7, 4)).astype(np.float32) for n in "qkv"}
   mask = np.array([[1] * 7, [1] * 4 + [0] * 3])
-  ours = losses.minilm_loss(LayerOutput(**{n: jnp.asarray(x) for n, x in t.items()}, attention=None, hidden=None),
-                            LayerOutput(**{n: jnp.asarray(x) for n, x in s.items()}, attention=None, hidden=None),
-                            jnp.asarray(mask), ("qk", "vv"), 12)
+  ours = losses.minilm_loss(
+    LayerOutput(**{n: jnp.asarray(x) for n, x in t.items()}, attention=None, hidden=None),
+    LayerOutput(**{n: jnp.asarray(x) for n, x in s.items()}, attention=None, hidden=None),
+    jnp.asarray(mask),
+    ("qk", "vv"),
+    12,
+  )
   merged = lambda d, n: torch.tensor(np.asarray(merge_heads(jnp.asarray(d[n]))))  # what the hooks capture
   m = torch.tensor(mask).bool()
   qk = distill._torch_relation_kl(merged(t, "q"), merged(t, "k"), merged(s, "q"), merged(s, "k"), m, 12)
@@ -45,7 +49,9 @@ def _step_flops(teacher_config, teacher_layer):
   objective = Objective("minilm", ((1, teacher_layer),), ("qk", "vv"), 4, 0, teacher_config.hidden_size, 16)
   step = make_train_step(Encoder(teacher_config), student, tx, schedule, objective, mesh)
   state = jax.eval_shape(lambda: init_state(student, tx, objective, jax.random.key(0)))
-  teacher_params = jax.eval_shape(lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
+  teacher_params = jax.eval_shape(
+    lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  )
   batch = {k: jax.ShapeDtypeStruct((4, 16), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
   return step.lower(state, batch, teacher_params, jax.random.key(0)).compile().cost_analysis()["flops"]
 
@@ -61,8 +67,9 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
   rows = memory.run(batch_size=2, query_chunk=16, seq_lens=(64,))
   assert set(rows[0]) >= {"seq_len", "full_bytes", "chunked_bytes"} and rows[0]["chunked_bytes"] < rows[0]["full_bytes"]
   out = tmp_path / "mem.json"
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "memory", "--json", str(out)], capture_output=True,
-                        text=True, check=True)
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.bench", "memory", "--json", str(out)], capture_output=True, text=True, check=True
+  )
   written = json.loads(out.read_text())
   assert [r["seq_len"] for r in written] == [128, 256, 512]
   assert "chunked_bytes" in proc.stdout.splitlines()[0]
@@ -74,22 +81,33 @@ def test_analytic_flops_are_the_issues_formula():
   """Per token, a full layer of width d at length S costs 24 d^2 + 4 S d; the teacher's layers below
   the read one in full, plus that layer's Q/K/V (6 d^2) and two relations' logits (2 x 2 S d); the
   student the same, three times."""
-  teacher, student, s = EncoderConfig(hidden_size=768, num_layers=12, intermediate_size=3072), EncoderConfig(
-      hidden_size=384, num_layers=6, intermediate_size=1536), 512
+  teacher, student, s = (
+    EncoderConfig(hidden_size=768, num_layers=12, intermediate_size=3072),
+    EncoderConfig(hidden_size=384, num_layers=6, intermediate_size=1536),
+    512,
+  )
   share = lambda layers, d: layers * (24 * d * d + 4 * s * d) + 6 * d * d + 2 * 2 * s * d
   assert timing.distill_flops_per_token(teacher, 11, student, 5, s) == share(11, 768) + 3 * share(5, 384)
-  assert timing.encoder_flops_per_token(teacher, s) == 12 * (24 * 768 ** 2 + 4 * s * 768)
+  assert timing.encoder_flops_per_token(teacher, s) == 12 * (24 * 768**2 + 4 * s * 768)
 
 
 def test_bench_distill_paper_case_at_tiny_sizes():
   """The `paper` case's code path (ours bare and through the train program, both PyTorch peers)
   with a tiny teacher and student, on CPU: every column filled, MFU only where a peak is known."""
-  rows = distill.run(case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[16, 8],
-                     train_steps=2)
+  rows = distill.run(
+    case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[16, 8], train_steps=2
+  )
   assert [(r["student"], r["seq_len"], r["batch"]) for r in rows] == [("1x32x4", 16, 4), ("1x32x4", 8, 4)]
   for row in rows:
-    for key in ("ours_tokens_per_s", "train_program_tokens_per_s", "torch_eager_tokens_per_s",
-                "torch_compile_tokens_per_s", "ratio_vs_eager", "ratio_vs_compile", "ours_mem_gib"):
+    for key in (
+      "ours_tokens_per_s",
+      "train_program_tokens_per_s",
+      "torch_eager_tokens_per_s",
+      "torch_compile_tokens_per_s",
+      "ratio_vs_eager",
+      "ratio_vs_compile",
+      "ours_mem_gib",
+    ):
       assert row[key] > 0, key
     assert row["mfu"] is None and timing.peak_flops() is None  # CPU
 
@@ -103,18 +121,27 @@ def test_bench_inference_averages_its_batches():
 def test_bench_generate_rows_at_a_tiny_size():
   rows = generation.run("2x96", batch=2, source_length=8, target_length=4, repeats=1)
   assert [(r["decoder"].split(",")[0], r["beams"]) for r in rows] == [
-      ("transformers BertForMaskedLM", 1), ("ours", 1), ("ours", 5)]
+    ("transformers BertForMaskedLM", 1),
+    ("ours", 1),
+    ("ours", 5),
+  ]
   assert all(r["tokens_per_s"] == pytest.approx(8 / r["seconds"]) for r in rows)
   with pytest.raises(UserError, match="exceed 512 positions"):
     generation.run("2x96", source_length=500, target_length=48)
 
 
 def test_bench_bad_shapes_are_one_line_errors():
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True,
-                        text=True)
-  assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --seq_len"), proc.stderr
-  for kwargs, message in (({"teacher": "12by768"}, "is not LAYERSxHIDDEN"), ({"peers": ["jax"]}, "unknown PyTorch peers"),
-                          ({"case": "huge"}, "unknown distill case")):
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True, text=True
+  )
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --seq_len"), (
+    proc.stderr
+  )
+  for kwargs, message in (
+    ({"teacher": "12by768"}, "is not LAYERSxHIDDEN"),
+    ({"peers": ["jax"]}, "unknown PyTorch peers"),
+    ({"case": "huge"}, "unknown distill case"),
+  ):
     with pytest.raises(UserError, match=message):
       distill.run(**kwargs)
 
@@ -140,11 +167,23 @@ def test_bench_task_distill_rows(tiny_teacher):
   """The suite's code path on a tiny teacher: a teacher row and the three students, with `model` and `score`."""
   from minilm_jax.benchmarks import task_distill
 
-  rows = task_distill.run(teacher_init=tiny_teacher, teacher_name="tiny BERT", teacher_epochs=1, epochs=1, size_factor=2, max_len=24,
-                          sizes=(16, 8, 16), mesh=parallel.make_mesh(1), data_dir=WORDNET_EXCERPT)
-  assert [r["model"].split(":")[0] for r in rows] == ["teacher", "distilled BiLSTM (logit MSE, augmented 2x)",
-                                                      "distilled BiLSTM (logit MSE, no augmentation)",
-                                                      "BiLSTM on labels alone"]
+  rows = task_distill.run(
+    teacher_init=tiny_teacher,
+    teacher_name="tiny BERT",
+    teacher_epochs=1,
+    epochs=1,
+    size_factor=2,
+    max_len=24,
+    sizes=(16, 8, 16),
+    mesh=parallel.make_mesh(1),
+    data_dir=WORDNET_EXCERPT,
+  )
+  assert [r["model"].split(":")[0] for r in rows] == [
+    "teacher",
+    "distilled BiLSTM (logit MSE, augmented 2x)",
+    "distilled BiLSTM (logit MSE, no augmentation)",
+    "BiLSTM on labels alone",
+  ]
   assert all(0 <= r["score"] <= 1 and r["task"] == "wordnet_supersense" for r in rows)
   assert rows[1]["train_examples"] > rows[2]["train_examples"] == rows[3]["train_examples"] == 2000
   assert abs(rows[1]["steps"] - rows[2]["steps"]) <= 0.1 * rows[2]["steps"] and rows[2]["steps"] == rows[3]["steps"]
@@ -153,8 +192,11 @@ def test_bench_task_distill_rows(tiny_teacher):
 def test_bench_data_rows(tmp_path):
   """The data suite through the program, at one length: every rate measured, both streams."""
   out = tmp_path / "data.json"
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "data", "--seq_len", "128", "--json", str(out)],
-                        capture_output=True, text=True)
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.bench", "data", "--seq_len", "128", "--json", str(out)],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))
   assert row["length"] == 128 and row["blocks"] >= 256
@@ -168,8 +210,19 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus):
   from minilm_jax.benchmarks import students
 
   models = ("teacher", "first_layers", "random", "minilm_etd", "minilm_etd_embedding")
-  rows = students.run(tiny_teacher, "1x32", steps=2, batch=8, length=32, data_dir=WORDNET_EXCERPT, finetune_epochs=1,
-                      finetune_lr=1e-3, corpus=tiny_corpus, relation_heads=4, models=models)
+  rows = students.run(
+    tiny_teacher,
+    "1x32",
+    steps=2,
+    batch=8,
+    length=32,
+    data_dir=WORDNET_EXCERPT,
+    finetune_epochs=1,
+    finetune_lr=1e-3,
+    corpus=tiny_corpus,
+    relation_heads=4,
+    models=models,
+  )
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 0, 2 * 8 * 32, 2 * 8 * 32]
   assert all(0.0 <= r["dev/accuracy"] <= 1.0 for r in rows)

@@ -22,29 +22,45 @@ from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.finetuning import embedding_eval
 
-_LAST_LAYER_BUT_QKV = ["layer_1/attention/LayerNorm/bias", "layer_1/attention/LayerNorm/scale",
-                       "layer_1/attention/output/bias", "layer_1/attention/output/kernel", "layer_1/intermediate/bias",
-                       "layer_1/intermediate/kernel", "layer_1/output/bias", "layer_1/output/kernel",
-                       "layer_1/output_LayerNorm/bias", "layer_1/output_LayerNorm/scale"]
+_LAST_LAYER_BUT_QKV = [
+  "layer_1/attention/LayerNorm/bias",
+  "layer_1/attention/LayerNorm/scale",
+  "layer_1/attention/output/bias",
+  "layer_1/attention/output/kernel",
+  "layer_1/intermediate/bias",
+  "layer_1/intermediate/kernel",
+  "layer_1/output/bias",
+  "layer_1/output/kernel",
+  "layer_1/output_LayerNorm/bias",
+  "layer_1/output_LayerNorm/scale",
+]
 _POOLER = ["pooler/bias", "pooler/kernel"]
 
 
-@pytest.mark.parametrize("name,weight,expected", [
+@pytest.mark.parametrize(
+  "name,weight,expected",
+  [
     ("minilm", 0.0, _LAST_LAYER_BUT_QKV + _POOLER),  # the issue's symptom: the last layer's block stays random
     ("minilm", 1.0, _POOLER),  # the embedding term reads the last layer's output
     ("hidden_mse", 0.0, _POOLER),
     ("embedding", 1.0, _POOLER),
-])
+  ],
+)
 def test_untrained_parameters_are_those_with_zero_gradient(name, weight, expected):
   """The traced liveness pass names exactly the leaves whose autodiff gradient is zero on real inputs."""
-  teacher_config = EncoderConfig(vocab_size=100, num_layers=3, hidden_size=32, num_heads=4, intermediate_size=64,
-                                 max_position_embeddings=16)
+  teacher_config = EncoderConfig(
+    vocab_size=100, num_layers=3, hidden_size=32, num_heads=4, intermediate_size=64, max_position_embeddings=16
+  )
   student_config = teacher_config.replace(num_layers=2, hidden_size=16, intermediate_size=32)
   teacher, student = Encoder(teacher_config), Encoder(student_config)
   teacher_params = init_params(teacher_config, jax.random.key(0))
-  objective = Objective(name, ((1, 2),), ("qk", "vv"), 4, 0, 32, 16, 3, 2, weight, "mse",
-                        embeddings.Pooling(normalize=True))
-  params = {**init_params(student_config, jax.random.key(1)), **objective.init_learned(jax.random.key(2), student_config)}
+  objective = Objective(
+    name, ((1, 2),), ("qk", "vv"), 4, 0, 32, 16, 3, 2, weight, "mse", embeddings.Pooling(normalize=True)
+  )
+  params = {
+    **init_params(student_config, jax.random.key(1)),
+    **objective.init_learned(jax.random.key(2), student_config),
+  }
   assert sorted(untrained_student_parameters(teacher, student, objective, teacher_params, params)) == expected
 
   ids = jax.random.randint(jax.random.key(3), (2, 8), 1, 100)
@@ -63,11 +79,13 @@ def test_sentence_embeddings_pool_mean_or_cls_and_normalise():
   hidden = jnp.asarray([[[1.0, 0.0], [3.0, 4.0], [100.0, 100.0]]])
   mask = jnp.asarray([[1, 1, 0]])
   np.testing.assert_allclose(embeddings.sentence_embeddings(hidden, mask, embeddings.Pooling("mean")), [[2.0, 2.0]])
-  np.testing.assert_allclose(embeddings.sentence_embeddings(hidden, mask, embeddings.Pooling("cls", True)), [[1.0, 0.0]])
+  np.testing.assert_allclose(
+    embeddings.sentence_embeddings(hidden, mask, embeddings.Pooling("cls", True)), [[1.0, 0.0]]
+  )
   kernel = jnp.asarray([[0.0], [2.0]])
   np.testing.assert_allclose(embeddings.sentence_embeddings(hidden, mask, embeddings.Pooling("mean"), kernel), [[4.0]])
   a, b = jnp.asarray([[0.6, 0.8]]), jnp.asarray([[1.0, 0.0]])
-  assert float(embeddings.embedding_loss(a, b, "mse")) == pytest.approx(0.4 ** 2 + 0.8 ** 2)
+  assert float(embeddings.embedding_loss(a, b, "mse")) == pytest.approx(0.4**2 + 0.8**2)
   assert float(embeddings.embedding_loss(a, b, "cosine")) == pytest.approx(0.4)
 
 
@@ -75,9 +93,14 @@ def test_pipelines_read_from_model_directories(minilm_dir, tiny_teacher, tmp_pat
   assert embeddings.read_pipeline(minilm_dir, 128) == (embeddings.Pooling("mean", True, 256), None)
   assert embeddings.read_pipeline(tiny_teacher, 128) == (embeddings.Pooling("mean", False, 128), None)
   (tmp_path / "1_Pooling").mkdir()
-  (tmp_path / "modules.json").write_text(json.dumps([
-      {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+  (tmp_path / "modules.json").write_text(
+    json.dumps(
+      [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+      ]
+    )
+  )
   (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
   with pytest.raises(UserError, match="pools by \\['max_tokens'\\]: we reproduce mean or CLS pooling alone"):
     embeddings.read_pipeline(str(tmp_path), 128)
@@ -95,7 +118,8 @@ def test_retrieval_and_sts_scores_by_hand():
   assert scores["mrr@10"] == pytest.approx((1.0 + 1 / 4) / 2)
   # Unrelated-pair cosine: the mean over ordered pairs of different rows.
   assert embedding_eval.unrelated_cosine(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])) == pytest.approx(
-      (0.0 + 2 ** -0.5 + 2 ** -0.5) * 2 / 6)
+    (0.0 + 2**-0.5 + 2**-0.5) * 2 / 6
+  )
   # STS: cosines 1, 0, -1 against gold 5, 3, 4 -> ranks (3, 2, 1) vs (3, 1, 2): Spearman 1 - 6 * 2 / (3 * 8) = 0.5.
   a = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
   b = np.array([[2.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
@@ -106,8 +130,10 @@ def test_wordnet_retrieval_pairs_definitions_with_their_own_examples():
   retrieval = embedding_eval.wordnet_retrieval(WORDNET_EXCERPT)
   assert len(retrieval.queries) == len(retrieval.relevant) > 500
   assert sorted(i for gold in retrieval.relevant for i in gold) == list(range(len(retrieval.documents)))
-  assert retrieval.queries[1] == "a human being" and retrieval.documents[retrieval.relevant[1][0]] == \
-      "there was too much for one person to do"
+  assert (
+    retrieval.queries[1] == "a human being"
+    and retrieval.documents[retrieval.relevant[1][0]] == "there was too much for one person to do"
+  )
 
 
 def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(minilm_dir, tiny_corpus, tmp_path):
@@ -126,28 +152,65 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
   assert all(np.isfinite(m["loss_embedding_mse"]) for m in metrics)
 
   out = str(tmp_path / "st")
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--sentence-transformers", "--workdir",
-                         workdir, "--out", out], capture_output=True, text=True, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.convert",
+      "--to-hf",
+      "--sentence-transformers",
+      "--workdir",
+      workdir,
+      "--out",
+      out,
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "2 parameters never received a gradient" in proc.stderr and "pooler/kernel" in proc.stderr
   assert json.load(open(os.path.join(out, "modules.json")))[2:] == [
-      {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-      {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+    {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
+  ]
 
   ours = embedding_eval.SentenceModel(workdir, parallel.make_mesh(), 8, 64).encode(SENTENCES)
   theirs = SentenceTransformer(out, device="cpu").encode(SENTENCES)
   assert ours.shape == (len(SENTENCES), 384)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
-  np.testing.assert_allclose(embedding_eval.SentenceModel(out, parallel.make_mesh(), 8, 64).encode(SENTENCES), theirs,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    embedding_eval.SentenceModel(out, parallel.make_mesh(), 8, 64).encode(SENTENCES), theirs, atol=1e-5
+  )
 
   sts = tmp_path / "sts.tsv"
-  sts.write_text("sentence1\tsentence2\tscore\n" + "".join(
-      f"{a}\t{b}\t{i % 5}.0\n" for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1]))))
+  sts.write_text(
+    "sentence1\tsentence2\tscore\n"
+    + "".join(f"{a}\t{b}\t{i % 5}.0\n" for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])))
+  )
   results = tmp_path / "eval"
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.evaluate", "--embeddings", f"{workdir},{minilm_dir}", "--out",
-                         str(results), "--wordnet_dir", WORDNET_EXCERPT, "--sts", str(sts), "--max_seq_length", "32",
-                         "--eval_batch_size", "128"], capture_output=True, text=True, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.evaluate",
+      "--embeddings",
+      f"{workdir},{minilm_dir}",
+      "--out",
+      str(results),
+      "--wordnet_dir",
+      WORDNET_EXCERPT,
+      "--sts",
+      str(sts),
+      "--max_seq_length",
+      "32",
+      "--eval_batch_size",
+      "128",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   report = json.load(open(results / "embeddings.json"))
   assert [r["model"] for r in report["rows"]] == [workdir, minilm_dir] and report["max_seq_length"] == 32

@@ -7,15 +7,29 @@ from flax import traverse_util
 
 from minilm_jax.models.encoder import Encoder, EncoderConfig, fused_attention_implementation, init_params
 
-CONFIG = EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                       initializer_range=0.5, hidden_dropout=0.0, attention_dropout=0.0)
+CONFIG = EncoderConfig(
+  vocab_size=60,
+  hidden_size=32,
+  num_layers=2,
+  num_heads=4,
+  intermediate_size=64,
+  initializer_range=0.5,
+  hidden_dropout=0.0,
+  attention_dropout=0.0,
+)
 # Rows of different lengths, one of them all padding but its first token.
 MASK = np.array([[1] * 11, [1] * 7 + [0] * 4, [1] + [0] * 10])
 
 
 def _apply(config, params, ids, return_attention, deterministic=True):
-  return Encoder(config).apply({"params": params}, ids, jnp.asarray(MASK), deterministic=deterministic,
-                               return_attention=return_attention, rngs={"dropout": jax.random.key(3)})
+  return Encoder(config).apply(
+    {"params": params},
+    ids,
+    jnp.asarray(MASK),
+    deterministic=deterministic,
+    return_attention=return_attention,
+    rngs={"dropout": jax.random.key(3)},
+  )
 
 
 def test_fused_attention_equals_explicit_attention_with_padding():
@@ -25,8 +39,10 @@ def test_fused_attention_equals_explicit_attention_with_padding():
   fused = _apply(CONFIG, params, ids, return_attention=False)
   assert all(layer.attention is None for layer in fused.layers)
   assert explicit.layers[0].attention.shape == (3, 4, 11, 11)
-  for a, b in zip(jax.tree.leaves((explicit.last_hidden_state, [(l.q, l.k, l.v) for l in explicit.layers])),
-                  jax.tree.leaves((fused.last_hidden_state, [(l.q, l.k, l.v) for l in fused.layers]))):
+  for a, b in zip(
+    jax.tree.leaves((explicit.last_hidden_state, [(l.q, l.k, l.v) for l in explicit.layers])),
+    jax.tree.leaves((fused.last_hidden_state, [(l.q, l.k, l.v) for l in fused.layers])),
+  ):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=0)
 
 
@@ -57,7 +73,9 @@ def test_fused_attention_gradients_equal_explicit_ones():
   for name in explicit:
     # The key bias's exact gradient is 0 (softmax ignores q.b): both paths give rounding noise there.
     if not name.endswith("key/bias"):
-      np.testing.assert_allclose(np.asarray(explicit[name]), np.asarray(fused[name]), atol=1e-4, rtol=1e-4, err_msg=name)
+      np.testing.assert_allclose(
+        np.asarray(explicit[name]), np.asarray(fused[name]), atol=1e-4, rtol=1e-4, err_msg=name
+      )
 
 
 def test_attention_dropout_in_training_keeps_the_probabilities_path():

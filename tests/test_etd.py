@@ -13,8 +13,16 @@ from minilm_jax.distill import etd, importance
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
-TEACHER = EncoderConfig(vocab_size=60, hidden_size=24, num_layers=4, num_heads=4, intermediate_size=40,
-                        max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+TEACHER = EncoderConfig(
+  vocab_size=60,
+  hidden_size=24,
+  num_layers=4,
+  num_heads=4,
+  intermediate_size=40,
+  max_position_embeddings=32,
+  hidden_dropout=0.0,
+  attention_dropout=0.0,
+)
 STUDENT = TEACHER.replace(hidden_size=12, intermediate_size=16, num_layers=2)
 
 
@@ -31,8 +39,10 @@ def _ids(seed=0, shape=(2, 7)):
   return jnp.asarray(np.random.default_rng(seed).integers(3, 60, shape))
 
 
-@pytest.mark.parametrize("teacher_layers,student_layers,expected", [
-    (12, 6, [1, 3, 5, 7, 9, 11]), (12, 4, [2, 5, 8, 11]), (12, 3, [3, 7, 11]), (6, 3, [1, 3, 5])])
+@pytest.mark.parametrize(
+  "teacher_layers,student_layers,expected",
+  [(12, 6, [1, 3, 5, 7, 9, 11]), (12, 4, [2, 5, 8, 11]), (12, 3, [3, 7, 11]), (6, 3, [1, 3, 5])],
+)
 def test_uniform_layer_mapping(teacher_layers, student_layers, expected):
   assert etd.select_layers(teacher_layers, student_layers) == expected  # every L/M-th, ending at the last
 
@@ -43,8 +53,12 @@ def test_top_and_bottom_layer_selection():
 
 
 def test_full_width_extraction_reproduces_the_teacher(teacher_params):
-  full = {"hidden": np.arange(24), "layers": [
-      {"hidden": np.arange(24), "heads": np.tile(np.arange(6), (4, 1)), "ffn": np.arange(40)} for _ in range(4)]}
+  full = {
+    "hidden": np.arange(24),
+    "layers": [
+      {"hidden": np.arange(24), "heads": np.tile(np.arange(6), (4, 1)), "ffn": np.arange(40)} for _ in range(4)
+    ],
+  }
   params = etd.extract(teacher_params, TEACHER, TEACHER, full)
   jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(teacher_params))
   a = Encoder(TEACHER).apply({"params": teacher_params}, _ids()).last_hidden_state
@@ -59,19 +73,26 @@ def test_hidden_consistency_puts_one_index_set_in_every_tensor(teacher_params):
   student = traverse_util.flatten_dict(etd.extract(teacher_params, TEACHER, STUDENT, indices), sep="/")
   teacher = traverse_util.flatten_dict(jax.device_get(teacher_params), sep="/")
   for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-    np.testing.assert_array_equal(student[f"embeddings/{name}/embedding"], teacher[f"embeddings/{name}/embedding"][:, hidden])
+    np.testing.assert_array_equal(
+      student[f"embeddings/{name}/embedding"], teacher[f"embeddings/{name}/embedding"][:, hidden]
+    )
   for s, t in enumerate(etd.select_layers(4, 2)):
     layer = indices["layers"][t]
     cols = (np.arange(4)[:, None] * 6 + layer["heads"]).ravel()
     for proj in ("query", "key", "value"):  # input rows: the hidden set; columns: the kept head neurons
-      np.testing.assert_array_equal(student[f"layer_{s}/attention/{proj}/kernel"],
-                                    teacher[f"layer_{t}/attention/{proj}/kernel"][np.ix_(hidden, cols)])
-    np.testing.assert_array_equal(student[f"layer_{s}/attention/output/kernel"],
-                                  teacher[f"layer_{t}/attention/output/kernel"][np.ix_(cols, hidden)])
-    np.testing.assert_array_equal(student[f"layer_{s}/intermediate/kernel"],
-                                  teacher[f"layer_{t}/intermediate/kernel"][np.ix_(hidden, layer["ffn"])])
-    np.testing.assert_array_equal(student[f"layer_{s}/output/kernel"],
-                                  teacher[f"layer_{t}/output/kernel"][np.ix_(layer["ffn"], hidden)])
+      np.testing.assert_array_equal(
+        student[f"layer_{s}/attention/{proj}/kernel"],
+        teacher[f"layer_{t}/attention/{proj}/kernel"][np.ix_(hidden, cols)],
+      )
+    np.testing.assert_array_equal(
+      student[f"layer_{s}/attention/output/kernel"], teacher[f"layer_{t}/attention/output/kernel"][np.ix_(cols, hidden)]
+    )
+    np.testing.assert_array_equal(
+      student[f"layer_{s}/intermediate/kernel"], teacher[f"layer_{t}/intermediate/kernel"][np.ix_(hidden, layer["ffn"])]
+    )
+    np.testing.assert_array_equal(
+      student[f"layer_{s}/output/kernel"], teacher[f"layer_{t}/output/kernel"][np.ix_(layer["ffn"], hidden)]
+    )
     for name in ("attention/LayerNorm/scale", "attention/LayerNorm/bias", "output_LayerNorm/scale", "output/bias"):
       np.testing.assert_array_equal(student[f"layer_{s}/{name}"], teacher[f"layer_{t}/{name}"][hidden])
   np.testing.assert_array_equal(student["embeddings/LayerNorm/scale"], teacher["embeddings/LayerNorm/scale"][hidden])
@@ -106,26 +127,41 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
   mlm = {k: v for k, v in variables["params"].items() if k != "encoder"}
   masked, weights = importance.mlm_mask(np.asarray(ids), np.ones((1, 5)), {0}, 1, 60, np.random.default_rng(0))
   weights[0, :2] = 1.0  # make sure some positions are predicted
-  batch = {"input_ids": np.asarray(ids, np.int32), "attention_mask": np.ones((1, 5), np.int32),
-           "token_type_ids": np.zeros((1, 5), np.int32), "masked_ids": masked, "weights": weights}
+  batch = {
+    "input_ids": np.asarray(ids, np.int32),
+    "attention_mask": np.ones((1, 5), np.int32),
+    "token_type_ids": np.zeros((1, 5), np.int32),
+    "masked_ids": masked,
+    "weights": weights,
+  }
   scores = importance.taylor_scores(config, params, mlm, [batch])
 
   full = {"encoder": params, **mlm}
   zeros = jax.tree.map(jnp.zeros_like, variables["perturbations"])
-  _, activations = model.apply({"params": full, "perturbations": zeros}, batch["masked_ids"], batch["attention_mask"],
-                               batch["token_type_ids"], mutable=["intermediates"])
+  _, activations = model.apply(
+    {"params": full, "perturbations": zeros},
+    batch["masked_ids"],
+    batch["attention_mask"],
+    batch["token_type_ids"],
+    mutable=["intermediates"],
+  )
   activations = activations["intermediates"]["encoder"]
 
   def loss(p):
-    logits = model.apply({"params": full, "perturbations": p}, batch["masked_ids"], batch["attention_mask"], batch["token_type_ids"])
+    logits = model.apply(
+      {"params": full, "perturbations": p}, batch["masked_ids"], batch["attention_mask"], batch["token_type_ids"]
+    )
     return float(importance.mlm_loss(logits, batch["input_ids"], batch["weights"]))
 
   eps = 1e-2
-  for layer, path, neuron, score in [(1, ("attention", "heads"), 7, scores["layers"][1]["heads"].ravel()[7]),
-                                     (0, ("ffn",), 11, scores["layers"][0]["ffn"][11]),
-                                     (1, ("attention", "input"), 3, scores["layers"][1]["hidden"][3])]:
+  for layer, path, neuron, score in [
+    (1, ("attention", "heads"), 7, scores["layers"][1]["heads"].ravel()[7]),
+    (0, ("ffn",), 11, scores["layers"][0]["ffn"][11]),
+    (1, ("attention", "input"), 3, scores["layers"][1]["hidden"][3]),
+  ]:
     estimate = 0.0
     for t in range(5):
+
       def shifted(delta):
         p = jax.tree.map(lambda x: x, zeros)
         node = p["encoder"][f"layer_{layer}"]
@@ -133,6 +169,7 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
           node = node[key]
         node[path[-1]] = node[path[-1]].at[0, t, neuron].set(delta)
         return p
+
       grad = (loss(shifted(eps)) - loss(shifted(-eps))) / (2 * eps)
       node = activations[f"layer_{layer}"]
       for key in path:
@@ -144,8 +181,12 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
 
 
 def test_top_indices_keep_the_highest_scores():
-  scores = {"hidden": np.arange(24.0)[::-1], "layers": [
-      {"hidden": np.arange(24.0), "heads": np.tile(np.arange(6.0), (4, 1)), "ffn": np.arange(40.0)} for _ in range(4)]}
+  scores = {
+    "hidden": np.arange(24.0)[::-1],
+    "layers": [
+      {"hidden": np.arange(24.0), "heads": np.tile(np.arange(6.0), (4, 1)), "ffn": np.arange(40.0)} for _ in range(4)
+    ],
+  }
   indices = etd.top_indices(scores, STUDENT)
   np.testing.assert_array_equal(indices["hidden"], np.arange(12))
   np.testing.assert_array_equal(indices["layers"][0]["ffn"], np.arange(24, 40))
@@ -156,8 +197,14 @@ def test_top_indices_keep_the_highest_scores():
 
 def test_mlm_head_loads_from_transformers(tmp_path):
   torch.manual_seed(0)
-  config = transformers.BertConfig(vocab_size=60, hidden_size=24, num_hidden_layers=1, num_attention_heads=4,
-                                   intermediate_size=40, max_position_embeddings=32)
+  config = transformers.BertConfig(
+    vocab_size=60,
+    hidden_size=24,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    intermediate_size=40,
+    max_position_embeddings=32,
+  )
   model = transformers.BertForMaskedLM(config).eval()
   model.save_pretrained(str(tmp_path))
   encoder_config, encoder_params, _, _, head = hf.load(str(tmp_path), mlm_head=True)
@@ -197,8 +244,9 @@ def test_distillation_starts_from_the_extracted_student(tiny_teacher, tiny_corpu
   from minilm_jax.distill.trainer import student_config
 
   student = student_config(config, teacher_config)
-  expected = etd.extract(jax.device_get(teacher_params), teacher_config, student,
-                         etd.random_indices(teacher_config, student, 7), "uniform")
+  expected = etd.extract(
+    jax.device_get(teacher_params), teacher_config, student, etd.random_indices(teacher_config, student, 7), "uniform"
+  )
   jax.tree.map(np.testing.assert_array_equal, params, expected)
 
 
@@ -207,7 +255,9 @@ def test_etd_impt_without_mlm_head_is_one_line_error(tiny_teacher, tiny_corpus, 
   from minilm_jax.distill.trainer import Distillation
 
   config = tiny_config(tiny_teacher, tiny_corpus, **{"student.init": "etd", "etd.method": "impt"})
-  with pytest.raises(UserError, match="no masked-LM head, so ETD-Impt has no importance scores: use --config.etd.method=rand"):
+  with pytest.raises(
+    UserError, match="no masked-LM head, so ETD-Impt has no importance scores: use --config.etd.method=rand"
+  ):
     Distillation(config, str(tmp_path / "w"))
 
 
@@ -216,7 +266,14 @@ def test_etd_impt_end_to_end_with_an_mlm_teacher(tmp_path, tiny_corpus, tiny_mlm
   from conftest import tiny_config
   from minilm_jax.distill.trainer import Distillation
 
-  run = Distillation(tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=1, **{
-      "student.init": "etd", "etd.method": "impt", "etd.num_sentences": 64, "student.num_layers": 1}), str(tmp_path / "w"))
+  run = Distillation(
+    tiny_config(
+      tiny_mlm_teacher,
+      tiny_corpus,
+      num_steps=1,
+      **{"student.init": "etd", "etd.method": "impt", "etd.num_sentences": 64, "student.num_layers": 1},
+    ),
+    str(tmp_path / "w"),
+  )
   assert run.student_params["layer_0"]["attention"]["query"]["kernel"].shape == (16, 16)
   run.run()

@@ -23,7 +23,6 @@ from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.tasks import get_task
 
 
-
 @pytest.fixture(scope="session")
 def squad_dir(tmp_path_factory, sentences):
   """A SQuAD 2.0 file from real sentences: 'Which word comes first?' answered by the first word, some unanswerable."""
@@ -32,8 +31,12 @@ def squad_dir(tmp_path_factory, sentences):
   for i, s in enumerate(sentences[:40]):
     first = s.split()[0]
     answerable = i % 3 != 0
-    qa = {"id": f"q{i}", "question": "Which word comes first?", "is_impossible": not answerable,
-          "answers": [{"text": first, "answer_start": 0}] if answerable else []}
+    qa = {
+      "id": f"q{i}",
+      "question": "Which word comes first?",
+      "is_impossible": not answerable,
+      "answers": [{"text": first, "answer_start": 0}] if answerable else [],
+    }
     paragraphs.append({"context": s, "qas": [qa]})
   data = {"version": "v2.0", "data": [{"title": "docs", "paragraphs": paragraphs}]}
   for name in ("train-v2.0.json", "dev-v2.0.json"):
@@ -74,20 +77,30 @@ def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
 def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path):
   """The real all-MiniLM-L6-v2 learns a simple rule from real sentences; evaluation, submission and export follow."""
   run_dir = str(tmp_path / "sst2_run")
-  _, results = FineTuning(finetune_config(minilm_dir, "sst2", sst2_dir, epochs=3, **{"optimizer.lr": 1e-4}), run_dir).run()
+  _, results = FineTuning(
+    finetune_config(minilm_dir, "sst2", sst2_dir, epochs=3, **{"optimizer.lr": 1e-4}), run_dir
+  ).run()
   assert results["dev/accuracy"] >= 0.9
   assert json.load(open(os.path.join(run_dir, "results.json")))["dev/accuracy"] == results["dev/accuracy"]
 
   rows = evaluate_runs([run_dir], str(tmp_path / "eval"), mesh=parallel.make_mesh(4, 2))
   assert rows[0]["split"] == "dev" and rows[0]["accuracy"] == pytest.approx(results["dev/accuracy"])
   submission = open(tmp_path / "eval" / "sst2_run" / f"step_{rows[0]['step']}" / "SST-2.tsv").read().splitlines()
-  assert submission[0] == "index\tprediction" and len(submission) == 17 and all(l.split("\t")[1] in "01" for l in submission[1:])
+  assert (
+    submission[0] == "index\tprediction"
+    and len(submission) == 17
+    and all(l.split("\t")[1] in "01" for l in submission[1:])
+  )
 
   out = str(tmp_path / "sst2_hf")
   runs.export_run(run_dir, out)
   config, params, tokenizer, head = runs.read_run(run_dir)[:4]
-  batch = tokenizer(["Return the path.", "This sentence is about something else entirely."], padding=True, return_tensors="np")
-  ours = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+  batch = tokenizer(
+    ["Return the path.", "This sentence is about something else entirely."], padding=True, return_tensors="np"
+  )
+  ours = task_model(config, head).apply(
+    {"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+  )
   model = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
   assert type(model).__name__ == "BertForSequenceClassification"
   with torch.no_grad():
@@ -105,8 +118,12 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
   # The README's batch evaluation of a GLUE run and a SQuAD run together, through the program.
   glue_run = str(tmp_path / "sst2_run")
   FineTuning(finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1), glue_run).run()
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.evaluate", "--runs", f"{glue_run},{run_dir}", "--out",
-                         str(tmp_path / "eval")], capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.evaluate", "--runs", f"{glue_run},{run_dir}", "--out", str(tmp_path / "eval")],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = json.load(open(tmp_path / "eval" / "metrics.json"))
   assert [(r["task"], r["split"]) for r in rows] == [("sst2", "dev"), ("squad2", "dev")]
@@ -118,7 +135,9 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
   runs.export_run(run_dir, out)
   config, params, tokenizer, head = runs.read_run(run_dir)[:4]
   batch = tokenizer(["Which word comes first?"], ["Return the value."], return_tensors="np")
-  start, end = task_model(config, head).apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+  start, end = task_model(config, head).apply(
+    {"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+  )
   model = transformers.AutoModelForQuestionAnswering.from_pretrained(out).eval()
   with torch.no_grad():
     theirs = model(**{k: torch.tensor(v) for k, v in batch.items()})
@@ -148,8 +167,12 @@ def test_mlqa_trains_on_squad1_and_reports_each_language(tiny_teacher, squad_dir
   data = json.load(open(os.path.join(squad_dir, "dev-v2.0.json")))
   for paragraph in data["data"][0]["paragraphs"]:
     paragraph["qas"] = [qa for qa in paragraph["qas"] if not qa.pop("is_impossible")]
-  for name in ("train-v1.1.json", "dev-context-en-question-en.json", "test-context-en-question-en.json",
-               "test-context-de-question-de.json"):
+  for name in (
+    "train-v1.1.json",
+    "dev-context-en-question-en.json",
+    "test-context-en-question-en.json",
+    "test-context-de-question-de.json",
+  ):
     (tmp_path / name).write_text(json.dumps(data))
   config = finetune_config(tiny_teacher, "mlqa", str(tmp_path), max_seq_length=24, doc_stride=8, epochs=1)
   _, results = FineTuning(config, str(tmp_path / "mlqa_run")).run()
@@ -166,8 +189,12 @@ def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir):
   assert _convert("--from-hf", minilm_dir, "--out", run_dir).returncode == 0
   assert _convert("--to-hf", "--workdir", run_dir, "--out", out).returncode == 0
   tokenizer = hf.load_tokenizer(out)
-  batch = {k: torch.tensor(v) for k, v in tokenizer(["A round trip.", "Through Orbax and back to transformers."],
-                                                     padding=True, return_tensors="np").items()}
+  batch = {
+    k: torch.tensor(v)
+    for k, v in tokenizer(
+      ["A round trip.", "Through Orbax and back to transformers."], padding=True, return_tensors="np"
+    ).items()
+  }
   with torch.no_grad():
     original = transformers.AutoModel.from_pretrained(minilm_dir).eval()(**batch).last_hidden_state.numpy()
     back = transformers.AutoModel.from_pretrained(out).eval()(**batch).last_hidden_state.numpy()
@@ -208,15 +235,29 @@ def test_head_and_label_count_mismatch_on_export(tmp_path, tiny_teacher):
   config = hf.read_config(tiny_teacher)
   task_params = {"encoder": params, "classifier": {"kernel": jnp.zeros((32, 3)), "bias": jnp.zeros(3)}}
   with pytest.raises(UserError, match="3 outputs but the head names 2 labels"):
-    hf.save(str(tmp_path / "out"), config, task_params, head={"kind": "classification", "num_labels": 2, "labels": ["0", "1"]})
+    hf.save(
+      str(tmp_path / "out"), config, task_params, head={"kind": "classification", "num_labels": 2, "labels": ["0", "1"]}
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path):
   proc = _convert("--to-hf", "--workdir", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.finetune", "--config", os.path.join(ROOT, "configs/finetune/glue.py"),
-                         "--workdir", str(tmp_path / "w"), "--config.task=nope", f"--config.init={tmp_path}"],
-                        capture_output=True, text=True)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.finetune",
+      "--config",
+      os.path.join(ROOT, "configs/finetune/glue.py"),
+      "--workdir",
+      str(tmp_path / "w"),
+      "--config.task=nope",
+      f"--config.init={tmp_path}",
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 2 and "error: unknown task 'nope'" in proc.stderr
 
 
@@ -230,7 +271,9 @@ def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_
   scores = [r["dev/accuracy"] for r in rows]
   assert best == int(np.argmax(scores))
   csv_rows = open(tmp_path / "grid.csv").read().splitlines()
-  assert csv_rows[0].startswith("lr,epochs,seeds,dev/accuracy") and [l.split(",")[-1] for l in csv_rows[1:]].count("1") == 1
+  assert (
+    csv_rows[0].startswith("lr,epochs,seeds,dev/accuracy") and [l.split(",")[-1] for l in csv_rows[1:]].count("1") == 1
+  )
   marked = [l for l in open(tmp_path / "grid.md").read().splitlines() if l.startswith("| ") and "**best**" in l]
   assert len(marked) == 1 and marked[0].startswith(f"| {rows[best]['lr']} |")
 
@@ -242,7 +285,9 @@ def test_grid_with_seeds_reports_mean_and_std_and_picks_by_the_mean(tiny_teacher
   config.grid.lrs, config.grid.epochs, config.seeds = (1e-3, 1e-4), (1,), 2
   rows, best = run_grid(config, str(tmp_path))
   for row in rows:
-    runs_of = [json.load(open(os.path.join(row["workdir"], f"seed{k}", "results.json")))["dev/accuracy"] for k in (0, 1)]
+    runs_of = [
+      json.load(open(os.path.join(row["workdir"], f"seed{k}", "results.json")))["dev/accuracy"] for k in (0, 1)
+    ]
     assert row["seeds"] == 2 and row["dev/accuracy"] == pytest.approx(np.mean(runs_of))
     assert row["dev/accuracy_std"] == pytest.approx(np.std(runs_of, ddof=1))
   assert best == int(np.argmax([r["dev/accuracy"] for r in rows]))
@@ -264,8 +309,12 @@ def test_every_finetune_config_builds(name):
 def test_xnli_scores_overall_and_per_language(tmp_path, minilm):
   *_, tokenizer = minilm
   header = "language\tgold_label\tsentence1_binary_parse\tsentence1\tsentence2\n"
-  rows = [("en", "entailment", "A man sleeps.", "A person sleeps."), ("de", "neutral", "Ein Mann schläft.", "Er träumt."),
-          ("de", "contradiction", "Ein Mann schläft.", "Er rennt."), ("en", "neutral", "It rains.", "It is cold.")]
+  rows = [
+    ("en", "entailment", "A man sleeps.", "A person sleeps."),
+    ("de", "neutral", "Ein Mann schläft.", "Er träumt."),
+    ("de", "contradiction", "Ein Mann schläft.", "Er rennt."),
+    ("en", "neutral", "It rains.", "It is cold."),
+  ]
   (tmp_path / "dev.tsv").write_text(header + "".join(f"{l}\t{y}\t()\t{a}\t{b}\n" for l, y, a, b in rows))
   task = get_task("xnli")
   examples = task.load("dev", str(tmp_path))
@@ -279,25 +328,36 @@ def test_xnli_scores_overall_and_per_language(tmp_path, minilm):
 def test_xnli_trains_on_mnli_format_and_reports_dev_and_test_per_language(tmp_path, tiny_teacher):
   """The paper's recipe: MNLI-format English training rows (no language column), model selection
   on XNLI dev, accuracy per language and their average on XNLI's labelled test set."""
-  mnli_header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-                 "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n")
+  mnli_header = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+    "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label\n"
+  )
   labels = ("entailment", "neutral", "contradiction")
   train = [(f"A man number {i} sleeps.", f"Someone {i} rests.", labels[i % 3]) for i in range(24)]
-  (tmp_path / "train.tsv").write_text(mnli_header + "".join(
-      f"{i}\t{i}\t{i}e\tfiction\t()\t()\t()\t()\t{a}\t{b}\t{y}\t{y}\n" for i, (a, b, y) in enumerate(train)))
-  xnli_header = ("language\tgold_label\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
-                 "sentence2_parse\tsentence1\tsentence2\tpromptID\tpairID\tgenre\tlabel1\n")
+  (tmp_path / "train.tsv").write_text(
+    mnli_header
+    + "".join(f"{i}\t{i}\t{i}e\tfiction\t()\t()\t()\t()\t{a}\t{b}\t{y}\t{y}\n" for i, (a, b, y) in enumerate(train))
+  )
+  xnli_header = (
+    "language\tgold_label\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+    "sentence2_parse\tsentence1\tsentence2\tpromptID\tpairID\tgenre\tlabel1\n"
+  )
   for split in ("dev", "test"):
     rows = [(lang, labels[i % 3], f"Satz {i}.", f"Zweiter {i}.") for i in range(6) for lang in ("en", "de", "zh")]
-    (tmp_path / f"{split}.tsv").write_text(xnli_header + "".join(
-        f"{l}\t{y}\t()\t()\t()\t()\t{a}\t{b}\t{i}\t{i}\tfiction\t{y}\n" for i, (l, y, a, b) in enumerate(rows)))
+    (tmp_path / f"{split}.tsv").write_text(
+      xnli_header
+      + "".join(f"{l}\t{y}\t()\t()\t()\t()\t{a}\t{b}\t{i}\t{i}\tfiction\t{y}\n" for i, (l, y, a, b) in enumerate(rows))
+    )
   run_dir = str(tmp_path / "xnli_run")
-  _, results = FineTuning(finetune_config(tiny_teacher, "xnli", str(tmp_path), max_seq_length=24, batch_size=8,
-                                          epochs=2), run_dir).run()
+  _, results = FineTuning(
+    finetune_config(tiny_teacher, "xnli", str(tmp_path), max_seq_length=24, batch_size=8, epochs=2), run_dir
+  ).run()
   for split in ("dev", "test"):
     assert {f"{split}/accuracy_{l}" for l in ("en", "de", "zh")} | {f"{split}/accuracy_average"} <= set(results)
   saved = json.load(open(os.path.join(run_dir, "results.json")))  # every epoch, the best chosen on dev
-  assert [e["epoch"] for e in saved["epochs"]] == [1, 2] and saved["epochs"][-1]["test/accuracy"] == results["test/accuracy"]
+  assert [e["epoch"] for e in saved["epochs"]] == [1, 2] and saved["epochs"][-1]["test/accuracy"] == results[
+    "test/accuracy"
+  ]
   best = max(saved["epochs"], key=lambda e: e["dev/accuracy"])
   assert saved["best_epoch"] == best["epoch"] and saved["best"] == {"dev/accuracy": best["dev/accuracy"]}
   rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
@@ -325,8 +385,12 @@ def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(
   assert {"dev/accuracy", "dev/macro_f1"} <= set(results)
   rows = evaluate_runs([run_dir], str(tmp_path / "eval"))
   assert rows[0]["accuracy"] == pytest.approx(results["dev/accuracy"])
-  ours = [line.split("\t")[1] for line in
-          open(tmp_path / "eval" / "custom_run" / f"step_{rows[0]['step']}" / "dev_predictions.tsv").read().splitlines()[1:]]
+  ours = [
+    line.split("\t")[1]
+    for line in open(tmp_path / "eval" / "custom_run" / f"step_{rows[0]['step']}" / "dev_predictions.tsv")
+    .read()
+    .splitlines()[1:]
+  ]
   assert set(ours) <= set(topics)
 
   out = str(tmp_path / "custom_hf")
@@ -346,20 +410,51 @@ def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(
 
 def test_attention_maps_png(tmp_path, tiny_teacher):
   out = tmp_path / "maps.png"
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", "--teacher", tiny_teacher, "--student",
-                         tiny_teacher, "--out", str(out), "--heads", "0,3"], capture_output=True, text=True)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.attention_maps",
+      "--teacher",
+      tiny_teacher,
+      "--student",
+      tiny_teacher,
+      "--out",
+      str(out),
+      "--heads",
+      "0,3",
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", "--teacher", tiny_teacher, "--student",
-                         tiny_teacher, "--out", str(out), "--heads", "7"], capture_output=True, text=True)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.attention_maps",
+      "--teacher",
+      tiny_teacher,
+      "--student",
+      tiny_teacher,
+      "--out",
+      str(out),
+      "--heads",
+      "7",
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 2 and "has 4 heads" in proc.stderr
 
 
 def test_evaluating_every_checkpoint_of_a_run(tiny_teacher, sst2_dir, tmp_path):
   """--all_steps: one row per kept checkpoint, each scored with its own parameters."""
   run_dir = str(tmp_path / "steps")
-  FineTuning(finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=2, **{"checkpoint.every": 4, "checkpoint.keep": 3}),
-             run_dir).run()
+  FineTuning(
+    finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=2, **{"checkpoint.every": 4, "checkpoint.keep": 3}), run_dir
+  ).run()
   rows = evaluate_runs([run_dir], str(tmp_path / "eval"), all_steps=True)
   steps = [r["step"] for r in rows]
   assert steps == sorted(steps) and len(steps) >= 2 and steps[-1] == 16

@@ -19,38 +19,89 @@ from conftest import ROOT, output_lines
 # Every field of configs/demo.py a user might mistype, with values a user might mistype it to:
 # wrong types, zero, negative, out of the choices, and a few that are valid. Sizes stay small, so
 # that a valid example runs in seconds (a huge model is the machine's limit, not bad input).
-_NAMES = st.sampled_from(["", "x", "none", "1e-3", "-1", "random", "etd", "minilm", "minilmv2", "qk,vv", "qq,zz",
-                          "bfloat16", "float16", "int8", "last", "all", "uniform", "top", "impt", "/nonexistent"])
+_NAMES = st.sampled_from(
+  [
+    "",
+    "x",
+    "none",
+    "1e-3",
+    "-1",
+    "random",
+    "etd",
+    "minilm",
+    "minilmv2",
+    "qk,vv",
+    "qq,zz",
+    "bfloat16",
+    "float16",
+    "int8",
+    "last",
+    "all",
+    "uniform",
+    "top",
+    "impt",
+    "/nonexistent",
+  ]
+)
 _SMALL_INTS = st.sampled_from([-7, -1, 0, 1, 2, 3, 5, 8, 12, 16])
 _FLOATS = st.sampled_from(["-1.0", "0.0", "nan", "inf", "1e-3", "0.5", "1e9"])
 _FIELDS = {
-    "seed": _SMALL_INTS, "teacher.layer": _SMALL_INTS, "student.model_type": _NAMES,
-    "student.vocab_size": _SMALL_INTS, "student.num_layers": _SMALL_INTS, "student.hidden_size": _SMALL_INTS,
-    "student.num_heads": _SMALL_INTS, "student.intermediate_size": _SMALL_INTS, "student.dropout": _FLOATS,
-    "student.layer": _SMALL_INTS, "student.init": _NAMES, "etd.method": _NAMES, "etd.layers": _NAMES,
-    "etd.num_sentences": _SMALL_INTS, "loss.objective": _NAMES, "loss.layer_map": _NAMES, "loss.relations": _NAMES,
-    "loss.num_relation_heads": _SMALL_INTS, "loss.query_chunk": _SMALL_INTS, "data.text_column": _NAMES,
-    "data.max_seq_length": _SMALL_INTS, "data.num_proc": _SMALL_INTS, "optimizer.lr": _FLOATS,
-    "optimizer.warmup_steps": _SMALL_INTS, "optimizer.clip_norm": _FLOATS, "optimizer.accumulate_steps": _SMALL_INTS,
-    "batch_size": _SMALL_INTS, "num_steps": st.sampled_from([-1, 0, 1, 2]), "dtype": _NAMES,
-    "checkpoint.every": _SMALL_INTS, "checkpoint.keep": _SMALL_INTS, "log_every": _SMALL_INTS,
-    "student.hidden_sise": _SMALL_INTS,  # misspelt on purpose
+  "seed": _SMALL_INTS,
+  "teacher.layer": _SMALL_INTS,
+  "student.model_type": _NAMES,
+  "student.vocab_size": _SMALL_INTS,
+  "student.num_layers": _SMALL_INTS,
+  "student.hidden_size": _SMALL_INTS,
+  "student.num_heads": _SMALL_INTS,
+  "student.intermediate_size": _SMALL_INTS,
+  "student.dropout": _FLOATS,
+  "student.layer": _SMALL_INTS,
+  "student.init": _NAMES,
+  "etd.method": _NAMES,
+  "etd.layers": _NAMES,
+  "etd.num_sentences": _SMALL_INTS,
+  "loss.objective": _NAMES,
+  "loss.layer_map": _NAMES,
+  "loss.relations": _NAMES,
+  "loss.num_relation_heads": _SMALL_INTS,
+  "loss.query_chunk": _SMALL_INTS,
+  "data.text_column": _NAMES,
+  "data.max_seq_length": _SMALL_INTS,
+  "data.num_proc": _SMALL_INTS,
+  "optimizer.lr": _FLOATS,
+  "optimizer.warmup_steps": _SMALL_INTS,
+  "optimizer.clip_norm": _FLOATS,
+  "optimizer.accumulate_steps": _SMALL_INTS,
+  "batch_size": _SMALL_INTS,
+  "num_steps": st.sampled_from([-1, 0, 1, 2]),
+  "dtype": _NAMES,
+  "checkpoint.every": _SMALL_INTS,
+  "checkpoint.keep": _SMALL_INTS,
+  "log_every": _SMALL_INTS,
+  "student.hidden_sise": _SMALL_INTS,  # misspelt on purpose
 }
 _OVERRIDES = st.lists(st.sampled_from(sorted(_FIELDS)), min_size=1, max_size=3, unique=True).flatmap(
-    lambda names: st.tuples(*(st.tuples(st.just(n), _FIELDS[n]) for n in names)))
+  lambda names: st.tuples(*(st.tuples(st.just(n), _FIELDS[n]) for n in names))
+)
 
 # Corpus files as users get them wrong: empty, binary, another encoding, JSON lines without the
 # text column or not objects at all, a single enormous line.
-_JSONL_LINES = st.one_of(st.just('{"text": "a short line of prose."}'), st.just('{"body": "no text column"}'),
-                         st.just("[1, 2, 3]"), st.just('{"text": 5}'), st.just('{"text": '), st.just(""),
-                         st.text(max_size=30))
+_JSONL_LINES = st.one_of(
+  st.just('{"text": "a short line of prose."}'),
+  st.just('{"body": "no text column"}'),
+  st.just("[1, 2, 3]"),
+  st.just('{"text": 5}'),
+  st.just('{"text": '),
+  st.just(""),
+  st.text(max_size=30),
+)
 _CORPORA = st.one_of(
-    st.tuples(st.just(".txt"), st.binary(max_size=200)),
-    st.tuples(st.just(".txt"), st.text(max_size=200).map(lambda t: t.encode("utf-16"))),
-    st.tuples(st.just(".txt"), st.just(("word " * 200_000).encode())),
-    st.tuples(st.just(".jsonl"), st.lists(_JSONL_LINES, max_size=6).map(lambda ls: "\n".join(ls).encode())),
-    st.tuples(st.just(".json"), st.sampled_from([b"", b"{", b"[]", b'{"text": ["a", 1]}', b"null"])),
-    st.tuples(st.just(".parquet"), st.binary(max_size=100)),
+  st.tuples(st.just(".txt"), st.binary(max_size=200)),
+  st.tuples(st.just(".txt"), st.text(max_size=200).map(lambda t: t.encode("utf-16"))),
+  st.tuples(st.just(".txt"), st.just(("word " * 200_000).encode())),
+  st.tuples(st.just(".jsonl"), st.lists(_JSONL_LINES, max_size=6).map(lambda ls: "\n".join(ls).encode())),
+  st.tuples(st.just(".json"), st.sampled_from([b"", b"{", b"[]", b'{"text": ["a", 1]}', b"null"])),
+  st.tuples(st.just(".parquet"), st.binary(max_size=100)),
 )
 
 
@@ -79,11 +130,23 @@ def _run_train(args, capfd):
 
 def _tiny_args(teacher, corpus, workdir):
   """A one-step run of a 2x16 student that every example starts from."""
-  return ["--config", os.path.join(ROOT, "configs", "demo.py"), "--workdir", workdir,
-          f"--config.teacher.path={teacher}", f"--config.data.corpus={corpus}", "--config.data.max_seq_length=16",
-          "--config.student.num_layers=2", "--config.student.hidden_size=16", "--config.student.num_heads=4",
-          "--config.student.intermediate_size=32", "--config.loss.num_relation_heads=4", "--config.batch_size=8",
-          "--config.num_steps=1", "--config.optimizer.warmup_steps=1"]
+  return [
+    "--config",
+    os.path.join(ROOT, "configs", "demo.py"),
+    "--workdir",
+    workdir,
+    f"--config.teacher.path={teacher}",
+    f"--config.data.corpus={corpus}",
+    "--config.data.max_seq_length=16",
+    "--config.student.num_layers=2",
+    "--config.student.hidden_size=16",
+    "--config.student.num_heads=4",
+    "--config.student.intermediate_size=32",
+    "--config.loss.num_relation_heads=4",
+    "--config.batch_size=8",
+    "--config.num_steps=1",
+    "--config.optimizer.warmup_steps=1",
+  ]
 
 
 def _assert_ran_or_one_line(status, err, what):
@@ -98,8 +161,14 @@ def _assert_ran_or_one_line(status, err, what):
 
 # A fixed sequence of examples (the same on every machine), reported as drawn: shrinking would rerun
 # the program for minutes.
-_SETTINGS = settings(max_examples=30, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
-                     suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(
+  max_examples=30,
+  deadline=None,
+  derandomize=True,
+  database=None,
+  phases=[Phase.generate],
+  suppress_health_check=list(HealthCheck),
+)
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -120,5 +189,6 @@ def test_malformed_corpus_files_run_or_are_one_line(tiny_teacher, capfd, corpus)
     path = os.path.join(tmp, "corpus" + suffix)
     with open(path, "wb") as f:
       f.write(content)
-    _assert_ran_or_one_line(*_run_train(_tiny_args(tiny_teacher, path, os.path.join(tmp, "w")), capfd),
-                            f"corpus {suffix} {content[:80]!r}")
+    _assert_ran_or_one_line(
+      *_run_train(_tiny_args(tiny_teacher, path, os.path.join(tmp, "w")), capfd), f"corpus {suffix} {content[:80]!r}"
+    )

@@ -23,8 +23,11 @@ def _load(path):
 
 
 def _ours(model, params, batch, return_attention=True):
-  return model.apply({"params": params}, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")),
-                     return_attention=return_attention)
+  return model.apply(
+    {"params": params},
+    *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")),
+    return_attention=return_attention,
+  )
 
 
 def _theirs(model_dir, batch, dtype=torch.float32):
@@ -35,7 +38,9 @@ def _theirs(model_dir, batch, dtype=torch.float32):
 
 def _assert_parity(ours, theirs, mask, hidden_tol=1e-4, attention_tol=1e-5):
   rows = mask.astype(bool)
-  np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[rows], theirs.last_hidden_state.numpy()[rows], atol=hidden_tol, rtol=0)
+  np.testing.assert_allclose(
+    np.asarray(ours.last_hidden_state)[rows], theirs.last_hidden_state.numpy()[rows], atol=hidden_tol, rtol=0
+  )
   assert len(ours.layers) == len(theirs.attentions)
   for layer, ref in zip(ours.layers, theirs.attentions):
     a, b = np.asarray(layer.attention), ref.numpy()
@@ -63,7 +68,9 @@ def test_real_minilm_matches_transformers(minilm, minilm_dir):
   fused = _ours(model, params, batch, return_attention=False)
   assert all(layer.attention is None for layer in fused.layers)
   rows = batch["attention_mask"].astype(bool)
-  np.testing.assert_allclose(np.asarray(fused.last_hidden_state)[rows], theirs.last_hidden_state.numpy()[rows], atol=1e-4, rtol=0)
+  np.testing.assert_allclose(
+    np.asarray(fused.last_hidden_state)[rows], theirs.last_hidden_state.numpy()[rows], atol=1e-4, rtol=0
+  )
   np.testing.assert_allclose(np.asarray(fused.last_hidden_state), exact, atol=1e-4, rtol=0)
 
 
@@ -77,14 +84,22 @@ def test_tokenizer_does_not_inherit_padding_to_128(minilm):
 
 def _random_hf_checkpoint(tmp_path, model_type):
   cls, cfg_cls = {
-      "roberta": (transformers.RobertaModel, transformers.RobertaConfig),
-      "xlm-roberta": (transformers.XLMRobertaModel, transformers.XLMRobertaConfig),
-      "bert": (transformers.BertModel, transformers.BertConfig),
+    "roberta": (transformers.RobertaModel, transformers.RobertaConfig),
+    "xlm-roberta": (transformers.XLMRobertaModel, transformers.XLMRobertaConfig),
+    "bert": (transformers.BertModel, transformers.BertConfig),
   }[model_type]
   torch.manual_seed(0)
-  config = cfg_cls(vocab_size=120, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
-                   max_position_embeddings=64, type_vocab_size=1 if model_type != "bert" else 2, pad_token_id=1,
-                   layer_norm_eps=1e-5)
+  config = cfg_cls(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=64,
+    type_vocab_size=1 if model_type != "bert" else 2,
+    pad_token_id=1,
+    layer_norm_eps=1e-5,
+  )
   model = cls(config)
   # Random init leaves LayerNorm at identity and biases at zero; perturb them so the mapping is really checked.
   with torch.no_grad():
@@ -199,4 +214,6 @@ def test_pytorch_bin_loads_through_weights_only(tmp_path):
   os.remove(os.path.join(src, "model.safetensors"))
   torch.save({"bert." + k: v for k, v in state.items()}, os.path.join(src, "pytorch_model.bin"))
   params = hf.load(src).params
-  np.testing.assert_array_equal(np.asarray(params["layer_1"]["output"]["kernel"]), np.asarray(expected["layer_1"]["output"]["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(params["layer_1"]["output"]["kernel"]), np.asarray(expected["layer_1"]["output"]["kernel"])
+  )

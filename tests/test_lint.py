@@ -7,12 +7,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
-def test_ruff_finds_nothing():
-  proc = subprocess.run([sys.executable, "-m", "ruff", "check", "minilm_jax", "tests", "configs"], cwd=ROOT,
-                        capture_output=True, text=True)
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
+def test_ruff_finds_nothing(command):
+  """`ruff check` (pyflakes and line length) and `ruff format --check`: fix with `ruff format` and
+  `ruff check --fix`."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "ruff", *command, "minilm_jax", "tests", "configs"], cwd=ROOT, capture_output=True, text=True
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -36,7 +42,7 @@ def _modules() -> dict:
   out = {}
   for path in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True):
     name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-    out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+    out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
   return out
 
 
@@ -51,7 +57,9 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
     assert not local, f"{name} imports {sorted(local)} inside a function: import at module level"
     graph[name] = {n for n in top if n in modules and n != name}
     if name not in programs:
-      assert not graph[name] & programs, f"library module {name} imports the program(s) {sorted(graph[name] & programs)}"
+      assert not graph[name] & programs, (
+        f"library module {name} imports the program(s) {sorted(graph[name] & programs)}"
+      )
   state = {}
 
   def visit(name, trail):

@@ -33,8 +33,9 @@ def test_soft_cross_entropy_uses_the_temperature_on_both_sides(logits, temperatu
 def test_hard_loss_is_cross_entropy_on_gold_labels_and_mse_for_regression(logits):
   student, _, labels = logits
   expected = np.mean(-log_softmax(student, -1)[np.arange(6), labels])
-  np.testing.assert_allclose(float(logit_losses.task_loss("hard", jnp.asarray(student), {"label": jnp.asarray(labels)})),
-                             expected, rtol=1e-5)
+  np.testing.assert_allclose(
+    float(logit_losses.task_loss("hard", jnp.asarray(student), {"label": jnp.asarray(labels)})), expected, rtol=1e-5
+  )
   scores = np.linspace(0, 5, 6)
   got = logit_losses.task_loss("hard", jnp.asarray(student[:, :1]), {"label": jnp.asarray(scores)})
   np.testing.assert_allclose(float(got), np.mean((student[:, 0] - scores) ** 2), rtol=1e-5)

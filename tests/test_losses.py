@@ -18,7 +18,7 @@ def _np_relation(x_h_l_k, y_h_l_k, valid, num_rel):
   d = heads * k // num_rel
   out = []
   for a in range(num_rel):
-    s = x[:, a * d:(a + 1) * d] @ y[:, a * d:(a + 1) * d].T / np.sqrt(d)
+    s = x[:, a * d : (a + 1) * d] @ y[:, a * d : (a + 1) * d].T / np.sqrt(d)
     s = s - s.max(-1, keepdims=True)
     out.append(np.exp(s) / np.exp(s).sum(-1, keepdims=True))
   return np.stack(out)  # [A_r, |x|, |x|]
@@ -46,12 +46,15 @@ def _layer(d):
 MASK = np.array([[1] * 9, [1] * 6 + [0] * 3, [1] * 2 + [0] * 7])
 
 
-@pytest.mark.parametrize("teacher_shape,student_shape,num_rel,relations", [
-    ((12, 8), (12, 4), 12, "minilm"),      # v1: same head count, student narrower
-    ((12, 8), (6, 4), 4, "minilm"),        # relation heads differ from both head counts
-    ((12, 8), (4, 12), 48, "minilmv2"),    # MiniLMv2's 48 relation heads
+@pytest.mark.parametrize(
+  "teacher_shape,student_shape,num_rel,relations",
+  [
+    ((12, 8), (12, 4), 12, "minilm"),  # v1: same head count, student narrower
+    ((12, 8), (6, 4), 4, "minilm"),  # relation heads differ from both head counts
+    ((12, 8), (4, 12), 48, "minilmv2"),  # MiniLMv2's 48 relation heads
     ((4, 6), (2, 6), 3, "qk,vv,kq"),
-])
+  ],
+)
 def test_loss_matches_numpy_reference(teacher_shape, student_shape, num_rel, relations):
   rng = np.random.default_rng(0)
   t = _random_layer(rng, 3, *teacher_shape[:1], 9, teacher_shape[1], scale=2.0)
@@ -88,7 +91,9 @@ def test_padding_does_not_change_the_loss():
   rng = np.random.default_rng(2)
   t, s = _random_layer(rng, 1, 4, 5, 8), _random_layer(rng, 1, 4, 5, 8)
   base = losses.minilm_loss(_layer(t), _layer(s), jnp.ones((1, 5)), ("qk", "vv"), 4)
-  pad = lambda d: {n: np.concatenate([x, 100 * rng.standard_normal((1, 4, 3, 8)).astype(np.float32)], 2) for n, x in d.items()}
+  pad = lambda d: {
+    n: np.concatenate([x, 100 * rng.standard_normal((1, 4, 3, 8)).astype(np.float32)], 2) for n, x in d.items()
+  }
   padded = losses.minilm_loss(_layer(pad(t)), _layer(pad(s)), jnp.asarray([[1] * 5 + [0] * 3]), ("qk", "vv"), 4)
   for rel in base:
     np.testing.assert_allclose(float(padded[rel]), float(base[rel]), rtol=1e-6)
@@ -140,5 +145,6 @@ def test_chunked_loss_equals_full_loss_and_gradient(query_chunk):
   chunked, chunked_grad = jax.jit(jax.value_and_grad(total), static_argnums=1)(s, query_chunk)
   np.testing.assert_allclose(float(chunked), float(full), rtol=1e-6)
   for name in "qkv":
-    np.testing.assert_allclose(np.asarray(getattr(chunked_grad, name)), np.asarray(getattr(full_grad, name)),
-                               atol=1e-7, rtol=1e-5)
+    np.testing.assert_allclose(
+      np.asarray(getattr(chunked_grad, name)), np.asarray(getattr(full_grad, name)), atol=1e-7, rtol=1e-5
+    )

@@ -35,9 +35,12 @@ def test_squad_exact_and_f1_by_hand():
 
 
 def test_squad_v2_scores_by_hand():
-  gold = {"a": ["Denver Broncos", "The Broncos"],  # several gold answers: the best one counts
-          "b": [],                                 # unanswerable
-          "c": ["1990"], "d": []}
+  gold = {
+    "a": ["Denver Broncos", "The Broncos"],  # several gold answers: the best one counts
+    "b": [],  # unanswerable
+    "c": ["1990"],
+    "d": [],
+  }
   predictions = {"a": "Broncos", "b": "", "c": "in 1990 or so", "d": "something"}
   scores = squad_v2_scores(gold, predictions)
   # a: exact 1 against "The Broncos" (articles dropped); b: 1; c: F1 = 2*(1/4*1)/(1/4+1) = 0.4; d: 0
@@ -84,11 +87,13 @@ def test_mlqa_scores_per_language_on_hand_computed_examples():
   assert mlqa_normalize("der Hund", "de") == ["hund"] and mlqa_normalize("der Hund", "en") == ["der", "hund"]
   assert mlqa_normalize("北京市, abc", "zh") == ["北", "京", "市", "abc"]
   assert mlqa_normalize("«los Ángeles»", "es") == ["ángeles"]  # Unicode punctuation too
-  rows = [("a", "en", ["the Eiffel Tower"], "Eiffel Tower!"),  # exact 1, F1 1
-          ("b", "en", ["Paris, France"], "France"),  # exact 0, F1 2/3
-          ("c", "de", ["der Hund"], "Hund"),  # exact 1 (German article)
-          ("d", "es", ["los Ángeles"], "Ángeles"),  # exact 1
-          ("e", "zh", ["北京"], "北京市")]  # exact 0; F1: 2 of 3 characters, P 2/3, R 1 -> 0.8
+  rows = [
+    ("a", "en", ["the Eiffel Tower"], "Eiffel Tower!"),  # exact 1, F1 1
+    ("b", "en", ["Paris, France"], "France"),  # exact 0, F1 2/3
+    ("c", "de", ["der Hund"], "Hund"),  # exact 1 (German article)
+    ("d", "es", ["los Ángeles"], "Ángeles"),  # exact 1
+    ("e", "zh", ["北京"], "北京市"),
+  ]  # exact 0; F1: 2 of 3 characters, P 2/3, R 1 -> 0.8
   examples = [{"id": i, "language": l, "answer_texts": golds} for i, l, golds, _ in rows]
   scores = mlqa_scores(examples, {i: p for i, _, _, p in rows})
   assert scores["exact_en"] == pytest.approx(50) and scores["f1_en"] == pytest.approx(100 * (1 + 2 / 3) / 2)

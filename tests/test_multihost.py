@@ -36,8 +36,17 @@ def _env(tiny_teacher, tiny_corpus):
 
 
 def _launch(settings, workdir, env, *overrides, background=False):
-  cmd = ["bash", os.path.join(LAUNCH, "local.sh"), *settings, "--config", os.path.join(ROOT, "tests", "tiny_config.py"),
-         "--workdir", workdir, *STEPS, *overrides]
+  cmd = [
+    "bash",
+    os.path.join(LAUNCH, "local.sh"),
+    *settings,
+    "--config",
+    os.path.join(ROOT, "tests", "tiny_config.py"),
+    "--workdir",
+    workdir,
+    *STEPS,
+    *overrides,
+  ]
   if background:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -81,7 +90,9 @@ def test_each_process_reads_a_disjoint_slice_of_every_global_batch():
   for b in range(10):
     parts = [s.batch(b)["input_ids"].ravel() for s in streams]
     assert not set(parts[0]) & set(parts[1])
-    np.testing.assert_array_equal(np.concatenate(parts), BatchStream(rows, 8, 0, stack_columns).batch(b)["input_ids"].ravel())
+    np.testing.assert_array_equal(
+      np.concatenate(parts), BatchStream(rows, 8, 0, stack_columns).batch(b)["input_ids"].ravel()
+    )
 
 
 def test_killing_one_process_then_restarting_all_resumes(one_process_run, tiny_teacher, tiny_corpus, tmp_path):
@@ -90,10 +101,14 @@ def test_killing_one_process_then_restarting_all_resumes(one_process_run, tiny_t
   settings = ["NUM_PROCESSES=2", "CPU_DEVICES=4", f"PORT={_free_port()}"]
   launcher = _launch(settings, workdir, env, background=True)
   deadline = time.time() + 300
-  done = lambda: os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
-      name.isdigit() for name in os.listdir(os.path.join(workdir, "checkpoints")))  # finalised, not *-tmp
+  done = lambda: (
+    os.path.isdir(os.path.join(workdir, "checkpoints"))
+    and any(name.isdigit() for name in os.listdir(os.path.join(workdir, "checkpoints")))
+  )  # finalised, not *-tmp
   while not done():
-    assert launcher.poll() is None and time.time() < deadline, launcher.stderr.read()[-3000:] if launcher.poll() else "timeout"
+    assert launcher.poll() is None and time.time() < deadline, (
+      launcher.stderr.read()[-3000:] if launcher.poll() else "timeout"
+    )
     time.sleep(0.1)
   children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
   assert len(children) == 2
@@ -113,17 +128,34 @@ def test_killing_one_process_then_restarting_all_resumes(one_process_run, tiny_t
 
 def _one_process_of_two(tiny_teacher, tiny_corpus, workdir, index, port, *overrides, timeout="60"):
   env = _env(tiny_teacher, tiny_corpus)
-  env.update(MINILM_DISTRIBUTED="1", MINILM_COORDINATOR=f"127.0.0.1:{port}", MINILM_NUM_PROCESSES="2",
-             MINILM_PROCESS_ID=str(index), MINILM_INIT_TIMEOUT=timeout, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
-  cmd = [sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "tests", "tiny_config.py"),
-         "--workdir", workdir, *overrides]
+  env.update(
+    MINILM_DISTRIBUTED="1",
+    MINILM_COORDINATOR=f"127.0.0.1:{port}",
+    MINILM_NUM_PROCESSES="2",
+    MINILM_PROCESS_ID=str(index),
+    MINILM_INIT_TIMEOUT=timeout,
+    JAX_PLATFORMS="cpu",
+    JAX_NUM_CPU_DEVICES="2",
+  )
+  cmd = [
+    sys.executable,
+    "-m",
+    "minilm_jax.train",
+    "--config",
+    os.path.join(ROOT, "tests", "tiny_config.py"),
+    "--workdir",
+    workdir,
+    *overrides,
+  ]
   return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_processes_that_disagree_on_the_config_stop_with_one_line(tiny_teacher, tiny_corpus, tmp_path):
   port = _free_port()
-  procs = [_one_process_of_two(tiny_teacher, tiny_corpus, str(tmp_path / "w"), i, port, f"--config.optimizer.lr={lr}")
-           for i, lr in enumerate((1e-3, 2e-3))]
+  procs = [
+    _one_process_of_two(tiny_teacher, tiny_corpus, str(tmp_path / "w"), i, port, f"--config.optimizer.lr={lr}")
+    for i, lr in enumerate((1e-3, 2e-3))
+  ]
   for proc in procs:
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 2, err[-2000:]
@@ -149,4 +181,3 @@ def test_launch_scripts_pass_bash_n_and_shellcheck():
   if shutil.which("shellcheck"):  # .ci/run installs it from Debian's packages
     proc = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout
-

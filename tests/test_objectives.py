@@ -14,7 +14,9 @@ from minilm_jax.models.encoder import LayerOutput
 MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
 
 
-@pytest.mark.parametrize("teacher,student,variant,expected", [
+@pytest.mark.parametrize(
+  "teacher,student,variant,expected",
+  [
     (12, 6, "all", [(0, 1), (1, 3), (2, 5), (3, 7), (4, 9), (5, 11)]),
     (12, 4, "all", [(0, 2), (1, 5), (2, 8), (3, 11)]),
     (12, 3, "all", [(0, 3), (1, 7), (2, 11)]),
@@ -23,7 +25,8 @@ MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
     (12, 3, "last_two", [(1, 7), (2, 11)]),
     (12, 3, "first_and_last", [(0, 3), (2, 11)]),
     (12, 6, "first_and_last", [(0, 1), (5, 11)]),
-])
+  ],
+)
 def test_uniform_layer_mappings(teacher, student, variant, expected):
   assert layer_pairs(teacher, student, variant) == expected
 
@@ -44,8 +47,9 @@ def _layer(rng, heads, head_dim, length=6, batch=2):
 
 
 def _lo(d):
-  return LayerOutput(q=jnp.asarray(d["q"]), k=jnp.asarray(d["k"]), v=jnp.asarray(d["v"]), attention=None,
-                     hidden=jnp.asarray(d["hidden"]))
+  return LayerOutput(
+    q=jnp.asarray(d["q"]), k=jnp.asarray(d["k"]), v=jnp.asarray(d["v"]), attention=None, hidden=jnp.asarray(d["hidden"])
+  )
 
 
 def _np_mse(s, t, mask):
@@ -75,9 +79,14 @@ def test_mse_losses_match_numpy():
   rng = np.random.default_rng(0)
   t, s = _layer(rng, 4, 6), _layer(rng, 4, 3)
   w = rng.standard_normal((12, 24)).astype(np.float32)
-  np.testing.assert_allclose(float(masked_mse(jnp.asarray(s["hidden"]) @ w, jnp.asarray(t["hidden"]), jnp.asarray(MASK))),
-                             _np_mse(s["hidden"] @ w, t["hidden"], MASK), rtol=1e-5)
-  np.testing.assert_allclose(float(attention_score_mse(_lo(t), _lo(s), jnp.asarray(MASK))), _np_score_mse(t, s, MASK), rtol=1e-5)
+  np.testing.assert_allclose(
+    float(masked_mse(jnp.asarray(s["hidden"]) @ w, jnp.asarray(t["hidden"]), jnp.asarray(MASK))),
+    _np_mse(s["hidden"] @ w, t["hidden"], MASK),
+    rtol=1e-5,
+  )
+  np.testing.assert_allclose(
+    float(attention_score_mse(_lo(t), _lo(s), jnp.asarray(MASK))), _np_score_mse(t, s, MASK), rtol=1e-5
+  )
 
 
 def _objective(name, pairs, student_width=12):
@@ -89,8 +98,10 @@ def test_baseline_objectives_match_numpy(name):
   rng = np.random.default_rng(1)
   t, s = _layer(rng, 4, 6), _layer(rng, 4, 3)
   objective = _objective(name, [(0, 0)])
-  projection = {k: {"kernel": jnp.asarray(rng.standard_normal(shape).astype(np.float32))}
-                for k, shape in objective.projection_shapes().items()}
+  projection = {
+    k: {"kernel": jnp.asarray(rng.standard_normal(shape).astype(np.float32))}
+    for k, shape in objective.projection_shapes().items()
+  }
   terms = objective(Outputs([_lo(t)]), Outputs([_lo(s)]), {"attention_mask": jnp.asarray(MASK)}, projection)
   attention_kl = float(losses.minilm_loss(_lo(t), _lo(s), jnp.asarray(MASK), ("qk",), 4)["qk"])
   if name == "value_mse":
@@ -117,18 +128,23 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
   teacher = [_layer(rng, 4, 6) for _ in range(4)]
   student = [_layer(rng, 4, 3) for _ in range(2)]
   objective = _objective("layer_to_layer", layer_pairs(4, 2, "all"))
-  terms = objective(Outputs([_lo(t) for t in teacher]), Outputs([_lo(s) for s in student]),
-                    {"attention_mask": jnp.asarray(MASK)}, {})
+  terms = objective(
+    Outputs([_lo(t) for t in teacher]), Outputs([_lo(s) for s in student]), {"attention_mask": jnp.asarray(MASK)}, {}
+  )
   assert set(terms) == {"qk@0", "vv@0", "qk@1", "vv@1"}
   for s, t in ((0, 1), (1, 3)):
     expected = losses.minilm_loss(_lo(teacher[t]), _lo(student[s]), jnp.asarray(MASK), ("qk", "vv"), 4)
     assert float(terms[f"qk@{s}"]) == pytest.approx(float(expected["qk"]), rel=1e-6)
 
 
-@pytest.mark.parametrize("objective,layer_map", [("layer_to_layer", "all"), ("value_mse", "last"), ("hidden_mse", "last"),
-                                                 ("tinybert", "last")])
+@pytest.mark.parametrize(
+  "objective,layer_map",
+  [("layer_to_layer", "all"), ("value_mse", "last"), ("hidden_mse", "last"), ("tinybert", "last")],
+)
 def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, objective, layer_map):
-  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"loss.objective": objective, "loss.layer_map": layer_map})
+  config = tiny_config(
+    tiny_teacher, tiny_corpus, num_steps=2, **{"loss.objective": objective, "loss.layer_map": layer_map}
+  )
   run = Distillation(config, str(tmp_path / objective))
   state = run.run()
   if objective != "layer_to_layer":
@@ -173,8 +189,9 @@ def test_mlm_mask_rates_and_special_tokens():
 
 
 def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_mlm_teacher, tiny_teacher):
-  state = Distillation(tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}),
-                       str(tmp_path / "kd")).run()
+  state = Distillation(
+    tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}), str(tmp_path / "kd")
+  ).run()
   assert state.params["mlm_head"]["bias"].shape == (30522,)
   rows = [__import__("json").loads(l) for l in open(tmp_path / "kd" / "metrics.jsonl")]
   assert all(np.isfinite(r["loss_mlm_kd"]) and r["loss_mlm_kd"] > 0 for r in rows)

@@ -23,9 +23,23 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
   """The tiny corpus prepared at length 32 in 3 shards, through the program."""
   out = str(tmp_path_factory.mktemp("prepared") / "corpus")
   env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.prepare_data", "--config",
-                         os.path.join(ROOT, "tests", "tiny_config.py"), "--out", out, "--shards", "3"],
-                        env=env, capture_output=True, text=True, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.prepare_data",
+      "--config",
+      os.path.join(ROOT, "tests", "tiny_config.py"),
+      "--out",
+      out,
+      "--shards",
+      "3",
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
   assert again.returncode == 2 and "already holds a prepared corpus" in again.stderr
@@ -62,17 +76,21 @@ def test_two_processes_read_disjoint_rows_that_make_up_the_global_batch(prepared
 def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared, tiny_teacher, tiny_corpus, tmp_path):
   straight = tiny_config(tiny_teacher, tiny_corpus, num_steps=4, **{"data.prepared": prepared})
   Distillation(straight, str(tmp_path / "straight")).run()
-  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"data.prepared": prepared}),
-               str(tmp_path / "resumed")).run()
+  Distillation(
+    tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"data.prepared": prepared}), str(tmp_path / "resumed")
+  ).run()
   Distillation(straight, str(tmp_path / "resumed")).run()
-  assert [m["loss"] for m in read_metrics(str(tmp_path / "resumed"))] == \
-      [m["loss"] for m in read_metrics(str(tmp_path / "straight"))]
+  assert [m["loss"] for m in read_metrics(str(tmp_path / "resumed"))] == [
+    m["loss"] for m in read_metrics(str(tmp_path / "straight"))
+  ]
 
 
 def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="holds blocks of 32 tokens but data.max_seq_length=64"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": prepared, "data.max_seq_length": 64}),
-                 str(tmp_path / "a"))
+    Distillation(
+      tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": prepared, "data.max_seq_length": 64}),
+      str(tmp_path / "a"),
+    )
   with pytest.raises(UserError, match="holds no manifest.json: prepare the corpus there first"):
     Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(tmp_path)}), str(tmp_path / "b"))
   other = tmp_path / "other"

@@ -57,12 +57,24 @@ def readme_commands() -> dict:
 
 def test_every_readme_command_parses_with_its_program():
   commands = readme_commands()
-  assert {"minilm_jax.train", "minilm_jax.finetune", "minilm_jax.distill_task", "minilm_jax.evaluate",
-          "minilm_jax.convert"} <= set(commands)
+  assert {
+    "minilm_jax.train",
+    "minilm_jax.finetune",
+    "minilm_jax.distill_task",
+    "minilm_jax.evaluate",
+    "minilm_jax.convert",
+  } <= set(commands)
   # One process per program, started together: the imports dominate and overlap.
-  procs = {module: subprocess.Popen([sys.executable, "-c", _CHECK, module, json.dumps(argvs)], cwd=ROOT, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-           for module, argvs in commands.items()}
+  procs = {
+    module: subprocess.Popen(
+      [sys.executable, "-c", _CHECK, module, json.dumps(argvs)],
+      cwd=ROOT,
+      text=True,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+    )
+    for module, argvs in commands.items()
+  }
   failures = {}
   for module, proc in procs.items():
     _, stderr = proc.communicate(timeout=600)

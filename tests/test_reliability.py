@@ -15,7 +15,9 @@ from minilm_jax.metrics import MetricWriter
 
 
 def _program(*args, program="train"):
-  return subprocess.run([sys.executable, "-m", f"minilm_jax.{program}", *args], capture_output=True, text=True, cwd=ROOT)
+  return subprocess.run(
+    [sys.executable, "-m", f"minilm_jax.{program}", *args], capture_output=True, text=True, cwd=ROOT
+  )
 
 
 def _one_line_error(proc, *expected):
@@ -40,17 +42,25 @@ def test_config_files_that_cannot_be_loaded(tmp_path):
 
 
 def test_unknown_config_field_is_named_plainly(tmp_path):
-  line = _one_line_error(_program("--config", "configs/demo.py", "--workdir", str(tmp_path / "w"),
-                                  "--config.student.num_layerz=3"))
+  line = _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", str(tmp_path / "w"), "--config.student.num_layerz=3")
+  )
   assert "'num_layerz'" in line and '"num_layers"' in line and "\\" not in line
 
 
 def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher, tiny_corpus, tmp_path):
   workdir = tmp_path / "w"
-  _one_line_error(_program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.log_every=0"),
-                  "log_every=0 is out of range: it must be at least 1")
-  for field, value in (("checkpoint.every", 0), ("checkpoint.keep", 0), ("num_steps", -5), ("batch_size", 0),
-                       ("optimizer.accumulate_steps", 0)):
+  _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.log_every=0"),
+    "log_every=0 is out of range: it must be at least 1",
+  )
+  for field, value in (
+    ("checkpoint.every", 0),
+    ("checkpoint.keep", 0),
+    ("num_steps", -5),
+    ("batch_size", 0),
+    ("optimizer.accumulate_steps", 0),
+  ):
     with pytest.raises(UserError, match=f"{field}={value} is out of range"):
       Distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
   assert not workdir.exists()
@@ -58,8 +68,10 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
 
 def test_checkpoints_follow_the_schedule_and_the_last_step(tiny_teacher, tiny_corpus, tmp_path):
   """Saved: every `checkpoint.every` steps and the last; not step 1 (Orbax's own first-save rule)."""
-  run = Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=5, **{"checkpoint.every": 2, "checkpoint.keep": 5}),
-                     str(tmp_path / "w"))
+  run = Distillation(
+    tiny_config(tiny_teacher, tiny_corpus, num_steps=5, **{"checkpoint.every": 2, "checkpoint.keep": 5}),
+    str(tmp_path / "w"),
+  )
   run.run()
   assert list(run.checkpoints.manager.all_steps()) == [2, 4, 5]
 
@@ -79,8 +91,11 @@ def test_a_resumed_run_drops_what_was_logged_after_its_checkpoint(tmp_path):
 
 def test_zero_accumulation_or_one_that_does_not_split_the_batch(tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="accumulate_steps=3 does not split the 8 examples"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"optimizer.accumulate_steps": 3}), str(tmp_path / "w"),
-                 mesh=parallel.make_mesh(1))
+    Distillation(
+      tiny_config(tiny_teacher, tiny_corpus, **{"optimizer.accumulate_steps": 3}),
+      str(tmp_path / "w"),
+      mesh=parallel.make_mesh(1),
+    )
 
 
 def test_export_refuses_a_non_finite_checkpoint(tiny_teacher, tmp_path):
@@ -116,8 +131,11 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   workdir = str(tmp_path / "w")
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3})
   Distillation(config, workdir).run()
-  data_files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**"), recursive=True)
-                if os.path.isfile(f) and os.path.getsize(f) > 1000]
+  data_files = [
+    f
+    for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**"), recursive=True)
+    if os.path.isfile(f) and os.path.getsize(f) > 1000
+  ]
   for f in data_files:
     with open(f, "r+b") as handle:
       handle.truncate(os.path.getsize(f) // 2)
@@ -150,11 +168,32 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
   from conftest import ROOT as root
 
   workdir = os.path.join(small_disk, "w")
-  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.path.join(root, "tests"), XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(root, "tests", "tiny_config.py"),
-                         "--workdir", workdir, "--config.num_steps=40", "--config.checkpoint.every=2",
-                         "--config.checkpoint.keep=5"], env=env, capture_output=True, text=True, timeout=600)
+  env = dict(
+    os.environ,
+    TINY_TEACHER=tiny_teacher,
+    TINY_CORPUS=tiny_corpus,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.path.join(root, "tests"),
+    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+  )
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.train",
+      "--config",
+      os.path.join(root, "tests", "tiny_config.py"),
+      "--workdir",
+      workdir,
+      "--config.num_steps=40",
+      "--config.checkpoint.every=2",
+      "--config.checkpoint.keep=5",
+    ],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   lines = output_lines(proc.stderr)  # one line, not Orbax's threads' tracebacks
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
   assert lines[0].startswith("error: saving a checkpoint in") and "No space left on device" in lines[0]
@@ -171,12 +210,22 @@ def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
   import os
 
   with open(os.path.join(small_disk, "filler"), "wb") as f:
-    f.write(b"\0" * (5 * 2 ** 20 + 2 ** 19))  # half a MiB of the 6 left
-  line = _one_line_error(_program("--config", "configs/demo.py", "--workdir", os.path.join(small_disk, "w"),
-                                  f"--config.teacher.path={tiny_teacher}", "--config.student.hidden_size=16",
-                                  "--config.student.num_heads=4", "--config.loss.num_relation_heads=4",
-                                  "--config.data.max_seq_length=32"),
-                         "No space left on device", "free space there")
+    f.write(b"\0" * (5 * 2**20 + 2**19))  # half a MiB of the 6 left
+  line = _one_line_error(
+    _program(
+      "--config",
+      "configs/demo.py",
+      "--workdir",
+      os.path.join(small_disk, "w"),
+      f"--config.teacher.path={tiny_teacher}",
+      "--config.student.hidden_size=16",
+      "--config.student.num_heads=4",
+      "--config.loss.num_relation_heads=4",
+      "--config.data.max_seq_length=32",
+    ),
+    "No space left on device",
+    "free space there",
+  )
   assert "demo_corpus.txt" in line and not os.listdir(os.path.join(small_disk, "w", "data"))  # no partial file
 
 
@@ -201,8 +250,11 @@ def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_tea
     hf.load_tokenizer(damaged)
 
   tokenizer = hf.load_tokenizer(tiny_teacher)
-  cases = {"bad.jsonl": (b'{"text": "a"}\n{"text": "b"\n', "JSON parse error"),
-           "binary.txt": (bytes(range(128, 256)) * 4, "not UTF-8 text"), "empty.txt": (b"", "holds no rows")}
+  cases = {
+    "bad.jsonl": (b'{"text": "a"}\n{"text": "b"\n', "JSON parse error"),
+    "binary.txt": (bytes(range(128, 256)) * 4, "not UTF-8 text"),
+    "empty.txt": (b"", "holds no rows"),
+  }
   for name, (content, message) in cases.items():
     path = tmp_path / name
     path.write_bytes(content)
@@ -219,7 +271,16 @@ def test_launcher_settings_that_are_not_counts(setting):
 
 
 def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path):
-  proc = _program("--teacher", tiny_teacher, "--student", tiny_teacher, "--sentence", " ".join(["word"] * 100),
-                  "--out", str(tmp_path / "maps.png"), program="attention_maps")
+  proc = _program(
+    "--teacher",
+    tiny_teacher,
+    "--student",
+    tiny_teacher,
+    "--sentence",
+    " ".join(["word"] * 100),
+    "--out",
+    str(tmp_path / "maps.png"),
+    program="attention_maps",
+  )
   _one_line_error(proc, "102 tokens long", "64 positions")
   assert not (tmp_path / "maps.png").exists()

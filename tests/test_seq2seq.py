@@ -25,7 +25,9 @@ from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.tasks import get_task
 
-HAS_WORDNET = all(os.path.isfile(os.path.join("/usr/share/wordnet", f)) for f in ("data.verb", "index.noun", "verb.exc"))
+HAS_WORDNET = all(
+  os.path.isfile(os.path.join("/usr/share/wordnet", f)) for f in ("data.verb", "index.noun", "verb.exc")
+)
 needs_wordnet = pytest.mark.skipif(not HAS_WORDNET, reason="METEOR needs WordNet 3.0 (apt-get install wordnet-base)")
 
 
@@ -40,8 +42,16 @@ def seq2seq_config(init, task, data_dir, **overrides):
 
 
 def tiny_seq2seq(target_length=4, **config):
-  shape = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32,
-               max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+  shape = dict(
+    vocab_size=50,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=32,
+    max_position_embeddings=32,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+  )
   encoder = EncoderConfig(**{**shape, **config})
   model = Seq2SeqLM(encoder, target_length)
   ids = jnp.zeros((1, 8 + target_length), jnp.int32)
@@ -55,8 +65,8 @@ def blocks(rng, batch, source_length, target_length, vocab=50):
   target_real = rng.integers(1, target_length + 1, batch)
   mask = np.zeros_like(ids)
   for b in range(batch):
-    mask[b, :source_real[b]] = 1
-    mask[b, source_length:source_length + target_real[b]] = 1
+    mask[b, : source_real[b]] = 1
+    mask[b, source_length : source_length + target_real[b]] = 1
   ids = np.where(mask == 1, ids, 0)
   types = np.concatenate([np.zeros((batch, source_length)), np.ones((batch, target_length))], 1).astype(np.int32)
   return {"input_ids": jnp.asarray(ids), "attention_mask": jnp.asarray(mask), "token_type_ids": jnp.asarray(types)}
@@ -64,15 +74,21 @@ def blocks(rng, batch, source_length, target_length, vocab=50):
 
 # --- the mask -------------------------------------------------------------------------------------
 
+
 def test_seq2seq_mask_source_never_sees_target_and_target_never_sees_its_right():
   mask = np.ones((1, 5))
   mask[0, 2] = 0  # source padding
   m = np.asarray(seq2seq_mask(jnp.asarray(mask), 3))[0]
-  expected = np.array([[1, 1, 0, 0, 0],   # source tokens: the real source only
-                       [1, 1, 0, 0, 0],
-                       [1, 1, 0, 0, 0],
-                       [1, 1, 0, 1, 0],   # target token 0: the source and itself
-                       [1, 1, 0, 1, 1]], bool)
+  expected = np.array(
+    [
+      [1, 1, 0, 0, 0],  # source tokens: the real source only
+      [1, 1, 0, 0, 0],
+      [1, 1, 0, 0, 0],
+      [1, 1, 0, 1, 0],  # target token 0: the source and itself
+      [1, 1, 0, 1, 1],
+    ],
+    bool,
+  )
   np.testing.assert_array_equal(m, expected)
 
 
@@ -84,19 +100,23 @@ def test_model_predictions_depend_only_on_what_the_mask_allows():
   for j in range(4):  # change target token j: predictions made before it (slots 0..j) do not move
     changed = dict(batch, input_ids=batch["input_ids"].at[:, 6 + j].set(7))
     moved = model.apply({"params": params}, **changed)
-    np.testing.assert_allclose(moved[:, :j + 1], logits[:, :j + 1], atol=1e-6)
-    assert np.abs(moved[:, j + 1:] - logits[:, j + 1:]).max() > 1e-4 or j == 3
+    np.testing.assert_allclose(moved[:, : j + 1], logits[:, : j + 1], atol=1e-6)
+    assert np.abs(moved[:, j + 1 :] - logits[:, j + 1 :]).max() > 1e-4 or j == 3
 
 
 # --- decoding against transformers ---------------------------------------------------------------------
+
 
 def _hf_logits(model, batch, source_length):
   """BertForMaskedLM's logits with the mask and positions a user builds for an exported model."""
   mask = np.asarray(seq2seq_mask(batch["attention_mask"], source_length))[:, None]
   with torch.no_grad():
-    return model(input_ids=torch.tensor(np.asarray(batch["input_ids"])), attention_mask=torch.tensor(mask),
-                 token_type_ids=torch.tensor(np.asarray(batch["token_type_ids"])),
-                 position_ids=torch.tensor(np.asarray(real_positions(batch["attention_mask"], EncoderConfig())))).logits
+    return model(
+      input_ids=torch.tensor(np.asarray(batch["input_ids"])),
+      attention_mask=torch.tensor(mask),
+      token_type_ids=torch.tensor(np.asarray(batch["token_type_ids"])),
+      position_ids=torch.tensor(np.asarray(real_positions(batch["attention_mask"], EncoderConfig()))),
+    ).logits
 
 
 def test_exported_model_matches_transformers_and_cached_greedy_equals_its_full_recompute(tmp_path, minilm_dir):
@@ -109,8 +129,13 @@ def test_exported_model_matches_transformers_and_cached_greedy_equals_its_full_r
   batch = blocks(np.random.default_rng(1), 3, source_length, target_length, vocab=30522)
   ours = np.asarray(model.apply({"params": params}, **batch))
   theirs = _hf_logits(torch_model, batch, source_length).numpy()
-  slots = np.concatenate([np.asarray(batch["attention_mask"][:, :source_length].sum(1) - 1)[:, None],
-                          source_length + np.arange(target_length)[None].repeat(3, 0)], 1)
+  slots = np.concatenate(
+    [
+      np.asarray(batch["attention_mask"][:, :source_length].sum(1) - 1)[:, None],
+      source_length + np.arange(target_length)[None].repeat(3, 0),
+    ],
+    1,
+  )
   np.testing.assert_allclose(ours, np.take_along_axis(theirs, slots[:, :, None], 1), atol=2e-4)
 
   settings = DecodeSettings(beam_size=1, max_length=target_length, end_id=102, banned_ids=(0, 100, 101, 103))
@@ -122,29 +147,34 @@ def test_exported_model_matches_transformers_and_cached_greedy_equals_its_full_r
     mask = np.asarray(batch["attention_mask"][b, :source_length]).tolist()
     generated = []
     for _ in range(target_length):
-      full = {"input_ids": jnp.asarray([ids + generated + [0] * (target_length - len(generated))]),
-              "attention_mask": jnp.asarray([mask + [1] * len(generated) + [0] * (target_length - len(generated))]),
-              "token_type_ids": jnp.asarray([[0] * source_length + [1] * target_length])}
-      logits = _hf_logits(torch_model, full, source_length)[0, src - 1 if not generated else source_length +
-                                                             len(generated) - 1].numpy()
+      full = {
+        "input_ids": jnp.asarray([ids + generated + [0] * (target_length - len(generated))]),
+        "attention_mask": jnp.asarray([mask + [1] * len(generated) + [0] * (target_length - len(generated))]),
+        "token_type_ids": jnp.asarray([[0] * source_length + [1] * target_length]),
+      }
+      logits = _hf_logits(torch_model, full, source_length)[
+        0, src - 1 if not generated else source_length + len(generated) - 1
+      ].numpy()
       logits[[0, 100, 101, 103]] = -np.inf
       token = int(np.argmax(logits))
       generated.append(token)
       if token == 102:
         break
     length = int(decoded["lengths"][b])
-    assert np.asarray(decoded["tokens"][b, :len(generated)]).tolist() == generated
+    assert np.asarray(decoded["tokens"][b, : len(generated)]).tolist() == generated
     assert length == (len(generated) - 1 if generated[-1] == 102 else len(generated))
 
 
 # --- beam search ----------------------------------------------------------------------------------
+
 
 def _markov(vocab, length, seed):
   """A toy decoder whose next-token scores depend on the step and the sum of the tokens so far (a
   state that must follow its beam)."""
   rng = np.random.default_rng(seed)
   return rng.normal(size=(2, vocab)).astype(np.float32) * 2, rng.normal(size=(length + 1, vocab, vocab)).astype(
-      np.float32) * 2
+    np.float32
+  ) * 2
 
 
 def _log_softmax(x):
@@ -162,14 +192,14 @@ def _brute_force(first, table, s: DecodeSettings):
       if ends and length - 1 < s.min_length:
         continue
       n = s.no_repeat_ngram
-      if n and len({seq[i:i + n] for i in range(length - n + 1)}) < length - n + 1:
+      if n and len({seq[i : i + n] for i in range(length - n + 1)}) < length - n + 1:
         continue
       logp, total, state = _log_softmax(first), 0.0, 0
       for t, token in enumerate(seq):
         total += logp[token]
         state = (state + token) % vocab
         logp = _log_softmax(table[t + 1, state])
-      score = total / length ** s.length_penalty
+      score = total / length**s.length_penalty
       if score > best[0] + 1e-6:
         best = (score, seq)
   return best
@@ -185,18 +215,27 @@ def _beam_search(first, table, s):
   return jax.jit(lambda f: beam_search(f, step_fn, jnp.zeros((f.shape[0],), jnp.int32), s))(jnp.asarray(first))
 
 
-@pytest.mark.parametrize("length_penalty,min_length,ngram,banned", [
-    (1.0, 0, 0, ()), (0.0, 1, 0, (3,)), (2.0, 0, 1, ()), (-0.5, 2, 2, ()), (1.3, 1, 2, (2,))])
+@pytest.mark.parametrize(
+  "length_penalty,min_length,ngram,banned",
+  [(1.0, 0, 0, ()), (0.0, 1, 0, (3,)), (2.0, 0, 1, ()), (-0.5, 2, 2, ()), (1.3, 1, 2, (2,))],
+)
 def test_beam_search_finds_what_brute_force_finds(length_penalty, min_length, ngram, banned):
   vocab, length = 4, 3
-  s = DecodeSettings(beam_size=vocab ** length, max_length=length, min_length=min_length, end_id=0,
-                     length_penalty=length_penalty, no_repeat_ngram=ngram, banned_ids=banned)
+  s = DecodeSettings(
+    beam_size=vocab**length,
+    max_length=length,
+    min_length=min_length,
+    end_id=0,
+    length_penalty=length_penalty,
+    no_repeat_ngram=ngram,
+    banned_ids=banned,
+  )
   for seed in range(3):
     first, table = _markov(vocab, length, seed)
     tokens, lengths, scores = _beam_search(first, table, s)
     for b in range(2):
       best_score, best = _brute_force(first[b], table, s)
-      assert tuple(np.asarray(tokens[b, :min(int(lengths[b]) + 1, length)]).tolist()) == best
+      assert tuple(np.asarray(tokens[b, : min(int(lengths[b]) + 1, length)]).tolist()) == best
       np.testing.assert_allclose(float(scores[b]), best_score, rtol=1e-5)
 
 
@@ -213,27 +252,31 @@ def test_one_beam_is_greedy():
         break
       state = (state + token) % 6
       logits = table[t + 1, state]
-    assert np.asarray(tokens[b, :len(greedy)]).tolist() == greedy
+    assert np.asarray(tokens[b, : len(greedy)]).tolist() == greedy
 
 
 # --- metrics --------------------------------------------------------------------------------------
+
 
 def test_bleu_and_rouge_match_the_libraries_documented_examples():
   # sacrebleu's README: BLEU 48.53 for these three hypotheses against the first reference stream...
   hypotheses = ["The dog bit the man.", "It wasn't surprising.", "The man had just bitten him."]
   references = ["The dog bit the man.", "It was not unexpected.", "The man bit him first."]
   assert generation_metrics.bleu4(hypotheses, references) == pytest.approx(
-      __import__("sacrebleu").corpus_bleu(hypotheses, [references]).score)
+    __import__("sacrebleu").corpus_bleu(hypotheses, [references]).score
+  )
   # rouge-score's README: "The quick brown fox jumps over the lazy dog" vs "The quick brown dog jumps
   # on the log." has ROUGE-1 precision 0.75, recall 0.6667 (F1 0.7059) and ROUGE-L F1 0.5882.
-  scores = generation_metrics.rouge(["The quick brown dog jumps on the log."],
-                                    ["The quick brown fox jumps over the lazy dog"], ("rouge1", "rougeL"))
+  scores = generation_metrics.rouge(
+    ["The quick brown dog jumps on the log."], ["The quick brown fox jumps over the lazy dog"], ("rouge1", "rougeL")
+  )
   assert scores["rouge1"] == pytest.approx(70.588, abs=1e-3) and scores["rougeL"] == pytest.approx(58.824, abs=1e-3)
   # two streams, as sacrebleu's README, to pin the corpus-level number
   import sacrebleu
 
-  two = sacrebleu.corpus_bleu(hypotheses, [references, ["The dog had bit the man.", "No one was surprised.",
-                                                        "The man had bitten the dog."]])
+  two = sacrebleu.corpus_bleu(
+    hypotheses, [references, ["The dog had bit the man.", "No one was surprised.", "The man had bitten the dog."]]
+  )
   assert round(two.score, 2) == 48.53
 
 
@@ -252,13 +295,25 @@ def test_meteor_without_wordnet_says_what_to_install(tmp_path):
 
 # --- runs -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def qg_dir(tmp_path_factory, sentences):
   """SQuAD 1.1 files from real sentences: the answer is the sentence's first word, the question asks for it."""
   d = tmp_path_factory.mktemp("qg")
-  paragraphs = [{"context": s, "qas": [{"id": f"q{i}", "question": f"Which word comes before {s.split()[1]}?",
-                                        "answers": [{"text": s.split()[0], "answer_start": 0}]}]}
-                for i, s in enumerate(sentences[:48]) if len(s.split()) > 2]
+  paragraphs = [
+    {
+      "context": s,
+      "qas": [
+        {
+          "id": f"q{i}",
+          "question": f"Which word comes before {s.split()[1]}?",
+          "answers": [{"text": s.split()[0], "answer_start": 0}],
+        }
+      ],
+    }
+    for i, s in enumerate(sentences[:48])
+    if len(s.split()) > 2
+  ]
   for name in ("train-v1.1.json", "dev-v1.1.json"):
     (d / name).write_text(json.dumps({"version": "1.1", "data": [{"title": "docs", "paragraphs": paragraphs}]}))
   return str(d)
@@ -277,11 +332,16 @@ def summary_dir(tmp_path_factory, sentences):
 
 @needs_wordnet
 def test_question_generation_and_summarisation_runs_are_scored_evaluated_and_exported(
-    tiny_mlm_teacher, qg_dir, summary_dir, tmp_path):
+  tiny_mlm_teacher, qg_dir, summary_dir, tmp_path
+):
   qg_run, sum_run = str(tmp_path / "qg"), str(tmp_path / "sum")
   _, qg = FineTuning(seq2seq_config(tiny_mlm_teacher, "qg", qg_dir, **{"seq2seq.qg_context": "sentence"}), qg_run).run()
-  _, summary = FineTuning(seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=6,
-                                         **{"optimizer.lr": 3e-3, "seq2seq.no_repeat_ngram": 2}), sum_run).run()
+  _, summary = FineTuning(
+    seq2seq_config(
+      tiny_mlm_teacher, "cnndm", summary_dir, epochs=6, **{"optimizer.lr": 3e-3, "seq2seq.no_repeat_ngram": 2}
+    ),
+    sum_run,
+  ).run()
   assert {"dev/bleu4", "dev/meteor", "dev/rougeL"} <= set(qg)
   assert {"dev/rouge1", "dev/rouge2", "dev/rougeL"} <= set(summary)
   # The random 2-layer model learns the summaries' form, "it is" + a word + the end, from 36 steps

@@ -16,10 +16,12 @@ from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.train_state import TrainState, check_accumulation
 
-TEACHER = EncoderConfig(vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                        initializer_range=0.5)
-STUDENT = TEACHER.replace(hidden_size=16, intermediate_size=32, initializer_range=0.02, hidden_dropout=0.0,
-                          attention_dropout=0.0)
+TEACHER = EncoderConfig(
+  vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, initializer_range=0.5
+)
+STUDENT = TEACHER.replace(
+  hidden_size=16, intermediate_size=32, initializer_range=0.02, hidden_dropout=0.0, attention_dropout=0.0
+)
 # Plain SGD: the update is linear in the gradient, so a wrongly scaled gradient shows in the parameters.
 SGD = optax.sgd(0.5)
 
@@ -28,16 +30,21 @@ def _batch(batch_size=32, length=12, seed=0):
   rng = np.random.default_rng(seed)
   lengths = rng.integers(3, length + 1, batch_size)
   mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
-  return {"input_ids": rng.integers(1, 80, (batch_size, length)).astype(np.int32) * mask, "attention_mask": mask,
-          "token_type_ids": np.zeros((batch_size, length), np.int32)}
+  return {
+    "input_ids": rng.integers(1, 80, (batch_size, length)).astype(np.int32) * mask,
+    "attention_mask": mask,
+    "token_type_ids": np.zeros((batch_size, length), np.int32),
+  }
 
 
 def _distill_step(mesh, accumulate_steps=1, query_chunk=0, batch=None):
   objective = Objective("minilm", ((1, 1),), ("qk", "vv"), 4, query_chunk, 32, 16)
-  step = make_train_step(Encoder(TEACHER), Encoder(STUDENT), SGD, lambda s: 0.5, objective, mesh,
-                         accumulate_steps=accumulate_steps)
-  state = jax.jit(lambda: init_state(Encoder(STUDENT), SGD, objective, jax.random.key(0)),
-                  out_shardings=parallel.replicated(mesh))()
+  step = make_train_step(
+    Encoder(TEACHER), Encoder(STUDENT), SGD, lambda s: 0.5, objective, mesh, accumulate_steps=accumulate_steps
+  )
+  state = jax.jit(
+    lambda: init_state(Encoder(STUDENT), SGD, objective, jax.random.key(0)), out_shardings=parallel.replicated(mesh)
+  )()
   teacher_params = jax.device_put(init_params(TEACHER, jax.random.key(1)), parallel.replicated(mesh))
   new_state, metrics = step(state, parallel.shard_batch(batch or _batch(), mesh), teacher_params, jax.random.key(2))
   return jax.device_get(new_state.params), jax.device_get(metrics)

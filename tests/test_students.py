@@ -21,8 +21,11 @@ def _sigmoid(x):
 def _np_lstm(x_LxE, cell):
   """Hidden state after each row of x: i, f, g, o gates; c = f c + i g; h = o tanh(c)."""
   h, c, out = np.zeros(HIDDEN), np.zeros(HIDDEN), []
-  gate = lambda name, x, h: x @ np.asarray(cell[f"i{name}"]["kernel"]) + h @ np.asarray(cell[f"h{name}"]["kernel"]) + \
-      np.asarray(cell[f"h{name}"]["bias"])
+  gate = lambda name, x, h: (
+    x @ np.asarray(cell[f"i{name}"]["kernel"])
+    + h @ np.asarray(cell[f"h{name}"]["kernel"])
+    + np.asarray(cell[f"h{name}"]["bias"])
+  )
   for x in x_LxE:
     i, f, o = _sigmoid(gate("i", x, h)), _sigmoid(gate("f", x, h)), _sigmoid(gate("o", x, h))
     c = f * c + i * np.tanh(gate("g", x, h))
@@ -82,24 +85,29 @@ def test_padding_does_not_change_the_output():
   model = _student("biattentive")
   ids, mask = _batch(1, [5, 3], length=5)
   params, short = _run(model, {"input_ids": ids, "attention_mask": mask})
-  padded = {"input_ids": np.concatenate([ids, np.full((2, 4), 7)], 1),  # garbage ids past the end, masked out
-            "attention_mask": np.concatenate([mask, np.zeros((2, 4), np.int32)], 1)}
+  padded = {
+    "input_ids": np.concatenate([ids, np.full((2, 4), 7)], 1),  # garbage ids past the end, masked out
+    "attention_mask": np.concatenate([mask, np.zeros((2, 4), np.int32)], 1),
+  }
   long = model.apply({"params": params}, {k: jnp.asarray(v) for k, v in padded.items()}, "task")
   np.testing.assert_allclose(np.asarray(long), short, atol=1e-5)
 
 
 def test_siamese_bilstm_matches_numpy_with_shared_weights():
   (ids_a, mask_a), (ids_b, mask_b) = _batch(2, [6, 2]), _batch(3, [3, 9])
-  params, got = _run(_student("siamese_bilstm"), {"input_ids": ids_a, "attention_mask": mask_a,
-                                                  "input_ids_b": ids_b, "attention_mask_b": mask_b})
+  params, got = _run(
+    _student("siamese_bilstm"),
+    {"input_ids": ids_a, "attention_mask": mask_a, "input_ids_b": ids_b, "attention_mask_b": mask_b},
+  )
   body = params["body"]
   assert set(body) == {"embedding", "bilstm"}  # one encoder for both sentences
   embedding = np.asarray(body["embedding"]["embedding"])
   for b in range(2):
-    h1 = _np_bilstm(body["bilstm"], embedding[ids_a[b, :mask_a[b].sum()]])[1]
-    h2 = _np_bilstm(body["bilstm"], embedding[ids_b[b, :mask_b[b].sum()]])[1]
-    np.testing.assert_allclose(got[b], _np_head(params["head_task"], np.concatenate([h1, h2, h1 * h2, np.abs(h1 - h2)])),
-                               atol=1e-5)
+    h1 = _np_bilstm(body["bilstm"], embedding[ids_a[b, : mask_a[b].sum()]])[1]
+    h2 = _np_bilstm(body["bilstm"], embedding[ids_b[b, : mask_b[b].sum()]])[1]
+    np.testing.assert_allclose(
+      got[b], _np_head(params["head_task"], np.concatenate([h1, h2, h1 * h2, np.abs(h1 - h2)])), atol=1e-5
+    )
 
 
 def _np_biattentive(body, ids_x, ids_y):
@@ -122,10 +130,13 @@ def _np_biattentive(body, ids_x, ids_y):
 
 def test_biattentive_lstm_matches_the_thesis_equations():
   (ids_a, mask_a), (ids_b, mask_b) = _batch(4, [7, 3, 9]), _batch(5, [4, 9, 2])
-  params, got = _run(_student("biattentive"), {"input_ids": ids_a, "attention_mask": mask_a,
-                                               "input_ids_b": ids_b, "attention_mask_b": mask_b}, seed=1)
+  params, got = _run(
+    _student("biattentive"),
+    {"input_ids": ids_a, "attention_mask": mask_a, "input_ids_b": ids_b, "attention_mask_b": mask_b},
+    seed=1,
+  )
   for b in range(3):
-    features = _np_biattentive(params["body"], ids_a[b, :mask_a[b].sum()], ids_b[b, :mask_b[b].sum()])
+    features = _np_biattentive(params["body"], ids_a[b, : mask_a[b].sum()], ids_b[b, : mask_b[b].sum()])
     np.testing.assert_allclose(got[b], _np_head(params["head_task"], features), atol=2e-5)
 
 
@@ -133,8 +144,10 @@ def test_biattentive_lstm_pairs_a_single_sentence_with_itself():
   ids, mask = _batch(6, [5, 8])
   params, single = _run(_student("biattentive"), {"input_ids": ids, "attention_mask": mask})
   for b in range(2):
-    x = ids[b, :mask[b].sum()]
-    np.testing.assert_allclose(single[b], _np_head(params["head_task"], _np_biattentive(params["body"], x, x)), atol=2e-5)
+    x = ids[b, : mask[b].sum()]
+    np.testing.assert_allclose(
+      single[b], _np_head(params["head_task"], _np_biattentive(params["body"], x, x)), atol=2e-5
+    )
 
 
 def test_transformer_student_averages_cls_of_the_teachers_first_layers(minilm_dir, minilm):
@@ -145,8 +158,12 @@ def test_transformer_student_averages_cls_of_the_teachers_first_layers(minilm_di
   from minilm_jax.distill.task_specific import transformer_init
 
   model, teacher_params, tokenizer = minilm
-  student = make_student(ml_collections.ConfigDict({"kind": "transformer", "num_layers": 3, "dropout": 0.1, "fc": FC}),
-                         (("task", LABELS),), model.config.vocab_size, model.config)
+  student = make_student(
+    ml_collections.ConfigDict({"kind": "transformer", "num_layers": 3, "dropout": 0.1, "fc": FC}),
+    (("task", LABELS),),
+    model.config.vocab_size,
+    model.config,
+  )
   enc = tokenizer(SENTENCES[:2], SENTENCES[2:], padding=True, return_tensors="np")
   batch = {k: jnp.asarray(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
   params = student.init(jax.random.key(0), batch)["params"]

@@ -116,8 +116,14 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
   runs.export_run(teachers[task.name], str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-  enc = tokenizer(list(examples["text_a"]), list(examples["text_b"]), truncation=True, max_length=32, padding="max_length",
-                  return_tensors="pt")
+  enc = tokenizer(
+    list(examples["text_a"]),
+    list(examples["text_b"]),
+    truncation=True,
+    max_length=32,
+    padding="max_length",
+    return_tensors="pt",
+  )
   with torch.no_grad():
     expected = model(**enc).logits.numpy()
   np.testing.assert_allclose(logits, expected, atol=1e-4)
@@ -175,11 +181,27 @@ def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path
   c.objective, c.data_dir, c.batch_size = "hard", sst2_dir, 16
   _, results = TaskDistillation(c, str(tmp_path / "student")).run()
   out = tmp_path / "eval"
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.evaluate", "--runs", str(tmp_path / "student"), "--out",
-                         str(out), "--eval_batch_size", "16"], capture_output=True, text=True, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.evaluate",
+      "--runs",
+      str(tmp_path / "student"),
+      "--out",
+      str(out),
+      "--eval_batch_size",
+      "16",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out / "metrics.json"))
-  assert (row["task"], row["split"]) == ("sst2", "dev") and row["accuracy"] == pytest.approx(results["sst2/dev/accuracy"])
+  assert (row["task"], row["split"]) == ("sst2", "dev") and row["accuracy"] == pytest.approx(
+    results["sst2/dev/accuracy"]
+  )
   (step,) = os.listdir(out / "student")
   submission = (out / "student" / step / "SST-2.tsv").read_text().splitlines()
   assert submission[0] == "index\tprediction" and len(submission) == 17
@@ -208,10 +230,22 @@ def test_program_reports_bad_input_in_one_line(tmp_path, teachers):
   import subprocess
   import sys
 
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.distill_task", "--config", "configs/task/distilled_bilstm.py",
-                         "--workdir", str(tmp_path / "w"), "--config.tasks=wordnet_examples",
-                         "--config.student.kind=siamese_bilstm", f"--config.teacher={teachers['wordnet_supersense']}"],
-                        capture_output=True, text=True)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.distill_task",
+      "--config",
+      "configs/task/distilled_bilstm.py",
+      "--workdir",
+      str(tmp_path / "w"),
+      "--config.tasks=wordnet_examples",
+      "--config.student.kind=siamese_bilstm",
+      f"--config.teacher={teachers['wordnet_supersense']}",
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith("error: task wordnet_examples has no teacher")
 
@@ -227,7 +261,9 @@ def test_every_task_config_builds(name):
   config = load_config_module(os.path.join(ROOT, "configs", "task", name)).get_config()
   tasks = [get_task(t) for t in config.tasks.split(",")]
   model = make_student(config.student, tuple((t.name, t.head()["num_labels"]) for t in tasks), 30522, EncoderConfig())
-  batch = {k: jnp.ones((2, 8), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids", "input_ids_b",
-                                                     "attention_mask_b")}
+  batch = {
+    k: jnp.ones((2, 8), jnp.int32)
+    for k in ("input_ids", "attention_mask", "token_type_ids", "input_ids_b", "attention_mask_b")
+  }
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), batch))["params"]
   assert {f"head_{t.name}" for t in tasks} <= set(shapes)

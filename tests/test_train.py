@@ -20,7 +20,6 @@ from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
 
 
-
 def _final_params(workdir):
   return runs.read_run(workdir).params
 
@@ -60,13 +59,26 @@ def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_pa
 
 
 def _train_cmd(workdir, *overrides):
-  return [sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "tests", "tiny_config.py"),
-          "--workdir", workdir, *overrides]
+  return [
+    sys.executable,
+    "-m",
+    "minilm_jax.train",
+    "--config",
+    os.path.join(ROOT, "tests", "tiny_config.py"),
+    "--workdir",
+    workdir,
+    *overrides,
+  ]
 
 
 def _env(tiny_teacher, tiny_corpus):
-  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.path.join(ROOT, "tests"))
+  env = dict(
+    os.environ,
+    TINY_TEACHER=tiny_teacher,
+    TINY_CORPUS=tiny_corpus,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.path.join(ROOT, "tests"),
+  )
   env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
   return env
 
@@ -86,7 +98,9 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   subprocess.run(_train_cmd(straight, *steps), env=env, check=True, capture_output=True)
 
   killed = str(tmp_path / "killed")
-  proc = subprocess.Popen(_train_cmd(killed, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _train_cmd(killed, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
   _wait_for(lambda: glob.glob(os.path.join(killed, "checkpoints", "1[05]")), proc)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -103,8 +117,13 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
 
 def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   workdir = str(tmp_path / "term")
-  proc = subprocess.Popen(_train_cmd(workdir, "--config.num_steps=100000", "--config.checkpoint.every=100000"),
-                          env=_env(tiny_teacher, tiny_corpus), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _train_cmd(workdir, "--config.num_steps=100000", "--config.checkpoint.every=100000"),
+    env=_env(tiny_teacher, tiny_corpus),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   metrics = os.path.join(workdir, "metrics.jsonl")
   _wait_for(lambda: os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3, proc)
   proc.send_signal(signal.SIGTERM)
@@ -120,8 +139,10 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path):
   """Teacher-assistant chain: teacher -> assistant (a run) -> student, the assistant read from its workdir."""
   assistant = str(tmp_path / "assistant")
   Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2}), assistant).run()
-  student = Distillation(tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8}),
-                         str(tmp_path / "student"))
+  student = Distillation(
+    tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8}),
+    str(tmp_path / "student"),
+  )
   assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), _final_params(assistant))
   student.run()
@@ -135,7 +156,9 @@ def _config_cases():
   return cases
 
 
-@pytest.mark.parametrize("path,variant", _config_cases(), ids=lambda x: os.path.basename(x) if x and "/" in x else str(x))
+@pytest.mark.parametrize(
+  "path,variant", _config_cases(), ids=lambda x: os.path.basename(x) if x and "/" in x else str(x)
+)
 def test_every_config_builds(path, variant):
   module = load_config_module(path)
   config = module.get_config() if variant is None else module.get_config(variant)
@@ -170,8 +193,9 @@ def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path):
 
 
 def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
-  line = _one_line_error(_train_cmd(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"),
-                         _env(tiny_teacher, tiny_corpus))
+  line = _one_line_error(
+    _train_cmd(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"), _env(tiny_teacher, tiny_corpus)
+  )
   assert "does not exist" in line and "missing" in line
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
@@ -181,12 +205,17 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
   workdir = str(tmp_path / "w")
   Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=1), workdir).run()
   before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "**"), recursive=True)}
-  for change, shown in (({"student.hidden_size": 8}, "student.hidden_size: 16 -> 8"), ({"seed": 3}, "seed: 0 -> 3"),
-                        ({"optimizer.lr": 1.0, "data.max_seq_length": 16}, "data.max_seq_length: 32 -> 16, optimizer.lr")):
+  for change, shown in (
+    ({"student.hidden_size": 8}, "student.hidden_size: 16 -> 8"),
+    ({"seed": 3}, "seed: 0 -> 3"),
+    ({"optimizer.lr": 1.0, "data.max_seq_length": 16}, "data.max_seq_length: 32 -> 16, optimizer.lr"),
+  ):
     with pytest.raises(UserError, match=f"holds a run started with another config \\({shown}"):
       Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **change), workdir)
   assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "**"), recursive=True)} == before
-  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, log_every=2, **{"checkpoint.every": 2}), workdir).run()
+  Distillation(
+    tiny_config(tiny_teacher, tiny_corpus, num_steps=2, log_every=2, **{"checkpoint.every": 2}), workdir
+  ).run()
   assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
 
 
@@ -194,9 +223,24 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   """The README's main job, shortened: the real teacher, the harvested corpus, the real program."""
   workdir = str(tmp_path / "demo")
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  subprocess.run([sys.executable, "-m", "minilm_jax.train", "--config", os.path.join(ROOT, "configs", "demo.py"),
-                  "--workdir", workdir, "--config.num_steps=2", "--config.batch_size=4", "--config.log_every=1"],
-                 env=env, check=True, capture_output=True, cwd=str(tmp_path))
+  subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.train",
+      "--config",
+      os.path.join(ROOT, "configs", "demo.py"),
+      "--workdir",
+      workdir,
+      "--config.num_steps=2",
+      "--config.batch_size=4",
+      "--config.log_every=1",
+    ],
+    env=env,
+    check=True,
+    capture_output=True,
+    cwd=str(tmp_path),
+  )
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
   assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
@@ -212,15 +256,24 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   import transformers
 
   out = str(tmp_path / "student_hf")
-  subprocess.run([sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", out], check=True,
-                 capture_output=True)
+  subprocess.run(
+    [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", out],
+    check=True,
+    capture_output=True,
+  )
   config, params, tokenizer = runs.read_run(workdir)[:3]
-  batch = tokenizer(["A distilled student.", "It should load in transformers unchanged."], padding=True, return_tensors="np")
-  ours = Encoder(config).apply({"params": params}, *(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")))
+  batch = tokenizer(
+    ["A distilled student.", "It should load in transformers unchanged."], padding=True, return_tensors="np"
+  )
+  ours = Encoder(config).apply(
+    {"params": params}, *(batch[k] for k in ("input_ids", "attention_mask", "token_type_ids"))
+  )
   with torch.no_grad():
     theirs = transformers.AutoModel.from_pretrained(out).eval()(**{k: torch.tensor(v) for k, v in batch.items()})
   rows_ = batch["attention_mask"].astype(bool)
-  np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[rows_], theirs.last_hidden_state.numpy()[rows_], atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(ours.last_hidden_state)[rows_], theirs.last_hidden_state.numpy()[rows_], atol=1e-4
+  )
 
 
 def test_relation_heads_that_do_not_divide(tiny_teacher, tiny_corpus, tmp_path):
@@ -245,9 +298,15 @@ def test_non_finite_update_never_reaches_a_checkpoint(tiny_teacher, tiny_corpus,
   non-finite update on the device, the loop stops before saving, and every checkpoint left holds
   finite parameters and optimizer moments."""
   workdir = str(tmp_path / "nan")
-  blowup = tiny_config(tiny_teacher, tiny_corpus, num_steps=50, **{
-      "optimizer.lr": 1e6, "optimizer.warmup_steps": 0, "checkpoint.every": 1, "log_every": 10})
-  with pytest.raises(UserError, match=r"non-finite loss or update at step \d+ .* the last checkpoint \(step \d+\) is intact"):
+  blowup = tiny_config(
+    tiny_teacher,
+    tiny_corpus,
+    num_steps=50,
+    **{"optimizer.lr": 1e6, "optimizer.warmup_steps": 0, "checkpoint.every": 1, "log_every": 10},
+  )
+  with pytest.raises(
+    UserError, match=r"non-finite loss or update at step \d+ .* the last checkpoint \(step \d+\) is intact"
+  ):
     Distillation(blowup, workdir).run()
   run = Distillation(blowup, workdir)
   abstract = jax.eval_shape(lambda: init_state(run.student, run.tx, run.objective, jax.random.key(0)))
@@ -271,5 +330,7 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
   for grads, loss in (({"w": jnp.array([1.0, jnp.nan, 1.0])}, 1.0), ({"w": jnp.ones(3)}, jnp.inf)):
     kept, skipped = jax.jit(guarded_update, static_argnums=3)(applied, grads, jnp.float32(loss), tx)
     assert float(skipped) == 1 and int(kept.step) == 2
-    for a, b in zip(jax.tree.leaves((kept.params, kept.opt_state)), jax.tree.leaves((applied.params, applied.opt_state))):
+    for a, b in zip(
+      jax.tree.leaves((kept.params, kept.opt_state)), jax.tree.leaves((applied.params, applied.opt_state))
+    ):
       np.testing.assert_array_equal(a, b)

@@ -11,12 +11,12 @@ batch 128, lr 1e-4, 10% warm-up (ETD section 4.1).
 from minilm_jax.distill.config import paper_config
 
 VARIANTS = {
-    "random": {"init": "random"},
-    "etd_rand": {"init": "etd", "method": "rand"},
-    "etd_impt": {"init": "etd", "method": "impt"},
-    "etd_wo_hidn_con": {"init": "etd", "method": "impt", "hidden_consistency": False},
-    "etd_impt_top": {"init": "etd", "method": "impt", "layers": "top"},
-    "etd_impt_bottom": {"init": "etd", "method": "impt", "layers": "bottom"},
+  "random": {"init": "random"},
+  "etd_rand": {"init": "etd", "method": "rand"},
+  "etd_impt": {"init": "etd", "method": "impt"},
+  "etd_wo_hidn_con": {"init": "etd", "method": "impt", "hidden_consistency": False},
+  "etd_impt_top": {"init": "etd", "method": "impt", "layers": "top"},
+  "etd_impt_bottom": {"init": "etd", "method": "impt", "layers": "bottom"},
 }
 
 

@@ -39,15 +39,27 @@ def run(lengths=(128, 512), batches: int = 20, num_proc: int = 2) -> list:
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for length in lengths:
-      data = ml_collections.ConfigDict({"corpus": "demo", "corpus_config": "", "text_column": "text",
-                                        "max_seq_length": length, "num_proc": num_proc, "prepared": ""})
+      data = ml_collections.ConfigDict(
+        {
+          "corpus": "demo",
+          "corpus_config": "",
+          "text_column": "text",
+          "max_seq_length": length,
+          "num_proc": num_proc,
+          "prepared": "",
+        }
+      )
       cache, out = os.path.join(tmp, f"cache{length}"), os.path.join(tmp, f"prepared{length}")
       start = time.perf_counter()
       manifest = write_prepared(load_blocks(data, tokenizer, cache), tokenizer, length, out, 8, ["demo"])
       seconds = time.perf_counter() - start
       size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-      row = {"length": length, "blocks": manifest["blocks"], "prepare_tokens_per_s": round(manifest["tokens"] / seconds),
-             "GB_per_billion_tokens": round(size / manifest["tokens"], 2)}
+      row = {
+        "length": length,
+        "blocks": manifest["blocks"],
+        "prepare_tokens_per_s": round(manifest["tokens"] / seconds),
+        "GB_per_billion_tokens": round(size / manifest["tokens"], 2),
+      }
       for name, prepared in (("on_the_fly", ""), ("prepared", out)):
         data.prepared = prepared
         blocks, collate = corpus_blocks(data, tokenizer, cache)

@@ -39,10 +39,10 @@ from minilm_jax.train_state import adamw_config, make_optimizer
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
 # a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
 CASES = {
-    # Small enough for 2 CPU cores.
-    "cpu": [("demo", ("3x384",), 16, (128,)), ("12x768", ("4x384",), 8, (128,))],
-    # MiniLM's setting on one accelerator: BERT-base teacher, batch 256, lengths 128 and 512.
-    "paper": [("12x768", ("6x384", "6x768"), 256, (128, 512))],
+  # Small enough for 2 CPU cores.
+  "cpu": [("demo", ("3x384",), 16, (128,)), ("12x768", ("4x384",), 8, (128,))],
+  # MiniLM's setting on one accelerator: BERT-base teacher, batch 256, lengths 128 and 512.
+  "paper": [("12x768", ("6x384", "6x768"), 256, (128, 512))],
 }
 PEERS = ("eager", "compile")
 OPTIMIZER = adamw_config(lr=1e-4, clip_norm=0.0)
@@ -82,9 +82,11 @@ def load_teacher(spec: str):
 def random_batch(batch_size: int, length: int, vocab_size: int) -> dict:
   """Full blocks of random token ids, as the paper's packed corpus gives."""
   rng = np.random.default_rng(0)
-  return {"input_ids": rng.integers(1000, min(vocab_size, 30000), (batch_size, length)).astype(np.int32),
-          "attention_mask": np.ones((batch_size, length), np.int32),
-          "token_type_ids": np.zeros((batch_size, length), np.int32)}
+  return {
+    "input_ids": rng.integers(1000, min(vocab_size, 30000), (batch_size, length)).astype(np.int32),
+    "attention_mask": np.ones((batch_size, length), np.int32),
+    "token_type_ids": np.zeros((batch_size, length), np.int32),
+  }
 
 
 class _OurStep:
@@ -94,11 +96,19 @@ class _OurStep:
     self.mesh = parallel.make_mesh(1)
     teacher, student = Encoder(teacher_config.replace(dtype=dtype)), Encoder(student_config.replace(dtype=dtype))
     tx, schedule = make_optimizer(OPTIMIZER, 1000)
-    self.objective = Objective("minilm", ((student_config.num_layers - 1, teacher_config.num_layers - 1),), RELATIONS,
-                               num_relation_heads, 0, teacher_config.hidden_size, student_config.hidden_size)
+    self.objective = Objective(
+      "minilm",
+      ((student_config.num_layers - 1, teacher_config.num_layers - 1),),
+      RELATIONS,
+      num_relation_heads,
+      0,
+      teacher_config.hidden_size,
+      student_config.hidden_size,
+    )
     self.step = make_train_step(teacher, student, tx, schedule, self.objective, self.mesh)
-    self.init = jax.jit(lambda rng: init_state(student, tx, self.objective, rng),
-                        out_shardings=parallel.replicated(self.mesh))
+    self.init = jax.jit(
+      lambda rng: init_state(student, tx, self.objective, rng), out_shardings=parallel.replicated(self.mesh)
+    )
     self.state = self.init(jax.random.key(0))
     params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
     self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
@@ -111,8 +121,16 @@ class _OurStep:
     batch = parallel.shard_batch(batch, self.mesh)
     compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
     memory = compiled.memory_analysis()
-    footprint = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                 - memory.alias_size_in_bytes) if memory is not None else None
+    footprint = (
+      (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        + memory.temp_size_in_bytes
+        - memory.alias_size_in_bytes
+      )
+      if memory is not None
+      else None
+    )
 
     def run():
       self.state, metrics = self(self.state, batch)
@@ -125,12 +143,26 @@ class _OurStep:
     the second half: the batch stream collating packed blocks, prefetching onto the device, the
     loop's metrics and checks; everything but the checkpoint writes."""
     blocks = [list(row) for row in batch["input_ids"]] * 2  # two batches' worth of rows to shuffle
-    stream = BatchStream(datasets.Dataset.from_dict({"input_ids": blocks}), len(blocks) // 2, 0,
-                         partial(pad_blocks, seq_len=batch["input_ids"].shape[1], pad_id=0))
+    stream = BatchStream(
+      datasets.Dataset.from_dict({"input_ids": blocks}),
+      len(blocks) // 2,
+      0,
+      partial(pad_blocks, seq_len=batch["input_ids"].shape[1], pad_id=0),
+    )
     with tempfile.TemporaryDirectory() as workdir:
-      self.state = train_loop(self.init(jax.random.key(0)), 0, step_fn=self, stream=stream, mesh=self.mesh,
-                              num_steps=2 * steps, checkpoints=_NoCheckpoints(), meta={}, workdir=workdir,
-                              log_every=steps, desc="train program")
+      self.state = train_loop(
+        self.init(jax.random.key(0)),
+        0,
+        step_fn=self,
+        stream=stream,
+        mesh=self.mesh,
+        num_steps=2 * steps,
+        checkpoints=_NoCheckpoints(),
+        meta={},
+        workdir=workdir,
+        log_every=steps,
+        desc="train program",
+      )
       rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return rows[-1]["step_time_s"]
 
@@ -179,9 +211,15 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
   device = "cuda" if torch.cuda.is_available() else "cpu"
 
   def bert(c):
-    return transformers.BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
-                                   num_attention_heads=c.num_heads, intermediate_size=c.intermediate_size,
-                                   max_position_embeddings=c.max_position_embeddings, attn_implementation="sdpa")
+    return transformers.BertConfig(
+      vocab_size=c.vocab_size,
+      hidden_size=c.hidden_size,
+      num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads,
+      intermediate_size=c.intermediate_size,
+      max_position_embeddings=c.max_position_embeddings,
+      attn_implementation="sdpa",
+    )
 
   teacher = transformers.BertModel(bert(teacher_config)).eval().to(device)
   student = transformers.BertModel(bert(student_config)).train().to(device)
@@ -194,8 +232,9 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
 
   capture(teacher, "t_")
   capture(student, "s_")
-  optimizer = torch.optim.AdamW(student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
-                                fused=device == "cuda")
+  optimizer = torch.optim.AdamW(
+    student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, fused=device == "cuda"
+  )
   inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
   mask = inputs["attention_mask"].bool()
   autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
@@ -208,8 +247,9 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
     # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
     t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
     s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
-    return (_torch_relation_kl(t["query"], t["key"], s["query"], s["key"], mask, num_relation_heads)
-            + _torch_relation_kl(t["value"], t["value"], s["value"], s["value"], mask, num_relation_heads))
+    return _torch_relation_kl(
+      t["query"], t["key"], s["query"], s["key"], mask, num_relation_heads
+    ) + _torch_relation_kl(t["value"], t["value"], s["value"], s["value"], mask, num_relation_heads)
 
   loss_fn = torch.compile(loss_of) if compiled else loss_of
 
@@ -240,11 +280,20 @@ def _torch_seconds(teacher_config, student_config, batch, dtype, num_relation_he
 
 
 def _gib(n):
-  return None if n is None else n / 2 ** 30
+  return None if n is None else n / 2**30
 
 
-def run(case: str = "cpu", repeats: int = 3, dtype: str = "float32", teacher: str = None, students=None,
-        batch_size: int = None, seq_lens=None, peers=PEERS, train_steps: int = 5):
+def run(
+  case: str = "cpu",
+  repeats: int = 3,
+  dtype: str = "float32",
+  teacher: str = None,
+  students=None,
+  batch_size: int = None,
+  seq_lens=None,
+  peers=PEERS,
+  train_steps: int = 5,
+):
   """One row per (teacher, student, length) of `case`, each override replacing the case's value.
   The relations have the teacher's head count (12 for the paper's shapes) where it divides the
   student's width."""
@@ -261,14 +310,20 @@ def run(case: str = "cpu", repeats: int = 3, dtype: str = "float32", teacher: st
     teacher_config, teacher_params, teacher_name = load_teacher(case_teacher)
     for student_spec in students or case_students:
       shape = parse_shape(student_spec)
-      student_config = teacher_config.replace(num_layers=shape.num_layers, hidden_size=shape.hidden_size,
-                                              num_heads=shape.num_heads, intermediate_size=shape.intermediate_size)
+      student_config = teacher_config.replace(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_heads=shape.num_heads,
+        intermediate_size=shape.intermediate_size,
+      )
       num_relation_heads = teacher_config.num_heads
       if shape.hidden_size % num_relation_heads:
         num_relation_heads = math.gcd(teacher_config.hidden_size, shape.hidden_size)
       for length in seq_lens or case_lens:
         if length > teacher_config.max_position_embeddings:
-          raise UserError(f"--seq_len {length} exceeds the teacher's {teacher_config.max_position_embeddings} positions")
+          raise UserError(
+            f"--seq_len {length} exceeds the teacher's {teacher_config.max_position_embeddings} positions"
+          )
         n = batch_size or case_batch
         if n < 1 or length < 2:
           raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
@@ -278,19 +333,41 @@ def run(case: str = "cpu", repeats: int = 3, dtype: str = "float32", teacher: st
         seconds, footprint = ours.bare_seconds(batch, repeats)
         program = ours.train_program_seconds(batch, train_steps) if train_steps else None
         del ours
-        flops = distill_flops_per_token(teacher_config, teacher_config.num_layers - 1, student_config,
-                                        student_config.num_layers - 1, length, len(RELATIONS)) * tokens
+        flops = (
+          distill_flops_per_token(
+            teacher_config,
+            teacher_config.num_layers - 1,
+            student_config,
+            student_config.num_layers - 1,
+            length,
+            len(RELATIONS),
+          )
+          * tokens
+        )
         peak = peak_flops()
-        row = {"teacher": teacher_name, "student": student_spec, "batch": n, "seq_len": length, "dtype": dtype,
-               "ours_tokens_per_s": tokens / seconds,
-               "train_program_tokens_per_s": tokens / program if program else None,
-               "program_over_step": seconds / program if program else None,
-               "mfu": flops / seconds / peak if peak else None, "ours_mem_gib": _gib(footprint)}
+        row = {
+          "teacher": teacher_name,
+          "student": student_spec,
+          "batch": n,
+          "seq_len": length,
+          "dtype": dtype,
+          "ours_tokens_per_s": tokens / seconds,
+          "train_program_tokens_per_s": tokens / program if program else None,
+          "program_over_step": seconds / program if program else None,
+          "mfu": flops / seconds / peak if peak else None,
+          "ours_mem_gib": _gib(footprint),
+        }
         for peer in PEERS:
           if peer in peers:
-            peer_seconds, peer_peak = _torch_seconds(teacher_config, student_config, batch, dtype,
-                                                     num_relation_heads, peer == "compile", repeats)
-            row.update({f"torch_{peer}_tokens_per_s": tokens / peer_seconds, f"torch_{peer}_mem_gib": _gib(peer_peak),
-                        f"ratio_vs_{peer}": peer_seconds / seconds})
+            peer_seconds, peer_peak = _torch_seconds(
+              teacher_config, student_config, batch, dtype, num_relation_heads, peer == "compile", repeats
+            )
+            row.update(
+              {
+                f"torch_{peer}_tokens_per_s": tokens / peer_seconds,
+                f"torch_{peer}_mem_gib": _gib(peer_peak),
+                f"ratio_vs_{peer}": peer_seconds / seconds,
+              }
+            )
         rows.append(row)
   return rows

@@ -12,10 +12,10 @@ from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
 
 INITS = (
-    ("random", {"init": "random"}),
-    ("etd-rand", {"init": "etd", "method": "rand"}),
-    ("etd-rand-wo-hidn-con", {"init": "etd", "method": "rand", "hidden_consistency": False}),
-    ("etd-impt", {"init": "etd", "method": "impt"}),
+  ("random", {"init": "random"}),
+  ("etd-rand", {"init": "etd", "method": "rand"}),
+  ("etd-rand-wo-hidn-con", {"init": "etd", "method": "rand", "hidden_consistency": False}),
+  ("etd-impt", {"init": "etd", "method": "impt"}),
 )
 STUDENTS = (("3x384", 384, 1536), ("3x192", 192, 768))  # same width as the teacher, and half its width
 
@@ -29,7 +29,7 @@ def _config(teacher: str, hidden: int, intermediate: int, init: dict, steps: int
   c.etd.hidden_consistency = init.get("hidden_consistency", True)
   c.data.max_seq_length, c.batch_size, c.num_steps, c.dtype = 128, batch_size, steps, "float32"
   c.optimizer.lr, c.optimizer.warmup_steps = 1e-3, 5
-  c.log_every, c.checkpoint.every = 1, 10 ** 9
+  c.log_every, c.checkpoint.every = 1, 10**9
   return c
 
 
@@ -43,7 +43,9 @@ def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", mesh=None):
       row = {"student": student, "init": name, "loss_at_start": None, f"loss_after_{steps}": None, "note": ""}
       with tempfile.TemporaryDirectory() as workdir:
         try:
-          Distillation(_config(teacher, hidden, intermediate, init, steps, batch_size, corpus), workdir, mesh=mesh).run()
+          Distillation(
+            _config(teacher, hidden, intermediate, init, steps, batch_size, corpus), workdir, mesh=mesh
+          ).run()
         except UserError as e:
           row["note"] = str(e).split(":")[0]
         else:

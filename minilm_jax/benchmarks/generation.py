@@ -3,8 +3,9 @@ of the given shape), in output tokens per second. Ours encodes the source once a
 per beam and step through the cached keys and values, greedy and with 5 beams. Beside it, in the
 same command, what a user of the exported `BertForMaskedLM` writes in PyTorch: transformers keeps
 no cache for a model under a bidirectional source mask, so greedy decoding recomputes the whole
-sequence at every step (the masked-LM head only on the position that predicts). Every hypothesis runs the full output length (the end token is banned
-until then), so both sides do the same number of steps."""
+sequence at every step (the masked-LM head only on the position that predicts). Every hypothesis
+runs the full output length (the end token is banned until then), so both sides do the same
+number of steps."""
 
 import time
 
@@ -26,8 +27,15 @@ def _config(student: str, dtype: str) -> EncoderConfig:
     layers, hidden = (int(n) for n in student.split("x"))
   except ValueError:
     raise UserError(f"--student {student}: give layers x width, e.g. 6x384") from None
-  return EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=12, intermediate_size=4 * hidden, dtype=dtype,
-                       hidden_dropout=0.0, attention_dropout=0.0)
+  return EncoderConfig(
+    num_layers=layers,
+    hidden_size=hidden,
+    num_heads=12,
+    intermediate_size=4 * hidden,
+    dtype=dtype,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+  )
 
 
 def _ours(config, batch, source_length, target_length, beams, repeats):
@@ -35,11 +43,15 @@ def _ours(config, batch, source_length, target_length, beams, repeats):
   ids = jnp.zeros((1, source_length + target_length), jnp.int32)
   params = model.init(jax.random.key(0), ids, jnp.ones_like(ids))["params"]
   rng = np.random.default_rng(0)
-  inputs = {"input_ids": np.concatenate([rng.integers(1000, 30000, (batch, source_length)),
-                                         np.zeros((batch, target_length), int)], 1).astype(np.int32),
-            "attention_mask": np.concatenate([np.ones((batch, source_length)), np.zeros((batch, target_length))],
-                                             1).astype(np.int32),
-            "token_type_ids": np.zeros((batch, source_length + target_length), np.int32)}
+  inputs = {
+    "input_ids": np.concatenate(
+      [rng.integers(1000, 30000, (batch, source_length)), np.zeros((batch, target_length), int)], 1
+    ).astype(np.int32),
+    "attention_mask": np.concatenate([np.ones((batch, source_length)), np.zeros((batch, target_length))], 1).astype(
+      np.int32
+    ),
+    "token_type_ids": np.zeros((batch, source_length + target_length), np.int32),
+  }
   settings = DecodeSettings(beam_size=beams, max_length=target_length, min_length=target_length, **_SPECIALS)
   decode = jax.jit(lambda p, b: generate(model, p, b, settings))
   block(decode(params, inputs))  # compile
@@ -53,9 +65,15 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
   import torch
   import transformers
 
-  model = transformers.BertForMaskedLM(transformers.BertConfig(
-      hidden_size=config.hidden_size, num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-      intermediate_size=config.intermediate_size, attn_implementation="sdpa")).eval()
+  model = transformers.BertForMaskedLM(
+    transformers.BertConfig(
+      hidden_size=config.hidden_size,
+      num_hidden_layers=config.num_layers,
+      num_attention_heads=config.num_heads,
+      intermediate_size=config.intermediate_size,
+      attn_implementation="sdpa",
+    )
+  ).eval()
   device = "cuda" if torch.cuda.is_available() else "cpu"
   model.to(device)
   source = torch.randint(1000, 30000, (batch, source_length), device=device)
@@ -70,8 +88,9 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
         mask = (~in_target[None, :] | (in_target[:, None] & (positions[None, :] <= positions[:, None])))[None, None]
         types = torch.tensor([[0] * source_length + [1] * step], device=device).expand(batch, -1)
         # The encoder over the whole sequence, the masked-LM head on the one position that predicts.
-        hidden = model.bert(input_ids=ids, attention_mask=mask.expand(batch, -1, -1, -1),
-                            token_type_ids=types).last_hidden_state[:, -1 if step else source_length - 1]
+        hidden = model.bert(
+          input_ids=ids, attention_mask=mask.expand(batch, -1, -1, -1), token_type_ids=types
+        ).last_hidden_state[:, -1 if step else source_length - 1]
         logits = model.cls(hidden)
         logits[:, list(_SPECIALS["banned_ids"]) + [_SPECIALS["end_id"]]] = -float("inf")
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
@@ -85,19 +104,49 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
   return (time.perf_counter() - start) / repeats
 
 
-def run(student: str = "6x384", batch: int = 32, source_length: int = 128, target_length: int = 48, repeats: int = 3,
-        dtype: str = "float32"):
+def run(
+  student: str = "6x384",
+  batch: int = 32,
+  source_length: int = 128,
+  target_length: int = 48,
+  repeats: int = 3,
+  dtype: str = "float32",
+):
   config = _config(student, dtype)
   if source_length + target_length > config.max_position_embeddings:
-    raise UserError(f"source {source_length} + target {target_length} tokens exceed {config.max_position_embeddings} "
-                    f"positions: shorten --seq_len or --target_length")
+    raise UserError(
+      f"source {source_length} + target {target_length} tokens exceed {config.max_position_embeddings} "
+      f"positions: shorten --seq_len or --target_length"
+    )
   tokens = batch * target_length
-  common = {"student": student, "batch": batch, "source_len": source_length, "target_len": target_length, "dtype": dtype}
+  common = {
+    "student": student,
+    "batch": batch,
+    "source_len": source_length,
+    "target_len": target_length,
+    "dtype": dtype,
+  }
   peer = _transformers_greedy(config, batch, source_length, target_length, repeats, dtype)
-  rows = [{"decoder": "transformers BertForMaskedLM, greedy, full recompute", **common, "beams": 1,
-           "seconds": peer, "tokens_per_s": tokens / peer, "speedup": 1.0}]
+  rows = [
+    {
+      "decoder": "transformers BertForMaskedLM, greedy, full recompute",
+      **common,
+      "beams": 1,
+      "seconds": peer,
+      "tokens_per_s": tokens / peer,
+      "speedup": 1.0,
+    }
+  ]
   for beams in (1, 5):
     seconds = _ours(config, batch, source_length, target_length, beams, repeats)
-    rows.append({"decoder": "ours, cached", **common, "beams": beams, "seconds": seconds,
-                 "tokens_per_s": tokens / seconds, "speedup": peer / seconds})
+    rows.append(
+      {
+        "decoder": "ours, cached",
+        **common,
+        "beams": beams,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "speedup": peer / seconds,
+      }
+    )
   return rows

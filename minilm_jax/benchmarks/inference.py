@@ -21,7 +21,9 @@ def run(num_batches: int = 100, dtype: str = "float32", batch_size: int = 8, seq
   mask = np.ones((batch_size, seq_len), np.int32)
   rows, base, base_flops = [], None, None
   for layers, hidden, paper in ARCHITECTURES:
-    config = EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=12, intermediate_size=4 * hidden, dtype=dtype)
+    config = EncoderConfig(
+      num_layers=layers, hidden_size=hidden, num_heads=12, intermediate_size=4 * hidden, dtype=dtype
+    )
     params = init_params(config, jax.random.key(0))
     forward = jax.jit(lambda p, i, m, model=Encoder(config): model.apply({"params": p}, i, m).last_hidden_state)
     block(forward(params, batches[0], mask))  # compile
@@ -31,7 +33,16 @@ def run(num_batches: int = 100, dtype: str = "float32", batch_size: int = 8, seq
     seconds = (time.perf_counter() - start) / num_batches
     flops = encoder_flops_per_token(config, seq_len)
     base, base_flops = base or seconds, base_flops or flops
-    rows.append({"arch": f"{layers}x{hidden}", "batch": batch_size, "seq_len": seq_len, "dtype": dtype,
-                 "seconds": seconds, "speedup": base / seconds, "paper_speedup": paper,
-                 "flop_ratio": base_flops / flops})
+    rows.append(
+      {
+        "arch": f"{layers}x{hidden}",
+        "batch": batch_size,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "seconds": seconds,
+        "speedup": base / seconds,
+        "paper_speedup": paper,
+        "flop_ratio": base_flops / flops,
+      }
+    )
   return rows

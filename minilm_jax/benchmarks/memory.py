@@ -29,6 +29,14 @@ def run(batch_size: int = 8, query_chunk: int = 64, seq_lens=(128, 256, 512)):
     mask = jax.ShapeDtypeStruct((batch_size, length), jnp.int32)
     full = _temp_bytes(teacher, student, mask, 0)
     chunked = _temp_bytes(teacher, student, mask, query_chunk)
-    rows.append({"seq_len": length, "batch": batch_size, "query_chunk": query_chunk, "full_bytes": full,
-                 "chunked_bytes": chunked, "chunked_over_full": chunked / full})
+    rows.append(
+      {
+        "seq_len": length,
+        "batch": batch_size,
+        "query_chunk": query_chunk,
+        "full_bytes": full,
+        "chunked_bytes": chunked,
+        "chunked_over_full": chunked / full,
+      }
+    )
   return rows

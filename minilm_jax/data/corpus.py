@@ -27,8 +27,10 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
     try:
       return datasets.load_dataset(corpus, subset or None, split="train")
     except Exception as e:  # offline, unknown name, ...: the hub's exception types vary by version
-      raise UserError(f"data.corpus={corpus!r} is not a local file and could not be loaded from the hub "
-                      f"({type(e).__name__}): pass local .txt/.json/.jsonl/.parquet files") from None
+      raise UserError(
+        f"data.corpus={corpus!r} is not a local file and could not be loaded from the hub "
+        f"({type(e).__name__}): pass local .txt/.json/.jsonl/.parquet files"
+      ) from None
   for f in files:
     if not os.path.isfile(f):
       raise UserError(f"corpus file {f} does not exist: fix data.corpus")
@@ -58,8 +60,10 @@ def _check_json_start(path: str):
   with open(path, "rb") as f:
     start = f.read(4096).lstrip()[:1]
   if start and start not in b"{[":
-    raise UserError(f"could not read corpus {path}: it is not JSON objects (it starts with {start!r}, not '{{'): "
-                    f"write one object per line, like {{\"text\": \"...\"}}")
+    raise UserError(
+      f"could not read corpus {path}: it is not JSON objects (it starts with {start!r}, not '{{'): "
+      f"write one object per line, like {{\"text\": \"...\"}}"
+    )
 
 
 def root_cause(error: Exception) -> str:
@@ -73,7 +77,7 @@ def root_cause(error: Exception) -> str:
   telling = [c for c in causes if type(c).__name__ != "DatasetGenerationError"] or causes
   c = telling[0]
   if isinstance(c, UnicodeDecodeError):
-    return f"it is not UTF-8 text (byte {c.object[c.start:c.start + 1]!r} at offset {c.start})"
+    return f"it is not UTF-8 text (byte {c.object[c.start : c.start + 1]!r} at offset {c.start})"
   # An empty file, or JSON with no objects: `datasets` says so in several ways.
   if type(c).__name__ in ("SchemaInferenceError", "StopIteration") or "corresponds to no data" in str(c):
     return "it holds no rows"
@@ -119,7 +123,9 @@ def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
   raw = _load_raw(data_config.corpus, data_config.corpus_config, cache_dir)
   column = data_config.text_column
   if column not in raw.column_names:
-    raise UserError(f"corpus {data_config.corpus} has no column {column!r} (it has {raw.column_names}): set data.text_column")
+    raise UserError(
+      f"corpus {data_config.corpus} has no column {column!r} (it has {raw.column_names}): set data.text_column"
+    )
   block_len = data_config.max_seq_length - 2
   cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
   if cls_id is None or sep_id is None:  # RoBERTa-style tokenizers name them bos/eos
@@ -130,9 +136,14 @@ def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return {"input_ids": [[cls_id] + b + [sep_id] for b in pack_blocks(ids, block_len)]}
 
-  blocks = raw.map(tokenize_and_pack, batched=True, batch_size=1000, remove_columns=raw.column_names,
-                   num_proc=data_config.num_proc if data_config.num_proc > 1 else None,
-                   desc="tokenise and pack")
+  blocks = raw.map(
+    tokenize_and_pack,
+    batched=True,
+    batch_size=1000,
+    remove_columns=raw.column_names,
+    num_proc=data_config.num_proc if data_config.num_proc > 1 else None,
+    desc="tokenise and pack",
+  )
   return blocks
 
 
@@ -142,8 +153,8 @@ def pad_blocks(rows: dict, seq_len: int, pad_id: int) -> dict:
   ids = np.full((len(blocks), seq_len), pad_id, np.int32)
   mask = np.zeros((len(blocks), seq_len), np.int32)
   for j, row in enumerate(blocks):
-    ids[j, :len(row)] = row
-    mask[j, :len(row)] = 1
+    ids[j, : len(row)] = row
+    mask[j, : len(row)] = 1
   return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
@@ -158,11 +169,20 @@ class BatchStream:
   batch of an epoch is dropped); each process reads only its own rows of every global batch, and
   `collate` turns them into arrays."""
 
-  def __init__(self, rows: datasets.Dataset, global_batch: int, seed: int, collate, process_index: int = 0,
-               process_count: int = 1, name: str = ""):
+  def __init__(
+    self,
+    rows: datasets.Dataset,
+    global_batch: int,
+    seed: int,
+    collate,
+    process_index: int = 0,
+    process_count: int = 1,
+    name: str = "",
+  ):
     if len(rows) < global_batch:
-      raise UserError(f"{name} gives {len(rows)} examples, fewer than one batch of {global_batch}: "
-                      f"add data or lower the batch size")
+      raise UserError(
+        f"{name} gives {len(rows)} examples, fewer than one batch of {global_batch}: add data or lower the batch size"
+      )
     self.rows, self.global_batch, self.seed, self.collate = rows, global_batch, seed, collate
     self.local_batch = global_batch // process_count
     self.offset = process_index * self.local_batch
@@ -175,7 +195,7 @@ class BatchStream:
     if epoch != self._epoch:
       self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
     start = i * self.global_batch + self.offset
-    return self._order[start:start + self.local_batch]
+    return self._order[start : start + self.local_batch]
 
   def batch(self, b: int) -> dict:
     return self.collate(self.rows[self.indices(b)])

@@ -29,8 +29,12 @@ FORMAT = 1
 def tokenizer_identity(tokenizer) -> dict:
   """What must match between the corpus and the run: the vocabulary (hashed) and its special ids."""
   vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
-  return {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), "vocab_sha256": hashlib.sha256(vocab).hexdigest(),
-          "pad_id": tokenizer.pad_token_id}
+  return {
+    "class": type(tokenizer).__name__,
+    "vocab_size": len(tokenizer),
+    "vocab_sha256": hashlib.sha256(vocab).hexdigest(),
+    "pad_id": tokenizer.pad_token_id,
+  }
 
 
 def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_shards: int, sources: list) -> dict:
@@ -44,7 +48,7 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
   bounds = np.linspace(0, len(blocks), num_shards + 1).astype(int)
   shards, tokens = [], 0
   for i in tqdm(range(num_shards), desc="write shards", unit="shard"):
-    padded = pad_blocks(blocks[int(bounds[i]):int(bounds[i + 1])], max_seq_length, tokenizer.pad_token_id)
+    padded = pad_blocks(blocks[int(bounds[i]) : int(bounds[i + 1])], max_seq_length, tokenizer.pad_token_id)
     ids, lengths = padded["input_ids"], padded["attention_mask"].sum(axis=1, dtype=np.int32)
     names = {kind: f"{kind}-{i:05d}-of-{num_shards:05d}.npy" for kind in ("blocks", "lengths")}
     for kind, array in (("blocks", ids), ("lengths", lengths)):
@@ -52,8 +56,15 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
         np.save(f, array)
     shards.append({"rows": len(lengths), **names})
     tokens += int(lengths.sum())
-  manifest = {"format": FORMAT, "tokenizer": tokenizer_identity(tokenizer), "max_seq_length": max_seq_length,
-              "blocks": len(blocks), "tokens": tokens, "shards": shards, "sources": sources}
+  manifest = {
+    "format": FORMAT,
+    "tokenizer": tokenizer_identity(tokenizer),
+    "max_seq_length": max_seq_length,
+    "blocks": len(blocks),
+    "tokens": tokens,
+    "shards": shards,
+    "sources": sources,
+  }
   (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
   return manifest
 
@@ -65,8 +76,10 @@ class PreparedBlocks:
   def __init__(self, directory: str, tokenizer, max_seq_length: int, cache_dir: str):
     root = epath.Path(directory)
     if not (root / MANIFEST).exists():
-      raise UserError(f"data.prepared={directory} holds no {MANIFEST}: prepare the corpus there first "
-                      f"(python -m minilm_jax.prepare_data --config <config> --out {directory})")
+      raise UserError(
+        f"data.prepared={directory} holds no {MANIFEST}: prepare the corpus there first "
+        f"(python -m minilm_jax.prepare_data --config <config> --out {directory})"
+      )
     self.manifest = json.loads((root / MANIFEST).read_text())
     self._check(directory, tokenizer, max_seq_length)
     local = root if os.path.isdir(directory) else self._copy_local(root, cache_dir)
@@ -77,15 +90,21 @@ class PreparedBlocks:
   def _check(self, directory: str, tokenizer, max_seq_length: int):
     m = self.manifest
     if m.get("format") != FORMAT:
-      raise UserError(f"{directory} was prepared in format {m.get('format')}, this version reads {FORMAT}: prepare it again")
+      raise UserError(
+        f"{directory} was prepared in format {m.get('format')}, this version reads {FORMAT}: prepare it again"
+      )
     if m["max_seq_length"] != max_seq_length:
-      raise UserError(f"{directory} holds blocks of {m['max_seq_length']} tokens but data.max_seq_length={max_seq_length}: "
-                      f"set data.max_seq_length={m['max_seq_length']} or prepare the corpus again")
+      raise UserError(
+        f"{directory} holds blocks of {m['max_seq_length']} tokens but data.max_seq_length={max_seq_length}: "
+        f"set data.max_seq_length={m['max_seq_length']} or prepare the corpus again"
+      )
     ours = tokenizer_identity(tokenizer)
     if m["tokenizer"] != ours:
       differ = [k for k in ours if m["tokenizer"].get(k) != ours[k]]
-      raise UserError(f"{directory} was prepared with another tokenizer ({', '.join(differ)} differ) than the teacher's: "
-                      f"prepare the corpus with this teacher's config")
+      raise UserError(
+        f"{directory} was prepared with another tokenizer ({', '.join(differ)} differ) than the teacher's: "
+        f"prepare the corpus with this teacher's config"
+      )
 
   def _copy_local(self, root, cache_dir: str):
     """Remote shards copied once into `cache_dir` (a file that is already there whole is kept)."""

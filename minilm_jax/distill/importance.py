@@ -36,8 +36,13 @@ def _neuron_grads(model, params, perturbations, batch):
   """(activations, dL/dactivations) of every probed neuron, for one batch."""
 
   def loss(p):
-    logits, state = model.apply({"params": params, "perturbations": p}, batch["masked_ids"], batch["attention_mask"],
-                                batch["token_type_ids"], mutable=["intermediates"])
+    logits, state = model.apply(
+      {"params": params, "perturbations": p},
+      batch["masked_ids"],
+      batch["attention_mask"],
+      batch["token_type_ids"],
+      mutable=["intermediates"],
+    )
     return mlm_loss(logits, batch["input_ids"], batch["weights"]), state["intermediates"]
 
   grads, activations = jax.grad(loss, has_aux=True)(perturbations)
@@ -54,8 +59,12 @@ def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
 
   @jax.jit
   def batch_scores(batch):
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
-        lambda: model.init(jax.random.key(0), batch["input_ids"], batch["attention_mask"])["perturbations"]))
+    zeros = jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype),
+      jax.eval_shape(
+        lambda: model.init(jax.random.key(0), batch["input_ids"], batch["attention_mask"])["perturbations"]
+      ),
+    )
     activations, grads = _neuron_grads(model, params, zeros, batch)
     real = batch["attention_mask"].astype(jnp.float32)[..., None]
     return jax.tree.map(lambda a, g: jnp.sum(jnp.abs(a * g) * real, axis=(0, 1)), activations, grads)
@@ -65,7 +74,12 @@ def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
     scores = jax.device_get(batch_scores({k: jnp.asarray(v) for k, v in batch.items()}))
     total = scores if total is None else jax.tree.map(np.add, total, scores)
   probes = [total["encoder"][layout.layer_name(i)] for i in range(config.num_layers)]
-  layers = [{"hidden": probe["attention"]["input"],
-             "heads": probe["attention"]["heads"].reshape(config.num_heads, config.head_dim),
-             "ffn": probe["ffn"]} for probe in probes]
+  layers = [
+    {
+      "hidden": probe["attention"]["input"],
+      "heads": probe["attention"]["heads"].reshape(config.num_heads, config.head_dim),
+      "ffn": probe["ffn"],
+    }
+    for probe in probes
+  ]
   return {"hidden": sum(layer["hidden"] for layer in layers), "layers": layers}

@@ -20,8 +20,8 @@ from minilm_jax.models.encoder import MASK_VALUE, LayerOutput, merge_heads, spli
 PROJECTIONS = ("q", "k", "v")
 # The relation sets of the papers, by name.
 RELATION_SETS = {
-    "minilm": ("qk", "vv"),        # MiniLM v1: attention transfer + value relation
-    "minilmv2": ("qq", "kk", "vv"),  # MiniLMv2: self-attention relations
+  "minilm": ("qk", "vv"),  # MiniLM v1: attention transfer + value relation
+  "minilmv2": ("qq", "kk", "vv"),  # MiniLMv2: self-attention relations
 }
 
 
@@ -30,15 +30,19 @@ def parse_relations(spec: str) -> tuple:
   relations = RELATION_SETS.get(spec) or tuple(r.strip() for r in spec.split(",") if r.strip())
   bad = [r for r in relations if len(r) != 2 or any(c not in PROJECTIONS for c in r)]
   if bad or not relations:
-    raise UserError(f"loss.relations={spec!r} is not understood: use {' or '.join(RELATION_SETS)} or pairs of q/k/v like 'qk,vv'")
+    raise UserError(
+      f"loss.relations={spec!r} is not understood: use {' or '.join(RELATION_SETS)} or pairs of q/k/v like 'qk,vv'"
+    )
   return relations
 
 
 def check_relation_heads(num_relation_heads: int, *hidden_sizes: int):
   for hidden in hidden_sizes:
     if hidden % num_relation_heads:
-      raise UserError(f"loss.num_relation_heads={num_relation_heads} does not divide hidden size {hidden}: "
-                      f"choose a divisor of every model's hidden size")
+      raise UserError(
+        f"loss.num_relation_heads={num_relation_heads} does not divide hidden size {hidden}: "
+        f"choose a divisor of every model's hidden size"
+      )
 
 
 def relation_heads(x_BxHxLxK, num_relation_heads):
@@ -86,8 +90,9 @@ def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, qu
   query rows at a time. Each chunk is rematerialised in the backward pass, so no
   [B, A_r, L, L] tensor of teacher or student is ever alive whole: peak memory grows with
   B * A_r * query_chunk * L instead of B * A_r * L * L."""
-  (tx, ty), (sx, sy) = [[relation_heads(z, num_relation_heads).astype(jnp.float32) for z in pair]
-                        for pair in (teacher_xy, student_xy)]
+  (tx, ty), (sx, sy) = [
+    [relation_heads(z, num_relation_heads).astype(jnp.float32) for z in pair] for pair in (teacher_xy, student_xy)
+  ]
   length = mask_BxL.shape[1]
   num_chunks = -(-length // query_chunk)
   pad = num_chunks * query_chunk - length
@@ -114,8 +119,9 @@ def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, qu
   return _normalise(kl_sum, num_relation_heads, mask_BxL)
 
 
-def minilm_loss(teacher: LayerOutput, student: LayerOutput, mask_BxL, relations, num_relation_heads,
-                query_chunk: int = 0):
+def minilm_loss(
+  teacher: LayerOutput, student: LayerOutput, mask_BxL, relations, num_relation_heads, query_chunk: int = 0
+):
   """One KL term per relation, e.g. {"qk": ..., "vv": ...}; the total loss is their sum (eq. 10).
   `query_chunk` > 0 computes each relation that many query rows at a time (same value, bounded memory)."""
   teacher = jax.lax.stop_gradient(teacher)

@@ -51,10 +51,16 @@ LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 def layer_pairs(teacher_layers: int, student_layers: int, variant: str) -> list:
   """(student layer, teacher layer) pairs, 0-based, of the uniform mapping restricted to `variant`."""
   if teacher_layers % student_layers:
-    raise UserError(f"no uniform layer mapping from a {teacher_layers}-layer teacher to a {student_layers}-layer "
-                    f"student: the student's depth must divide the teacher's")
-  chosen = {"last": [student_layers], "last_two": [student_layers - 1, student_layers],
-            "first_and_last": [1, student_layers], "all": list(range(1, student_layers + 1))}.get(variant)
+    raise UserError(
+      f"no uniform layer mapping from a {teacher_layers}-layer teacher to a {student_layers}-layer "
+      f"student: the student's depth must divide the teacher's"
+    )
+  chosen = {
+    "last": [student_layers],
+    "last_two": [student_layers - 1, student_layers],
+    "first_and_last": [1, student_layers],
+    "all": list(range(1, student_layers + 1)),
+  }.get(variant)
   if chosen is None:
     raise UserError(f"unknown loss.layer_map {variant!r}: use one of {', '.join(LAYER_MAPS)}")
   if len(set(chosen)) != len(chosen) or min(chosen) < 1:
@@ -78,7 +84,9 @@ def mlm_mask(rng, ids_BxL, mask_BxL, special_ids, mask_id: int, vocab_size: int)
   chosen = jax.random.bernoulli(k_choose, 0.15, ids_BxL.shape) & candidates
   roll = jax.random.uniform(k_roll, ids_BxL.shape)
   ids = jnp.where(chosen & (roll < 0.8), mask_id, ids_BxL)
-  ids = jnp.where(chosen & (roll >= 0.8) & (roll < 0.9), jax.random.randint(k_random, ids_BxL.shape, 0, vocab_size), ids)
+  ids = jnp.where(
+    chosen & (roll >= 0.8) & (roll < 0.9), jax.random.randint(k_random, ids_BxL.shape, 0, vocab_size), ids
+  )
   return ids, chosen.astype(jnp.float32)
 
 
@@ -92,13 +100,17 @@ def soft_label_kl(teacher_logits_BxLxV, student_logits_BxLxV, weights_BxL):
 
 def attention_score_mse(teacher, student, mask_BxL):
   """MSE of the attention scores QK^T / sqrt(d_k) over heads and real (query, key) pairs (TinyBERT)."""
+
   def scores(layer):
     return jnp.einsum("bhqd,bhkd->bhqk", layer.q.astype(jnp.float32), layer.k.astype(jnp.float32)) / jnp.sqrt(
-        jnp.float32(layer.q.shape[-1]))
+      jnp.float32(layer.q.shape[-1])
+    )
 
   if teacher.q.shape[1] != student.q.shape[1]:
-    raise UserError(f"attention-score MSE needs as many heads in the student ({student.q.shape[1]}) as in the "
-                    f"teacher ({teacher.q.shape[1]})")
+    raise UserError(
+      f"attention-score MSE needs as many heads in the student ({student.q.shape[1]}) as in the "
+      f"teacher ({teacher.q.shape[1]})"
+    )
   real = mask_BxL.astype(jnp.float32)
   pairs = real[:, None, :, None] * real[:, None, None, :]
   sq = (scores(student) - scores(teacher)) ** 2 * pairs
@@ -120,7 +132,9 @@ class Needs:
   projections: tuple = ()  # learned maps student width -> teacher width, by name (when the widths differ)
   mlm_head: bool = False  # both models' masked-LM heads, on BERT-masked inputs (`batch["mlm_weights"]`)
   whole_models: bool = False  # every layer of both models, not just the layer pairs
-  layer_pairs: Optional[Callable] = None  # (loss config, teacher depth, student depth) -> pairs; None: the configured pair
+  layer_pairs: Optional[Callable] = (
+    None  # (loss config, teacher depth, student depth) -> pairs; None: the configured pair
+  )
   embedding_term: bool = False  # the sentence-embedding term is the objective (weight 1 unless set)
 
 
@@ -129,6 +143,7 @@ REGISTRY: dict = {}
 
 def register(name: str, **needs):
   """Decorator: adds `fn(objective, teacher, student, batch, projection) -> terms` as `loss.objective=name`."""
+
   def add(fn):
     REGISTRY[name] = (fn, Needs(**needs))
     return fn
@@ -137,7 +152,7 @@ def register(name: str, **needs):
 
 
 def _pair(objective):
-  (s, t), = objective.pairs
+  ((s, t),) = objective.pairs
   return s, t
 
 
@@ -147,24 +162,32 @@ def relation_kls(objective, teacher, student, batch, projection) -> dict:
   """The relation KLs at every layer pair (MiniLM: one pair; layer-to-layer: `@<student layer>` each)."""
   terms = {}
   for s, t in objective.pairs:
-    pair = losses.minilm_loss(teacher.layers[t], student.layers[s], batch["attention_mask"], objective.relations,
-                              objective.num_relation_heads, objective.query_chunk)
+    pair = losses.minilm_loss(
+      teacher.layers[t],
+      student.layers[s],
+      batch["attention_mask"],
+      objective.relations,
+      objective.num_relation_heads,
+      objective.query_chunk,
+    )
     suffix = "" if len(objective.pairs) == 1 else f"@{s}"
     terms.update({f"{k}{suffix}": v for k, v in pair.items()})
   return terms
 
 
 def _attention_kl(objective, teacher_layer, student_layer, mask_BxL) -> dict:
-  return losses.minilm_loss(teacher_layer, student_layer, mask_BxL, ("qk",), objective.num_relation_heads,
-                            objective.query_chunk)
+  return losses.minilm_loss(
+    teacher_layer, student_layer, mask_BxL, ("qk",), objective.num_relation_heads, objective.query_chunk
+  )
 
 
 @register("value_mse", projections=("value",))
 def value_mse(objective, teacher, student, batch, projection) -> dict:
   s, t = _pair(objective)
   mask = batch["attention_mask"]
-  value = masked_mse(objective.project(projection, "value", merge_heads(student.layers[s].v)),
-                     merge_heads(teacher.layers[t].v), mask)
+  value = masked_mse(
+    objective.project(projection, "value", merge_heads(student.layers[s].v)), merge_heads(teacher.layers[t].v), mask
+  )
   return {**_attention_kl(objective, teacher.layers[t], student.layers[s], mask), "value_mse": value}
 
 
@@ -180,9 +203,12 @@ def hidden_mse(objective, teacher, student, batch, projection) -> dict:
 def tinybert(objective, teacher, student, batch, projection) -> dict:
   s, t = _pair(objective)
   mask = batch["attention_mask"]
-  return {"attention_mse": attention_score_mse(teacher.layers[t], student.layers[s], mask),
-          "hidden_mse": masked_mse(objective.project(projection, "hidden", student.layers[s].hidden),
-                                   teacher.layers[t].hidden, mask)}
+  return {
+    "attention_mse": attention_score_mse(teacher.layers[t], student.layers[s], mask),
+    "hidden_mse": masked_mse(
+      objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
+    ),
+  }
 
 
 @register("mlm_kd", mlm_head=True, whole_models=True)
@@ -244,8 +270,10 @@ class Objective:
     shapes = self.projection_shapes()
     if shapes:
       keys = jax.random.split(jax.random.fold_in(rng, 1), len(shapes))
-      learned["projection"] = {name: {"kernel": jax.random.normal(k, shape) * shape[0] ** -0.5}
-                               for k, (name, shape) in zip(keys, shapes.items())}
+      learned["projection"] = {
+        name: {"kernel": jax.random.normal(k, shape) * shape[0] ** -0.5}
+        for k, (name, shape) in zip(keys, shapes.items())
+      }
     if self.needs.mlm_head:
       hidden = jnp.zeros((1, student_config.hidden_size))
       embedding = jnp.zeros((student_config.vocab_size, student_config.hidden_size))
@@ -259,22 +287,33 @@ class Objective:
     """The batch both models read: BERT-masked (with `mlm_weights`) for objectives on masked-LM heads."""
     if not self.needs.mlm_head:
       return batch
-    ids, weights = mlm_mask(rng, batch["input_ids"], batch["attention_mask"], self.masking[0], self.masking[1],
-                            vocab_size)
+    ids, weights = mlm_mask(
+      rng, batch["input_ids"], batch["attention_mask"], self.masking[0], self.masking[1], vocab_size
+    )
     return {**batch, "input_ids": ids, "mlm_weights": weights}
 
   def outputs(self, model: Encoder, params, batch: dict, num_layers: int, deterministic=True, rngs=None) -> Outputs:
     """What this objective reads of `model` (the teacher or the student) on `batch`. `params` are the
     encoder's, with the masked-LM head's under "mlm_head" when the objective runs it."""
-    out = model.apply({"params": params}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                      deterministic=deterministic, rngs=rngs, num_layers=num_layers)
+    out = model.apply(
+      {"params": params},
+      batch["input_ids"],
+      batch["attention_mask"],
+      batch["token_type_ids"],
+      deterministic=deterministic,
+      rngs=rngs,
+      num_layers=num_layers,
+    )
     logits = None
     if self.needs.mlm_head:
-      logits = LMHead(model.config).apply({"params": params["mlm_head"]}, out.last_hidden_state,
-                                          layout.word_embeddings(params))
+      logits = LMHead(model.config).apply(
+        {"params": params["mlm_head"]}, out.last_hidden_state, layout.word_embeddings(params)
+      )
     return Outputs(out.layers, logits)
 
-  def student_terms(self, student: Encoder, params, teacher: Outputs, batch: dict, deterministic=True, rngs=None) -> dict:
+  def student_terms(
+    self, student: Encoder, params, teacher: Outputs, batch: dict, deterministic=True, rngs=None
+  ) -> dict:
     """The loss terms of student `params` (its encoder's, plus what it learns besides) against the
     teacher's outputs: what the train step differentiates."""
     student_out = self.outputs(student, params, batch, self.student_layers_needed, deterministic, rngs)
@@ -290,12 +329,20 @@ class Objective:
       kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
       s_embedding = embeddings.sentence_embeddings(student.layers[-1].hidden, mask, self.pooling, kernel)
       terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * embeddings.embedding_loss(
-          s_embedding, t_embedding, self.embedding_loss)
+        s_embedding, t_embedding, self.embedding_loss
+      )
     return terms
 
 
-def make_objective(loss_config, teacher_config, student_config, teacher_layer: int, student_layer: int,
-                   pooling: embeddings.Pooling = embeddings.Pooling(), masking: tuple = ()) -> Objective:
+def make_objective(
+  loss_config,
+  teacher_config,
+  student_config,
+  teacher_layer: int,
+  student_layer: int,
+  pooling: embeddings.Pooling = embeddings.Pooling(),
+  masking: tuple = (),
+) -> Objective:
   """The config's objective; `pooling` is the teacher's sentence-embedding pipeline, `masking` the
   tokenizer's (special ids, [MASK] id) for objectives on BERT-masked inputs."""
   name = loss_config.objective
@@ -306,17 +353,30 @@ def make_objective(loss_config, teacher_config, student_config, teacher_layer: i
   if needs.embedding_term and weight == 0:  # the term alone: its weight only scales the learning rate
     weight = 1.0
   if loss_config.embedding_loss not in EMBEDDING_LOSSES:
-    raise UserError(f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}")
+    raise UserError(
+      f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}"
+    )
   if weight > 0 and needs.mlm_head:
-    raise UserError(f"loss.embedding_weight > 0 with loss.objective={name}: the soft-label objective runs the masked-LM "
-                    "heads, not the encoders' last layers; add the embedding term to a relation objective instead")
+    raise UserError(
+      f"loss.embedding_weight > 0 with loss.objective={name}: the soft-label objective runs the masked-LM "
+      "heads, not the encoders' last layers; add the embedding term to a relation objective instead"
+    )
   if needs.layer_pairs:
     pairs = needs.layer_pairs(loss_config, teacher_config.num_layers, student_config.num_layers)
   else:
     pairs = [(student_layer, teacher_layer)]
-  return Objective(name=name, pairs=tuple(pairs), relations=losses.parse_relations(loss_config.relations),
-                   num_relation_heads=loss_config.num_relation_heads, query_chunk=loss_config.query_chunk,
-                   teacher_width=teacher_config.hidden_size, student_width=student_config.hidden_size,
-                   teacher_depth=teacher_config.num_layers, student_depth=student_config.num_layers,
-                   embedding_weight=weight, embedding_loss=loss_config.embedding_loss, pooling=pooling,
-                   masking=masking if needs.mlm_head else ())
+  return Objective(
+    name=name,
+    pairs=tuple(pairs),
+    relations=losses.parse_relations(loss_config.relations),
+    num_relation_heads=loss_config.num_relation_heads,
+    query_chunk=loss_config.query_chunk,
+    teacher_width=teacher_config.hidden_size,
+    student_width=student_config.hidden_size,
+    teacher_depth=teacher_config.num_layers,
+    student_depth=student_config.num_layers,
+    embedding_weight=weight,
+    embedding_loss=loss_config.embedding_loss,
+    pooling=pooling,
+    masking=masking if needs.mlm_head else (),
+  )

@@ -55,14 +55,18 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
   teaches = {}
   for run in teacher_runs:
     if not checkpoint.is_run(run):
-      raise UserError(f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)")
+      raise UserError(
+        f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
+      )
     meta = runs.read_meta(run)
     for name in meta["tasks"] if meta.get("model") == runs.REFINED_TEACHER else [meta.get("task")]:
       teaches.setdefault(name, run)
   missing = [t.name for t in tasks if t.name not in teaches]
   if missing:
-    raise UserError(f"task {', '.join(missing)} has no teacher: none of teacher={','.join(teacher_runs)} was fine-tuned on "
-                    f"it; fine-tune one (python -m minilm_jax.finetune --config.task={missing[0]} ...) and add its workdir")
+    raise UserError(
+      f"task {', '.join(missing)} has no teacher: none of teacher={','.join(teacher_runs)} was fine-tuned on "
+      f"it; fine-tune one (python -m minilm_jax.finetune --config.task={missing[0]} ...) and add its workdir"
+    )
   return {t.name: teaches[t.name] for t in tasks}
 
 
@@ -75,8 +79,9 @@ def _teacher(run: str, task, mesh):
   return task_forward(task_model(encoder_config, head)), params, tokenizer
 
 
-def teacher_logits(run: str, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh,
-                   cache_dir: str) -> np.ndarray:
+def teacher_logits(
+  run: str, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
+) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
   the cache when the same teacher checkpoint already labelled the same texts at the same length."""
   ckpt = checkpoint.RunCheckpoints(run, read_only=True)
@@ -113,15 +118,21 @@ class TaskDistillation(MultiTaskRun):
     for task in tasks:
       check_objective(config.objective, task.head()["num_labels"], task.name)
       if is_pair(task) and kind not in PAIR_KINDS:
-        raise UserError(f"{task.name} is a sentence-pair task but student.kind={kind!r} reads one sentence: "
-                        f"use one of {', '.join(PAIR_KINDS)}")
+        raise UserError(
+          f"{task.name} is a sentence-pair task but student.kind={kind!r} reads one sentence: "
+          f"use one of {', '.join(PAIR_KINDS)}"
+        )
       if not is_pair(task) and kind not in SINGLE_KINDS:
-        raise UserError(f"{task.name} is a single-sentence task but student.kind={kind!r} compares two: "
-                        f"use one of {', '.join(SINGLE_KINDS)}")
+        raise UserError(
+          f"{task.name} is a single-sentence task but student.kind={kind!r} compares two: "
+          f"use one of {', '.join(SINGLE_KINDS)}"
+        )
     teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
     if not teacher_runs:
-      raise UserError("config.teacher is empty: pass the workdir of a run fine-tuned on each task "
-                      "(its tokenizer is also the student's vocabulary)")
+      raise UserError(
+        "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
+        "(its tokenizer is also the student's vocabulary)"
+      )
     target = "label" if config.objective == "hard" else "teacher_logits"
     self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
     tokenizer = runs.load_tokenizer_of(teacher_runs[0])
@@ -132,10 +143,18 @@ class TaskDistillation(MultiTaskRun):
       body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
       self.encoder_config, self._init_body = body.config, transformer_init(body.params, config.student.num_layers)
     self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
-    super().__init__(config, workdir, mesh or parallel.make_mesh(config.mesh.data, 1), tasks=tasks, tokenizer=tokenizer,
-                     model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
-                     joint=KINDS[kind] == "joint", objective=config.objective, target=target,
-                     desc=f"distill {config.tasks} -> {kind}")
+    super().__init__(
+      config,
+      workdir,
+      mesh or parallel.make_mesh(config.mesh.data, 1),
+      tasks=tasks,
+      tokenizer=tokenizer,
+      model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
+      joint=KINDS[kind] == "joint",
+      objective=config.objective,
+      target=target,
+      desc=f"distill {config.tasks} -> {kind}",
+    )
 
   def _training_rows(self, task) -> datasets.Dataset:
     """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented
@@ -144,13 +163,23 @@ class TaskDistillation(MultiTaskRun):
     examples = task.load("train", self.data_dirs[task.name], "")
     if self.tag is not None:
       a = c.augment
-      examples = augment.augment(examples, self.tag, self.tokenizer.mask_token, p_mask=a.p_mask, p_pos=a.p_pos,
-                                 n_iter=a.n_iter, size_factor=a.size_factor, seed=a.seed, desc=f"augment {task.name}")
+      examples = augment.augment(
+        examples,
+        self.tag,
+        self.tokenizer.mask_token,
+        p_mask=a.p_mask,
+        p_pos=a.p_pos,
+        n_iter=a.n_iter,
+        size_factor=a.size_factor,
+        seed=a.seed,
+        desc=f"augment {task.name}",
+      )
     features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
     if self.target == "label":
       return features
-    logits = teacher_logits(self.teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, self.mesh,
-                            self.cache_dir)
+    logits = teacher_logits(
+      self.teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, self.mesh, self.cache_dir
+    )
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
   def _init_params(self, rng):
@@ -166,9 +195,14 @@ class TaskDistillation(MultiTaskRun):
     return {"tasks": [t.name for t in self.tasks], "student": self.config.student.kind, "objective": self.objective}
 
   def meta(self) -> dict:
-    meta = {"model": runs.STUDENT, "student": self.config.student.to_dict(), "heads": [list(h) for h in self.heads],
-            "tasks": [t.name for t in self.tasks], "vocab_size": len(self.tokenizer),
-            "config": json.loads(self.config.to_json())}
+    meta = {
+      "model": runs.STUDENT,
+      "student": self.config.student.to_dict(),
+      "heads": [list(h) for h in self.heads],
+      "tasks": [t.name for t in self.tasks],
+      "vocab_size": len(self.tokenizer),
+      "config": json.loads(self.config.to_json()),
+    }
     if self.encoder_config is not None:
       meta["encoder"] = self.encoder_config.to_dict()
     return meta

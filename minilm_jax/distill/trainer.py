@@ -24,8 +24,14 @@ from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.train_state import (TrainState, accumulated_value_and_grad, check_accumulation, guarded_update,
-                                     make_optimizer, restore_or_init)
+from minilm_jax.train_state import (
+  TrainState,
+  accumulated_value_and_grad,
+  check_accumulation,
+  guarded_update,
+  make_optimizer,
+  restore_or_init,
+)
 
 
 def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
@@ -34,11 +40,19 @@ def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
   s = config.student
   base = teacher or EncoderConfig(model_type=s.model_type, vocab_size=s.vocab_size)
   if base.model_type != s.model_type or base.vocab_size != s.vocab_size:
-    raise UserError(f"student is {s.model_type} with vocab {s.vocab_size} but the teacher is {base.model_type} with "
-                    f"vocab {base.vocab_size}: set student.model_type/vocab_size to the teacher's")
-  return base.replace(num_layers=s.num_layers, hidden_size=s.hidden_size, num_heads=s.num_heads,
-                      intermediate_size=s.intermediate_size, hidden_dropout=s.dropout, attention_dropout=s.dropout,
-                      dtype=config.dtype)
+    raise UserError(
+      f"student is {s.model_type} with vocab {s.vocab_size} but the teacher is {base.model_type} with "
+      f"vocab {base.vocab_size}: set student.model_type/vocab_size to the teacher's"
+    )
+  return base.replace(
+    num_layers=s.num_layers,
+    hidden_size=s.hidden_size,
+    num_heads=s.num_heads,
+    intermediate_size=s.intermediate_size,
+    hidden_dropout=s.dropout,
+    attention_dropout=s.dropout,
+    dtype=config.dtype,
+  )
 
 
 def resolve_layer(index: int, num_layers: int, what: str) -> int:
@@ -101,44 +115,70 @@ class Distillation:
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
     # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
     teacher_config, teacher_params, self.tokenizer, _, mlm_head = runs.load_encoder(
-        config.teacher.path, config.dtype, "teacher.path", mlm_head=True)
+      config.teacher.path, config.dtype, "teacher.path", mlm_head=True
+    )
     self.teacher = Encoder(teacher_config)
     self.student = Encoder(student_config(config, self.teacher.config))
-    losses.check_relation_heads(config.loss.num_relation_heads, self.teacher.config.hidden_size,
-                                self.student.config.hidden_size)
+    losses.check_relation_heads(
+      config.loss.num_relation_heads, self.teacher.config.hidden_size, self.student.config.hidden_size
+    )
     self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
     self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
     self.teacher.config.check_length(config.data.max_seq_length, "data.max_seq_length", "the teacher")
     masking = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
-    self.objective = make_objective(config.loss, self.teacher.config, self.student.config, self.teacher_layer,
-                                    self.student_layer, self._teacher_pooling(config), masking)
+    self.objective = make_objective(
+      config.loss,
+      self.teacher.config,
+      self.student.config,
+      self.teacher_layer,
+      self.student_layer,
+      self._teacher_pooling(config),
+      masking,
+    )
     self.mesh = mesh or parallel.make_mesh()
     parallel.check_batch_divides(config.batch_size, self.mesh)
     if self.objective.needs.mlm_head and mlm_head is None:
-      raise UserError(f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
-                      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective")
+      raise UserError(
+        f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+        f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
+      )
     # The step's teacher: the encoder, with its masked-LM head under "mlm_head" when the objective runs it.
     step_teacher = {**teacher_params, "mlm_head": mlm_head} if self.objective.needs.mlm_head else teacher_params
     self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
     blocks, collate = corpus_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
-    self.stream = BatchStream(blocks, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(),
-                              f"corpus {config.data.corpus}")
+    self.stream = BatchStream(
+      blocks,
+      config.batch_size,
+      config.seed,
+      collate,
+      jax.process_index(),
+      jax.process_count(),
+      f"corpus {config.data.corpus}",
+    )
     self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
     accumulate = config.optimizer.accumulate_steps
     check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_step = make_train_step(self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh,
-                                      accumulate)
+    self.train_step = make_train_step(
+      self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, accumulate
+    )
     # Parameters this objective leaves as initialised (an export names them): traced, not computed.
     abstract = jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))
-    self.untrained = untrained_student_parameters(self.teacher, self.student, self.objective, self.teacher_params,
-                                                  abstract.params)
+    self.untrained = untrained_student_parameters(
+      self.teacher, self.student, self.objective, self.teacher_params, abstract.params
+    )
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
     self.student_params = None
     if config.student.init == "etd" and self.checkpoints.latest_step() is None:
       self.student_params = etd.initial_student_params(
-          config.etd, teacher_config, jax.device_get(teacher_params), mlm_head,
-          self.student.config, lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n), self.tokenizer,
-          config.data.max_seq_length)
+        config.etd,
+        teacher_config,
+        jax.device_get(teacher_params),
+        mlm_head,
+        self.student.config,
+        lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n),
+        self.tokenizer,
+        config.data.max_seq_length,
+      )
 
   @staticmethod
   def _teacher_pooling(config):
@@ -154,21 +194,32 @@ class Distillation:
         raise
       return embeddings.Pooling(max_seq_length=config.data.max_seq_length)
     if dense is not None and uses:
-      raise UserError(f"teacher {config.teacher.path} maps its embeddings through a Dense module, which the embedding "
-                      f"objective does not apply: use a teacher without one")
+      raise UserError(
+        f"teacher {config.teacher.path} maps its embeddings through a Dense module, which the embedding "
+        f"objective does not apply: use a teacher without one"
+      )
     return pooling
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
-    return restore_or_init(self.checkpoints, partial(init_state, self.student, self.tx, self.objective),
-                           (rng, self.student_params), parallel.replicated(self.mesh))
+    return restore_or_init(
+      self.checkpoints,
+      partial(init_state, self.student, self.tx, self.objective),
+      (rng, self.student_params),
+      parallel.replicated(self.mesh),
+    )
 
   def meta(self) -> dict:
-    return {"encoder": self.student.config.to_dict(), "config": json.loads(self.config.to_json()),
-            "untrained": self.untrained,
-            "sentence_embedding": {**self.objective.pooling.to_dict(),
-                                   "dense": self.objective.projection_shapes().get("embedding")}}
+    return {
+      "encoder": self.student.config.to_dict(),
+      "config": json.loads(self.config.to_json()),
+      "untrained": self.untrained,
+      "sentence_embedding": {
+        **self.objective.pooling.to_dict(),
+        "dense": self.objective.projection_shapes().get("embedding"),
+      },
+    }
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
@@ -179,6 +230,16 @@ class Distillation:
     def step_fn(state, batch):
       return self.train_step(state, batch, self.teacher_params, dropout_rng)
 
-    return train_loop(state, next_batch, step_fn=step_fn, stream=self.stream, mesh=self.mesh, num_steps=self.config.num_steps,
-                      checkpoints=self.checkpoints, meta=self.meta(), workdir=self.workdir,
-                      log_every=self.config.log_every, desc="distill")
+    return train_loop(
+      state,
+      next_batch,
+      step_fn=step_fn,
+      stream=self.stream,
+      mesh=self.mesh,
+      num_steps=self.config.num_steps,
+      checkpoints=self.checkpoints,
+      meta=self.meta(),
+      workdir=self.workdir,
+      log_every=self.config.log_every,
+      desc="distill",
+    )

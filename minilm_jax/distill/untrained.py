@@ -12,13 +12,14 @@ import jax.numpy as jnp
 from jax.extend import core
 
 
-
 def _inner(eqn):
   """The jaxpr an equation calls (jit, remat, custom derivatives), when its inputs and outputs map
   one to one onto the equation's; else None (the equation is then treated as a whole)."""
   for value in eqn.params.values():
     jaxpr = getattr(value, "jaxpr", value)
-    if isinstance(jaxpr, core.Jaxpr) and len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
+    if (
+      isinstance(jaxpr, core.Jaxpr) and len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars)
+    ):
       return jaxpr
   return None
 
@@ -40,18 +41,24 @@ def untrained_parameters(loss_fn, params, *inputs) -> list:
   """Names ("layer_2/ffn/kernel", ...) of the leaves of `params` on which `loss_fn(params, *inputs)`
   does not depend. Arguments may be abstract (`jax.ShapeDtypeStruct`)."""
   closed = jax.make_jaxpr(loss_fn)(params, *inputs)
-  paths = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in
-           jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [
+    jax.tree_util.keystr(path, simple=True, separator="/")
+    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+  ]
   live = _live_inputs(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-  return [path for path, used in zip(paths, live[:len(paths)]) if not used]
+  return [path for path, used in zip(paths, live[: len(paths)]) if not used]
 
 
 def untrained_student_parameters(teacher, student, objective, teacher_params, student_params) -> list:
   """The student parameters `objective` never trains, traced on one abstract sequence of 8 tokens
   through the train step's own loss (`Objective.student_terms`)."""
   ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  batch = {"input_ids": ids, "attention_mask": ids, "token_type_ids": ids,
-           **({"mlm_weights": jax.ShapeDtypeStruct((1, 8), jnp.float32)} if objective.needs.mlm_head else {})}
+  batch = {
+    "input_ids": ids,
+    "attention_mask": ids,
+    "token_type_ids": ids,
+    **({"mlm_weights": jax.ShapeDtypeStruct((1, 8), jnp.float32)} if objective.needs.mlm_head else {}),
+  }
 
   def teacher_outputs(params, batch):
     return objective.outputs(teacher, params, batch, objective.teacher_layers_needed)

@@ -95,12 +95,13 @@ def seq2seq_config(task: str, layers: int = 6) -> ml_collections.ConfigDict:
   c.task = task
   six = layers <= 6
   settings = {  # (batch, total length, output length, lr, epochs, length penalty)
-      "qg": (32, 512, 48, 8e-5 if six else 3e-5, 25, 1.3),
-      "cnndm": (64, 768, 160, 1.5e-4 if six else 1e-4, 25, 0.7),
-      "xsum": (64, 512, 48, 1.5e-4 if six else 1e-4, 50 if six else 30, 0.9),
+    "qg": (32, 512, 48, 8e-5 if six else 3e-5, 25, 1.3),
+    "cnndm": (64, 768, 160, 1.5e-4 if six else 1e-4, 25, 0.7),
+    "xsum": (64, 512, 48, 1.5e-4 if six else 1e-4, 50 if six else 30, 0.9),
   }
-  (c.batch_size, c.max_seq_length, c.seq2seq.target_length, c.optimizer.lr, c.epochs,
-   c.seq2seq.length_penalty) = settings[task]
+  (c.batch_size, c.max_seq_length, c.seq2seq.target_length, c.optimizer.lr, c.epochs, c.seq2seq.length_penalty) = (
+    settings[task]
+  )
   c.eval_batch_size = 32
   c.grid.lrs, c.grid.epochs = (c.optimizer.lr,), (c.epochs,)
   return c

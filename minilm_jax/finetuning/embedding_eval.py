@@ -59,8 +59,11 @@ def retrieval_scores(query_NxD, document_MxD, relevant) -> dict:
     for k in recall:
       recall[k].append(hits[:k].sum() / len(gold))
     reciprocal.append(1.0 / (np.argmax(hits) + 1) if hits.any() else 0.0)
-  return {"recall@1": float(np.mean(recall[1])), "recall@10": float(np.mean(recall[10])),
-          "mrr@10": float(np.mean(reciprocal))}
+  return {
+    "recall@1": float(np.mean(recall[1])),
+    "recall@10": float(np.mean(recall[10])),
+    "mrr@10": float(np.mean(reciprocal)),
+  }
 
 
 def unrelated_cosine(embeddings_NxD) -> float:
@@ -96,24 +99,37 @@ class SentenceModel:
     encoder = Encoder(config)
 
     def forward(params, batch):
-      out = encoder.apply({"params": params["encoder"]}, batch["input_ids"], batch["attention_mask"],
-                          batch["token_type_ids"])
-      return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], self.pooling,
-                                            params.get("dense"))
+      out = encoder.apply(
+        {"params": params["encoder"]}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+      )
+      return embeddings.sentence_embeddings(
+        out.last_hidden_state, batch["attention_mask"], self.pooling, params.get("dense")
+      )
 
     self.params = jax.device_put(self.params, parallel.replicated(mesh))
     self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
 
   def encode(self, texts: list, desc: str = "encode") -> np.ndarray:
     enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length, padding="max_length")
-    features = datasets.Dataset.from_dict({
-        "input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-        "token_type_ids": enc.get("token_type_ids", [[0] * self.max_seq_length for _ in texts])})
+    features = datasets.Dataset.from_dict(
+      {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "token_type_ids": enc.get("token_type_ids", [[0] * self.max_seq_length for _ in texts]),
+      }
+    )
     return self.predict(self.params, features, desc=desc)
 
 
-def evaluate_embeddings(models: list, out_dir: str, sts: str = "", wordnet_dir: str = "", batch_size: int = 64,
-                        max_seq_length: int = 128, mesh=None) -> list:
+def evaluate_embeddings(
+  models: list,
+  out_dir: str,
+  sts: str = "",
+  wordnet_dir: str = "",
+  batch_size: int = 64,
+  max_seq_length: int = 128,
+  mesh=None,
+) -> list:
   """One row per model: WordNet retrieval, unrelated-pair cosine and (given an STS-B-format file)
   STS Spearman; written to `out_dir/embeddings.json`."""
   mesh = mesh or parallel.make_mesh()
@@ -123,16 +139,29 @@ def evaluate_embeddings(models: list, out_dir: str, sts: str = "", wordnet_dir: 
   for path in models:
     model = SentenceModel(path, mesh, batch_size, max_seq_length)
     queries = model.encode(retrieval.queries, "queries")
-    row = {"model": path, "pooling": model.pooling.mode, "normalize": model.pooling.normalize,
-           **retrieval_scores(queries, model.encode(retrieval.documents, "documents"), retrieval.relevant),
-           "unrelated_cosine": unrelated_cosine(queries)}
+    row = {
+      "model": path,
+      "pooling": model.pooling.mode,
+      "normalize": model.pooling.normalize,
+      **retrieval_scores(queries, model.encode(retrieval.documents, "documents"), retrieval.relevant),
+      "unrelated_cosine": unrelated_cosine(queries),
+    }
     if pairs is not None:
-      row["sts_spearman"] = sts_spearman(model.encode(pairs["text_a"], "sts"), model.encode(pairs["text_b"], "sts"),
-                                         pairs["label"])
+      row["sts_spearman"] = sts_spearman(
+        model.encode(pairs["text_a"], "sts"), model.encode(pairs["text_b"], "sts"), pairs["label"]
+      )
     rows.append(row)
   if jax.process_index() == 0:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "embeddings.json"), "w") as f:
-      json.dump({"max_seq_length": max_seq_length, "queries": len(retrieval.queries),
-                 "documents": len(retrieval.documents), "rows": rows}, f, indent=2)
+      json.dump(
+        {
+          "max_seq_length": max_seq_length,
+          "queries": len(retrieval.queries),
+          "documents": len(retrieval.documents),
+          "rows": rows,
+        },
+        f,
+        indent=2,
+      )
   return rows

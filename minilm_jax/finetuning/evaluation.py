@@ -41,8 +41,9 @@ def _run_config(workdir: str, data_dir: str):
   """(the run's config, with `data_dir` when given; whether it is a multi-task run)."""
   meta = runs.read_meta(workdir)
   if "task" not in meta and "tasks" not in meta:
-    raise UserError(f"{workdir} is not a fine-tuning or task-distillation run (its checkpoints have no task): "
-                    f"fine-tune it first")
+    raise UserError(
+      f"{workdir} is not a fine-tuning or task-distillation run (its checkpoints have no task): fine-tune it first"
+    )
   config = ml_collections.ConfigDict(meta["config"])
   if data_dir:
     config.data_dir = data_dir
@@ -77,8 +78,11 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
     for task in tasks:
       forward = partial(_apply_task, model, task.name)
       data = {s: _features(task, s, dirs[task.name], joint, tokenizer, config) for s in _splits(task, dirs[task.name])}
-      evaluations.append(_TaskEvaluation(task, Predictor(forward, mesh, shardings, batch_size, model_inputs(joint, task)),
-                                         data, f"{task.name}_"))
+      evaluations.append(
+        _TaskEvaluation(
+          task, Predictor(forward, mesh, shardings, batch_size, model_inputs(joint, task)), data, f"{task.name}_"
+        )
+      )
     return params, evaluations
   encoder_config, params, tokenizer, head = runs.read_run(workdir, step, mesh=mesh, tokenizer=prepare)[:4]
   if not prepare:
@@ -99,15 +103,18 @@ def _features(task, split: str, data_dir: str, joint: bool, tokenizer, config):
   return task_features(joint, task, examples, tokenizer, config.max_seq_length), examples
 
 
-def evaluate_runs(workdirs, out_dir: str, all_steps: bool = False, data_dir: str = "", batch_size: int = 128,
-                  mesh=None):
+def evaluate_runs(
+  workdirs, out_dir: str, all_steps: bool = False, data_dir: str = "", batch_size: int = 128, mesh=None
+):
   """Evaluates every run (all its checkpoints, or the latest); returns the metric rows and writes
   `metrics.json`, predictions and submission files under `out_dir`."""
   mesh = mesh or parallel.make_mesh()
   jobs, configs = [], {}
   for workdir in workdirs:  # every run checked before any is evaluated
     if not checkpoint.is_run(workdir):
-      raise UserError(f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning or task-distillation workdirs")
+      raise UserError(
+        f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning or task-distillation workdirs"
+      )
     configs[workdir] = _run_config(workdir, data_dir)
     ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
     steps = list(ckpt.manager.all_steps()) if all_steps else [ckpt.latest_step()]

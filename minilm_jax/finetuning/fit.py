@@ -60,9 +60,20 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
     tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
 
-  state = train_loop(state, next_batch, step_fn=lambda state, batch: step_fn(state, batch, rng), stream=run.stream,
-                     mesh=run.mesh, num_steps=run.num_steps, checkpoints=run.checkpoints, meta=run.meta(), workdir=run.workdir,
-                     log_every=run.config.log_every, desc=desc, after_step=after_step)
+  state = train_loop(
+    state,
+    next_batch,
+    step_fn=lambda state, batch: step_fn(state, batch, rng),
+    stream=run.stream,
+    mesh=run.mesh,
+    num_steps=run.num_steps,
+    checkpoints=run.checkpoints,
+    meta=run.meta(),
+    workdir=run.workdir,
+    log_every=run.config.log_every,
+    desc=desc,
+    after_step=after_step,
+  )
   if not results:  # resumed after the last step: evaluate what was saved
     results.update(run.evaluate(state.params))
   if jax.process_index() == 0:
@@ -70,8 +81,9 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
   return state, results
 
 
-def write_results(workdir: str, summary: dict, step: int, results: dict, per_epoch: int,
-                  selection_metric: Optional[str]):
+def write_results(
+  workdir: str, summary: dict, step: int, results: dict, per_epoch: int, selection_metric: Optional[str]
+):
   """`results.json`: the run's `summary`, its step and last evaluation `results`, every epoch's
   metrics and, with a `selection_metric`, the best epoch by it."""
   epochs = _epoch_results(workdir, set(results), per_epoch)

@@ -33,8 +33,15 @@ def run_grid(config, workdir: str, settings=None):
       run_dir = os.path.join(workdir, name if config.seeds == 1 else os.path.join(name, f"seed{config.seed + k}"))
       # Each run resumes or reuses its own checkpoints, so an interrupted grid continues where it stopped.
       per_seed.append(FineTuning(run, run_dir).run()[1])
-    rows.append({"lr": lr, "epochs": epochs, "seeds": config.seeds, "workdir": os.path.join(workdir, name),
-                 **_mean_and_std(per_seed)})
+    rows.append(
+      {
+        "lr": lr,
+        "epochs": epochs,
+        "seeds": config.seeds,
+        "workdir": os.path.join(workdir, name),
+        **_mean_and_std(per_seed),
+      }
+    )
   main_metric = selection_metric(get_task(config.task, config))
   best = max(range(len(rows)), key=lambda i: rows[i][main_metric])
   if jax.process_index() == 0:
@@ -60,9 +67,13 @@ def write_tables(rows, best: int, main_metric: str, workdir: str):
     for i, row in enumerate(rows):
       writer.writerow({**row, "best": int(i == best)})
   cell = lambda c, v: f"{v:g}" if c == "lr" else f"{v:.4f}" if isinstance(v, float) else str(v)
-  lines = [f"The best setting by the mean of `{main_metric}` over {rows[0]['seeds']} seed(s) is marked in the last "
-           f"column; `_std`: the standard deviation over the seeds.", "", "| " + " | ".join(columns + ["best"]) + " |",
-           "|" + " --- |" * (len(columns) + 1)]
+  lines = [
+    f"The best setting by the mean of `{main_metric}` over {rows[0]['seeds']} seed(s) is marked in the last "
+    f"column; `_std`: the standard deviation over the seeds.",
+    "",
+    "| " + " | ".join(columns + ["best"]) + " |",
+    "|" + " --- |" * (len(columns) + 1),
+  ]
   for i, row in enumerate(rows):
     lines.append("| " + " | ".join(cell(c, row[c]) for c in columns) + f" | {'**best**' if i == best else ''} |")
   with open(os.path.join(workdir, "grid.md"), "w") as f:

@@ -55,8 +55,10 @@ def parse_tasks(spec: str) -> list:
     raise UserError("no task given: name a task, or a comma list of tasks for multi-task training")
   for task in tasks:
     if not isinstance(task, ClassificationTask):
-      raise UserError(f"{task.name} is not a sentence(-pair) classification or regression task: multi-task "
-                      f"training and task distillation take GLUE-style tasks")
+      raise UserError(
+        f"{task.name} is not a sentence(-pair) classification or regression task: multi-task "
+        f"training and task distillation take GLUE-style tasks"
+      )
   return tasks
 
 
@@ -67,8 +69,10 @@ def task_data_dirs(tasks, data_dir: str) -> dict:
   if len(dirs) == 1:
     return {t.name: dirs[0] for t in tasks}
   if len(dirs) != len(tasks):
-    raise UserError(f"data_dir names {len(dirs)} folders for {len(tasks)} tasks ({', '.join(t.name for t in tasks)}): "
-                    f"give one folder per task, in the same order, or one folder for all")
+    raise UserError(
+      f"data_dir names {len(dirs)} folders for {len(tasks)} tasks ({', '.join(t.name for t in tasks)}): "
+      f"give one folder per task, in the same order, or one folder for all"
+    )
   return {t.name: d for t, d in zip(tasks, dirs)}
 
 
@@ -80,9 +84,10 @@ def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_
 
   def tokenize(batch):
     out = {"label": batch["label"]}
-    for column, (ids, mask) in (("text_a", SEPARATE_INPUTS), ("text_b", PAIR_INPUTS))[:1 + is_pair(task)]:
-      enc = tokenizer(batch[column], add_special_tokens=False, truncation=True, max_length=max_len,
-                      padding="max_length")
+    for column, (ids, mask) in (("text_a", SEPARATE_INPUTS), ("text_b", PAIR_INPUTS))[: 1 + is_pair(task)]:
+      enc = tokenizer(
+        batch[column], add_special_tokens=False, truncation=True, max_length=max_len, padding="max_length"
+      )
       out[ids], out[mask] = enc["input_ids"], enc["attention_mask"]
     return out
 
@@ -97,8 +102,9 @@ class MultiTaskRun:
 
   selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
 
-  def __init__(self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, objective: str, target: str,
-               desc: str):
+  def __init__(
+    self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, objective: str, target: str, desc: str
+  ):
     self.config, self.workdir, self.mesh, self.tasks, self.tokenizer = config, workdir, mesh, tasks, tokenizer
     self.model, self.joint, self.objective, self.target, self.desc = model, joint, objective, target, desc
     self._build()
@@ -126,8 +132,9 @@ class MultiTaskRun:
     streams, self.eval_data = {}, {}
     for task in self.tasks:
       rows = self._training_rows(task).select_columns(list(self.inputs(task)) + [self.target])
-      streams[task.name] = BatchStream(rows, c.batch_size, c.seed, stack_columns, jax.process_index(),
-                                       jax.process_count(), f"{task.name} training set")
+      streams[task.name] = BatchStream(
+        rows, c.batch_size, c.seed, stack_columns, jax.process_index(), jax.process_count(), f"{task.name} training set"
+      )
       for split in task.eval_splits:
         examples = task.load(split, self.data_dirs[task.name], "")
         features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
@@ -139,8 +146,10 @@ class MultiTaskRun:
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     check_accumulation(c.optimizer.accumulate_steps, c.batch_size // self.mesh.shape[parallel.DATA])
     self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
-    self.predictors = {t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params,
-                                         c.eval_batch_size, self.inputs(t)) for t in self.tasks}
+    self.predictors = {
+      t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params, c.eval_batch_size, self.inputs(t))
+      for t in self.tasks
+    }
     self.checkpoints = checkpoint.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
 
   def dummy_batch(self) -> dict:
@@ -160,11 +169,14 @@ class MultiTaskRun:
       logits = self.model.apply({"params": params}, batch, task, deterministic=False, rngs=rngs)
       return task_loss(self.objective, logits, batch, temperature)
 
-    return make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh,
-                           self.config.optimizer.accumulate_steps)
+    return make_train_step(
+      loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, self.config.optimizer.accumulate_steps
+    )
 
   def initial_state(self):
-    return restore_or_init(self.checkpoints, self._init_state, (jax.random.key(self.config.seed),), self.state_shardings)
+    return restore_or_init(
+      self.checkpoints, self._init_state, (jax.random.key(self.config.seed),), self.state_shardings
+    )
 
   def evaluate(self, params) -> dict:
     """Every task's dev metrics, flat: {"<task>/dev/accuracy": ...}."""
@@ -200,9 +212,18 @@ class MultiTaskFineTuning(MultiTaskRun):
     encoder_config.check_length(config.max_seq_length, "max_seq_length")
     self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
     self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
-    super().__init__(config, workdir, mesh or parallel.make_mesh(config.mesh.data, config.mesh.model), tasks=tasks,
-                     tokenizer=tokenizer, model=refined_teacher(self.encoder_config, self.heads), joint=True,
-                     objective="hard", target="label", desc=f"multi-task refine {config.task}")
+    super().__init__(
+      config,
+      workdir,
+      mesh or parallel.make_mesh(config.mesh.data, config.mesh.model),
+      tasks=tasks,
+      tokenizer=tokenizer,
+      model=refined_teacher(self.encoder_config, self.heads),
+      joint=True,
+      objective="hard",
+      target="label",
+      desc=f"multi-task refine {config.task}",
+    )
 
   def _training_rows(self, task):
     return task.features(task.load("train", self.data_dirs[task.name]), self.tokenizer, self.config.max_seq_length)
@@ -213,12 +234,19 @@ class MultiTaskFineTuning(MultiTaskRun):
 
   def _optimizer(self, num_steps):
     c = self.config
-    opt = ml_collections.ConfigDict({**c.optimizer.to_dict(), "warmup_steps": int(c.optimizer.warmup_proportion * num_steps)})
+    opt = ml_collections.ConfigDict(
+      {**c.optimizer.to_dict(), "warmup_steps": int(c.optimizer.warmup_proportion * num_steps)}
+    )
     return make_optimizer(opt, num_steps)
 
   def meta(self) -> dict:
-    return {"model": runs.REFINED_TEACHER, "encoder": self.encoder_config.to_dict(), "heads": [list(h) for h in self.heads],
-            "tasks": [t.name for t in self.tasks], "config": json.loads(self.config.to_json())}
+    return {
+      "model": runs.REFINED_TEACHER,
+      "encoder": self.encoder_config.to_dict(),
+      "heads": [list(h) for h in self.heads],
+      "tasks": [t.name for t in self.tasks],
+      "config": json.loads(self.config.to_json()),
+    }
 
 
 def read_multitask_run(workdir: str, mesh, step: int = None):

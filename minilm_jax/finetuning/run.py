@@ -34,8 +34,12 @@ class FineTuning:
     encoder_config, encoder_params, self.tokenizer = pretrained[:3]
     if config.max_seq_length > encoder_config.max_position_embeddings and self.head["kind"] == SEQ2SEQ:
       # UniLM's CNN/DailyMail setting (total length 768) on a 512-position model.
-      logging.warning("max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
-                      config.max_seq_length, config.init, encoder_config.max_position_embeddings)
+      logging.warning(
+        "max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
+        config.max_seq_length,
+        config.init,
+        encoder_config.max_position_embeddings,
+      )
       encoder_params = extend_positions(encoder_params, config.max_seq_length)
       encoder_config = encoder_config.replace(max_position_embeddings=config.max_seq_length)
     encoder_config.check_length(config.max_seq_length, "max_seq_length")
@@ -45,14 +49,24 @@ class FineTuning:
     self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
     parallel.check_batch_divides(config.batch_size, self.mesh)
     train_features = self.task.prepare("train", config, self.tokenizer)[0]
-    self.stream = BatchStream(train_features.select_columns(self.task.train_columns), config.batch_size, config.seed,
-                              stack_columns, jax.process_index(), jax.process_count(), f"{config.task} train split")
+    self.stream = BatchStream(
+      train_features.select_columns(self.task.train_columns),
+      config.batch_size,
+      config.seed,
+      stack_columns,
+      jax.process_index(),
+      jax.process_count(),
+      f"{config.task} train split",
+    )
     self.eval_data = {split: self.task.prepare(split, config, self.tokenizer) for split in self.task.eval_splits}
     self.num_steps = config.epochs * self.stream.batches_per_epoch
-    optimizer = ml_collections.ConfigDict({**config.optimizer.to_dict(),
-                                           "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)})
+    optimizer = ml_collections.ConfigDict(
+      {**config.optimizer.to_dict(), "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)}
+    )
     self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
-    abstract = jax.eval_shape(partial(TrainState.fresh, tx=self.tx), abstract_model_params(self.encoder_config, self.head))
+    abstract = jax.eval_shape(
+      partial(TrainState.fresh, tx=self.tx), abstract_model_params(self.encoder_config, self.head)
+    )
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     task_loss_of = self.task.loss
     if self.head["kind"] == SEQ2SEQ:
@@ -61,8 +75,12 @@ class FineTuning:
     accumulate = config.optimizer.accumulate_steps
     check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
     self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, accumulate)
-    self.predict = Predictor(prediction_forward(self.task, self.model, config, self.tokenizer), self.mesh,
-                             self.state_shardings.params, config.eval_batch_size)
+    self.predict = Predictor(
+      prediction_forward(self.task, self.model, config, self.tokenizer),
+      self.mesh,
+      self.state_shardings.params,
+      config.eval_batch_size,
+    )
     self._pretrained = {"encoder": encoder_params}
     if self.head["kind"] == SEQ2SEQ:
       self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))
@@ -71,14 +89,21 @@ class FineTuning:
   def initial_state(self):
     def init(rng, pretrained):
       params = init_task_params(self.encoder_config, self.head, rng)
-      return TrainState.fresh({**params, **pretrained}, self.tx)  # pre-trained encoder (and masked-LM head), fresh task head
+      return TrainState.fresh(
+        {**params, **pretrained}, self.tx
+      )  # pre-trained encoder (and masked-LM head), fresh task head
 
-    return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained),
-                           self.state_shardings)
+    return restore_or_init(
+      self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained), self.state_shardings
+    )
 
   def meta(self) -> dict:
-    return {"encoder": self.encoder_config.to_dict(), "head": self.head, "task": self.task.name,
-            "config": json.loads(self.config.to_json())}
+    return {
+      "encoder": self.encoder_config.to_dict(),
+      "head": self.head,
+      "task": self.task.name,
+      "config": json.loads(self.config.to_json()),
+    }
 
   def evaluate(self, params) -> dict:
     """Metrics of every evaluation split, flat: {"dev/accuracy": ...}."""
@@ -102,7 +127,10 @@ def _masked_lm_head(init: str, head) -> dict:
   """The masked-LM head of `init` for a sequence-to-sequence model (a Hugging Face checkpoint
   saved with one), or {} (distilled students and encoder-only checkpoints: freshly initialised)."""
   if head is None:
-    logging.warning("%s has no masked-LM head: the sequence-to-sequence head (transform, its LayerNorm, the output "
-                    "bias) starts fresh; the output layer is the word embeddings", init)
+    logging.warning(
+      "%s has no masked-LM head: the sequence-to-sequence head (transform, its LayerNorm, the output "
+      "bias) starts fresh; the output layer is the word embeddings",
+      init,
+    )
     return {}
   return dict(head)

@@ -54,11 +54,20 @@ def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_ste
 
     (loss, _), grads = accumulated_value_and_grad(value_and_grad, state.params, batch, accumulate_steps)
     new_state, skipped = guarded_update(state, grads, loss, tx)
-    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step), "skipped": skipped}
+    return new_state, {
+      "loss": loss,
+      "grad_norm": optax.tree.norm(grads),
+      "lr": schedule(state.step),
+      "skipped": skipped,
+    }
 
   replicated = parallel.replicated(mesh)
-  return jax.jit(step, in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
-                 out_shardings=(state_shardings, replicated), donate_argnums=0)
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
+    out_shardings=(state_shardings, replicated),
+    donate_argnums=0,
+  )
 
 
 class Predictor:
@@ -68,19 +77,23 @@ class Predictor:
   def __init__(self, forward, mesh, param_shardings, batch_size: int, inputs=MODEL_INPUTS):
     parallel.check_batch_divides(batch_size, mesh)
     self.mesh, self.batch_size, self.inputs = mesh, batch_size, inputs
-    self.forward = jax.jit(forward, in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
-                           out_shardings=parallel.replicated(mesh))
+    self.forward = jax.jit(
+      forward, in_shardings=(param_shardings, parallel.batch_sharding(mesh)), out_shardings=parallel.replicated(mesh)
+    )
 
   def __call__(self, params, features, desc="predict"):
     local = self.batch_size // jax.process_count()
     offset = jax.process_index() * local
     outputs = []
-    for start in tqdm(range(0, len(features), self.batch_size), desc=desc, unit="batch", leave=False,
-                      disable=jax.process_index() != 0):
-      rows = features[start:start + self.batch_size]
+    for start in tqdm(
+      range(0, len(features), self.batch_size), desc=desc, unit="batch", leave=False, disable=jax.process_index() != 0
+    ):
+      rows = features[start : start + self.batch_size]
       n = len(rows["input_ids"])
       # The last batch is padded with copies of its last row (outputs dropped) to keep one compiled shape.
-      batch = {k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset:offset + local] for k in self.inputs}
+      batch = {
+        k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset : offset + local] for k in self.inputs
+      }
       out = host_scalars(self.forward(params, parallel.shard_batch(batch, self.mesh)))
       outputs.append(jax.tree.map(lambda x: x[:n], out))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)

@@ -25,9 +25,9 @@ MASK_VALUE = -1e9
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 ACTIVATIONS = {
-    "gelu": lambda x: nn.gelu(x, approximate=False),
-    "gelu_new": lambda x: nn.gelu(x, approximate=True),
-    "relu": nn.relu,
+  "gelu": lambda x: nn.gelu(x, approximate=False),
+  "gelu_new": lambda x: nn.gelu(x, approximate=True),
+  "relu": nn.relu,
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -57,7 +57,9 @@ class EncoderConfig:
       raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
     if self.hidden_size % self.num_heads:
       raise UserError(
-          f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: choose a head count that divides it")
+        f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: "
+        f"choose a head count that divides it"
+      )
     if self.hidden_act not in ACTIVATIONS:
       raise UserError(f"unsupported hidden_act {self.hidden_act!r}: use one of {', '.join(ACTIVATIONS)}")
     if self.dtype not in DTYPES:
@@ -115,23 +117,33 @@ class EncoderOutput:
 
 def _dense(features, config, name):
   return nn.Dense(
-      features,
-      dtype=DTYPES[config.dtype],
-      param_dtype=jnp.float32,
-      kernel_init=nn.initializers.normal(config.initializer_range),
-      name=name,
+    features,
+    dtype=DTYPES[config.dtype],
+    param_dtype=jnp.float32,
+    kernel_init=nn.initializers.normal(config.initializer_range),
+    name=name,
   )
 
 
 def _layer_norm(config, name):
   # use_fast_variance=False: E[x^2]-E[x]^2 loses float32 precision when the mean is large (off by 1e-4 from HF).
-  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=DTYPES[config.dtype], param_dtype=jnp.float32,
-                      use_fast_variance=False, name=name)
+  return nn.LayerNorm(
+    epsilon=config.layer_norm_eps,
+    dtype=DTYPES[config.dtype],
+    param_dtype=jnp.float32,
+    use_fast_variance=False,
+    name=name,
+  )
 
 
 def _embed(num, config, name):
-  return nn.Embed(num, config.hidden_size, param_dtype=jnp.float32,
-                  embedding_init=nn.initializers.normal(config.initializer_range), name=name)
+  return nn.Embed(
+    num,
+    config.hidden_size,
+    param_dtype=jnp.float32,
+    embedding_init=nn.initializers.normal(config.initializer_range),
+    name=name,
+  )
 
 
 def position_ids(input_ids_BxL, config: EncoderConfig):
@@ -217,8 +229,10 @@ class SelfAttention(nn.Module):
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
     # [B, L, H, K]: the layout the fused kernel takes; transposed to [B, H, L, K] for the outputs.
-    q, k, v = (_dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
-               for name in ("query", "key", "value"))
+    q, k, v = (
+      _dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
+      for name in ("query", "key", "value")
+    )
     swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
     if cache is not None:
       cached_k, cached_v, index = cache
@@ -234,7 +248,8 @@ class SelfAttention(nn.Module):
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     else:
       context = jax.nn.dot_product_attention(
-          q, k, v, mask=_key_mask(mask), implementation=fused_attention_implementation(q.dtype, c.head_dim))
+        q, k, v, mask=_key_mask(mask), implementation=fused_attention_implementation(q.dtype, c.head_dim)
+      )
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
@@ -271,9 +286,17 @@ class Encoder(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL, attention_mask=None, token_type_ids_BxL=None,
-               deterministic: bool = True, num_layers: Optional[int] = None, return_attention: bool = False,
-               position_ids_BxL=None, cache: Optional[KVCache] = None):
+  def __call__(
+    self,
+    input_ids_BxL,
+    attention_mask=None,
+    token_type_ids_BxL=None,
+    deterministic: bool = True,
+    num_layers: Optional[int] = None,
+    return_attention: bool = False,
+    position_ids_BxL=None,
+    cache: Optional[KVCache] = None,
+  ):
     c = self.config
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids_BxL)

@@ -44,8 +44,11 @@ def _blocked_ngrams(seqs_NxT, step, n: int, vocab: int):
 def _allowed_log_probs(logits_NxV, seqs_NxT, step, s: DecodeSettings):
   logp = jax.nn.log_softmax(logits_NxV.astype(jnp.float32), axis=-1)
   vocab = logp.shape[-1]
-  banned = jnp.zeros((vocab,), bool).at[jnp.asarray(s.banned_ids, jnp.int32)].set(True) if s.banned_ids else \
-      jnp.zeros((vocab,), bool)
+  banned = (
+    jnp.zeros((vocab,), bool).at[jnp.asarray(s.banned_ids, jnp.int32)].set(True)
+    if s.banned_ids
+    else jnp.zeros((vocab,), bool)
+  )
   banned = banned[None, :] | ((jnp.arange(vocab) == s.end_id) & (step < s.min_length))[None, :]
   if s.no_repeat_ngram:
     banned = banned | _blocked_ngrams(seqs_NxT, step, s.no_repeat_ngram, vocab)
@@ -67,10 +70,15 @@ def beam_search(first_logits_BxV, step_fn, state, s: DecodeSettings):
   # Only the first beam is live at the start, so that the K copies do not all pick the same tokens.
   alive_logp = jnp.where(jnp.arange(k) == 0, 0.0, NEG_INF)[None, :].repeat(batch, 0)
   carry = dict(
-      step=jnp.zeros((), jnp.int32), logits=expand(first_logits_BxV), state=jax.tree.map(expand, state),
-      alive_seqs=jnp.zeros((batch, k, length), jnp.int32), alive_logp=alive_logp,
-      done_seqs=jnp.zeros((batch, k, length), jnp.int32), done_scores=jnp.full((batch, k), NEG_INF),
-      done_lengths=jnp.zeros((batch, k), jnp.int32))
+    step=jnp.zeros((), jnp.int32),
+    logits=expand(first_logits_BxV),
+    state=jax.tree.map(expand, state),
+    alive_seqs=jnp.zeros((batch, k, length), jnp.int32),
+    alive_logp=alive_logp,
+    done_seqs=jnp.zeros((batch, k, length), jnp.int32),
+    done_scores=jnp.full((batch, k), NEG_INF),
+    done_lengths=jnp.zeros((batch, k), jnp.int32),
+  )
   penalty = lambda n: jnp.asarray(n, jnp.float32) ** s.length_penalty
 
   def can_improve(c):
@@ -102,8 +110,16 @@ def beam_search(first_logits_BxV, step_fn, state, s: DecodeSettings):
     rows = (jnp.arange(batch)[:, None] * k + jnp.take_along_axis(beam, keep, axis=1)).reshape(-1)
     state = jax.tree.map(lambda x: x[rows], c["state"])
     logits, state = step_fn(alive_seqs[:, :, step].reshape(-1), state, step)
-    return dict(step=step + 1, logits=logits, state=state, alive_seqs=alive_seqs, alive_logp=alive_logp,
-                done_seqs=done_seqs, done_scores=done_scores, done_lengths=done_lengths)
+    return dict(
+      step=step + 1,
+      logits=logits,
+      state=state,
+      alive_seqs=alive_seqs,
+      alive_logp=alive_logp,
+      done_seqs=done_seqs,
+      done_scores=done_scores,
+      done_lengths=done_lengths,
+    )
 
   c = jax.lax.while_loop(can_improve, body, carry)
   tokens = c["done_seqs"][:, 0]
@@ -121,8 +137,9 @@ def generate(model, params, batch, settings: DecodeSettings):
 
   def step_fn(tokens, state, step):
     keys, values, source_mask = state
-    logits, keys, values = model.apply({"params": params}, tokens, keys, values, source_mask, step,
-                                       method=type(model).decode_step)
+    logits, keys, values = model.apply(
+      {"params": params}, tokens, keys, values, source_mask, step, method=type(model).decode_step
+    )
     return logits, (keys, values, source_mask)
 
   tokens, lengths, _ = beam_search(first_logits, step_fn, (keys, values, source[1]), settings)

@@ -22,8 +22,9 @@ class LMHead(nn.Module):
 
   def setup(self):
     c = self.config
-    self.transform = nn.Dense(c.hidden_size, param_dtype=jnp.float32,
-                              kernel_init=nn.initializers.normal(c.initializer_range))
+    self.transform = nn.Dense(
+      c.hidden_size, param_dtype=jnp.float32, kernel_init=nn.initializers.normal(c.initializer_range)
+    )
     self.transform_LayerNorm = nn.LayerNorm(epsilon=c.layer_norm_eps, use_fast_variance=False)
     self.bias = self.param("bias", nn.initializers.zeros, (c.vocab_size,))
 
@@ -57,8 +58,12 @@ class SequenceClassifier(nn.Module):
   def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
     out = Encoder(self.config, name="encoder")(input_ids, attention_mask, token_type_ids, deterministic)
     x = nn.Dropout(self.config.hidden_dropout)(out.pooler_output, deterministic=deterministic)
-    head = nn.Dense(self.num_labels, param_dtype=jnp.float32,
-                    kernel_init=nn.initializers.normal(self.config.initializer_range), name="classifier")
+    head = nn.Dense(
+      self.num_labels,
+      param_dtype=jnp.float32,
+      kernel_init=nn.initializers.normal(self.config.initializer_range),
+      name="classifier",
+    )
     return head(x).astype(jnp.float32)
 
 
@@ -70,8 +75,9 @@ class SpanExtractor(nn.Module):
   @nn.compact
   def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
     out = Encoder(self.config, name="encoder")(input_ids, attention_mask, token_type_ids, deterministic)
-    head = nn.Dense(2, param_dtype=jnp.float32, kernel_init=nn.initializers.normal(self.config.initializer_range),
-                    name="qa_outputs")
+    head = nn.Dense(
+      2, param_dtype=jnp.float32, kernel_init=nn.initializers.normal(self.config.initializer_range), name="qa_outputs"
+    )
     logits = head(out.last_hidden_state).astype(jnp.float32)
     return logits[..., 0], logits[..., 1]
 
@@ -123,19 +129,28 @@ class Seq2SeqLM(nn.Module):
 
   def __call__(self, input_ids, attention_mask, token_type_ids=None, deterministic: bool = True):
     source_length = input_ids.shape[1] - self.target_length
-    out = self.encoder(input_ids, seq2seq_mask(attention_mask, source_length), token_type_ids, deterministic,
-                       position_ids_BxL=real_positions(attention_mask, self.config))
+    out = self.encoder(
+      input_ids,
+      seq2seq_mask(attention_mask, source_length),
+      token_type_ids,
+      deterministic,
+      position_ids_BxL=real_positions(attention_mask, self.config),
+    )
     source_last = attention_mask[:, :source_length].sum(axis=1) - 1
-    slots = jnp.concatenate([source_last[:, None], source_length + jnp.broadcast_to(
-        jnp.arange(self.target_length), (input_ids.shape[0], self.target_length))], axis=1)
+    slots = jnp.concatenate(
+      [
+        source_last[:, None],
+        source_length + jnp.broadcast_to(jnp.arange(self.target_length), (input_ids.shape[0], self.target_length)),
+      ],
+      axis=1,
+    )
     hidden = jnp.take_along_axis(out.last_hidden_state, slots[:, :, None], axis=1)
     return self._logits(hidden)
 
   def encode_source(self, source_ids, source_mask, source_types):
     """(logits [B, vocab] of the first target token, every layer's keys and values [B, heads,
     source + target length, head_dim]: the source's, then room for the target's)."""
-    out = self.encoder(source_ids, source_mask, source_types,
-                       position_ids_BxL=real_positions(source_mask, self.config))
+    out = self.encoder(source_ids, source_mask, source_types, position_ids_BxL=real_positions(source_mask, self.config))
     room = ((0, 0), (0, 0), (0, self.target_length), (0, 0))
     keys = tuple(jnp.pad(layer.k, room) for layer in out.layers)
     values = tuple(jnp.pad(layer.v, room) for layer in out.layers)
@@ -147,13 +162,19 @@ class Seq2SeqLM(nn.Module):
     """Feeds target token `step` (0-based) of each sequence: (logits [N, vocab] of the token after
     it, the keys and values with its own written in)."""
     source_length = source_mask.shape[1]
-    key_mask = jnp.concatenate([source_mask.astype(bool), jnp.broadcast_to(
-        jnp.arange(self.target_length) <= step, (tokens_N.shape[0], self.target_length))], axis=1)
+    key_mask = jnp.concatenate(
+      [
+        source_mask.astype(bool),
+        jnp.broadcast_to(jnp.arange(self.target_length) <= step, (tokens_N.shape[0], self.target_length)),
+      ],
+      axis=1,
+    )
     positions = source_mask.sum(axis=1, keepdims=True) + step + self.config.position_offset
     tokens = tokens_N[:, None]
     cache = KVCache(keys=keys, values=values, index=source_length + step)
-    out = self.encoder(tokens, key_mask[:, None, :], self._target_segment(tokens), position_ids_BxL=positions,
-                       cache=cache)
+    out = self.encoder(
+      tokens, key_mask[:, None, :], self._target_segment(tokens), position_ids_BxL=positions, cache=cache
+    )
     keys, values = tuple(layer.k for layer in out.layers), tuple(layer.v for layer in out.layers)
     return self._logits(out.last_hidden_state[:, 0]), keys, values
 

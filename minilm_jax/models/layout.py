@@ -43,29 +43,42 @@ def _layer(path, hf_name, linear=False, shard=None, etd_axes=("hidden",)):
 
 
 ENCODER = (
-    Param("embeddings/word_embeddings/embedding", "embeddings.word_embeddings.weight", shard="row",
-          etd_axes=(None, "input_hidden")),
-    Param("embeddings/position_embeddings/embedding", "embeddings.position_embeddings.weight",
-          etd_axes=(None, "input_hidden")),
-    Param("embeddings/token_type_embeddings/embedding", "embeddings.token_type_embeddings.weight",
-          etd_axes=(None, "input_hidden")),
-    Param("embeddings/LayerNorm/scale", "embeddings.LayerNorm.weight", etd_axes=("input_hidden",)),
-    Param("embeddings/LayerNorm/bias", "embeddings.LayerNorm.bias", etd_axes=("input_hidden",)),
-    *(entry for proj in ("query", "key", "value") for entry in (
-        _layer(f"attention/{proj}/kernel", f"attention.self.{proj}.weight", True, "column", ("hidden", "heads")),
-        _layer(f"attention/{proj}/bias", f"attention.self.{proj}.bias", shard="column", etd_axes=("heads",)))),
-    _layer("attention/output/kernel", "attention.output.dense.weight", True, "row", ("heads", "hidden")),
-    _layer("attention/output/bias", "attention.output.dense.bias"),
-    _layer("attention/LayerNorm/scale", "attention.output.LayerNorm.weight"),
-    _layer("attention/LayerNorm/bias", "attention.output.LayerNorm.bias"),
-    _layer("intermediate/kernel", "intermediate.dense.weight", True, "column", ("hidden", "ffn")),
-    _layer("intermediate/bias", "intermediate.dense.bias", shard="column", etd_axes=("ffn",)),
-    _layer("output/kernel", "output.dense.weight", True, "row", ("ffn", "hidden")),
-    _layer("output/bias", "output.dense.bias"),
-    _layer("output_LayerNorm/scale", "output.LayerNorm.weight"),
-    _layer("output_LayerNorm/bias", "output.LayerNorm.bias"),
-    Param("pooler/kernel", "pooler.dense.weight", linear=True, etd_axes=("output_hidden", "output_hidden")),
-    Param("pooler/bias", "pooler.dense.bias", etd_axes=("output_hidden",)),
+  Param(
+    "embeddings/word_embeddings/embedding",
+    "embeddings.word_embeddings.weight",
+    shard="row",
+    etd_axes=(None, "input_hidden"),
+  ),
+  Param(
+    "embeddings/position_embeddings/embedding", "embeddings.position_embeddings.weight", etd_axes=(None, "input_hidden")
+  ),
+  Param(
+    "embeddings/token_type_embeddings/embedding",
+    "embeddings.token_type_embeddings.weight",
+    etd_axes=(None, "input_hidden"),
+  ),
+  Param("embeddings/LayerNorm/scale", "embeddings.LayerNorm.weight", etd_axes=("input_hidden",)),
+  Param("embeddings/LayerNorm/bias", "embeddings.LayerNorm.bias", etd_axes=("input_hidden",)),
+  *(
+    entry
+    for proj in ("query", "key", "value")
+    for entry in (
+      _layer(f"attention/{proj}/kernel", f"attention.self.{proj}.weight", True, "column", ("hidden", "heads")),
+      _layer(f"attention/{proj}/bias", f"attention.self.{proj}.bias", shard="column", etd_axes=("heads",)),
+    )
+  ),
+  _layer("attention/output/kernel", "attention.output.dense.weight", True, "row", ("heads", "hidden")),
+  _layer("attention/output/bias", "attention.output.dense.bias"),
+  _layer("attention/LayerNorm/scale", "attention.output.LayerNorm.weight"),
+  _layer("attention/LayerNorm/bias", "attention.output.LayerNorm.bias"),
+  _layer("intermediate/kernel", "intermediate.dense.weight", True, "column", ("hidden", "ffn")),
+  _layer("intermediate/bias", "intermediate.dense.bias", shard="column", etd_axes=("ffn",)),
+  _layer("output/kernel", "output.dense.weight", True, "row", ("ffn", "hidden")),
+  _layer("output/bias", "output.dense.bias"),
+  _layer("output_LayerNorm/scale", "output.LayerNorm.weight"),
+  _layer("output_LayerNorm/bias", "output.LayerNorm.bias"),
+  Param("pooler/kernel", "pooler.dense.weight", linear=True, etd_axes=("output_hidden", "output_hidden")),
+  Param("pooler/bias", "pooler.dense.bias", etd_axes=("output_hidden",)),
 )
 _BY_PATH = {p.path: p for p in ENCODER}
 _LAYER_INDEX = re.compile(r"layer_\d+")

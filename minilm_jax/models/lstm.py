@@ -29,8 +29,9 @@ class BiLSTM(nn.Module):
   def __call__(self, x_BxLxE, lengths_B):
     # parent=None: each RNN adopts its cell, so parameters read forward/cell/..., backward/cell/...
     forward = nn.RNN(nn.LSTMCell(self.hidden, parent=None), return_carry=True, name="forward")
-    backward = nn.RNN(nn.LSTMCell(self.hidden, parent=None), return_carry=True, reverse=True, keep_order=True,
-                      name="backward")
+    backward = nn.RNN(
+      nn.LSTMCell(self.hidden, parent=None), return_carry=True, reverse=True, keep_order=True, name="backward"
+    )
     (_, h_forward), out_forward = forward(x_BxLxE, seq_lengths=lengths_B)
     (_, h_backward), out_backward = backward(x_BxLxE, seq_lengths=lengths_B)
     return jnp.concatenate([out_forward, out_backward], -1), jnp.concatenate([h_forward, h_backward], -1)
@@ -86,7 +87,9 @@ class BiAttentiveBody(nn.Module):
     C_y = jnp.einsum("bmn,bmd->bnd", A_y, Y)  # A_y^T Y, the context of each x token from y
     X_y = integrator(jnp.concatenate([X, X - C_y, X * C_y], -1), mask_x.sum(-1))[0]  # eq. 4.9
     Y_x = integrator(jnp.concatenate([Y, Y - C_x, Y * C_x], -1), mask_y.sum(-1))[0]
-    return jnp.concatenate([self._pool(X_y, mask_x, "self_attention_x"), self._pool(Y_x, mask_y, "self_attention_y")], -1)
+    return jnp.concatenate(
+      [self._pool(X_y, mask_x, "self_attention_x"), self._pool(Y_x, mask_y, "self_attention_y")], -1
+    )
 
   def _pool(self, h_BxLxD, mask_BxL, name):
     """Eq. 4.10-4.12: [max; mean; self-attentive] over a sentence's real positions."""

@@ -31,8 +31,9 @@ class EncoderBody(nn.Module):
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
-    out = Encoder(self.config, name="encoder")(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                                               deterministic)
+    out = Encoder(self.config, name="encoder")(
+      batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], deterministic
+    )
     if self.readout == "pooler":
       return nn.Dropout(self.config.hidden_dropout)(out.pooler_output, deterministic=deterministic).astype(jnp.float32)
     return jnp.mean(jnp.stack([layer.hidden[:, 0] for layer in out.layers]), axis=0).astype(jnp.float32)
@@ -76,8 +77,11 @@ def make_student(student, heads: tuple, vocab_size: int, encoder_config: Encoder
   elif kind == "biattentive":
     body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden)
   elif kind == "transformer":
-    body = EncoderBody(encoder_config.replace(num_layers=student.num_layers, hidden_dropout=student.dropout,
-                                                  attention_dropout=student.dropout))
+    body = EncoderBody(
+      encoder_config.replace(
+        num_layers=student.num_layers, hidden_dropout=student.dropout, attention_dropout=student.dropout
+      )
+    )
   else:
     raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
   return MultiTaskModel(body, tuple(heads), student.fc)

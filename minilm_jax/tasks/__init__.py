@@ -16,8 +16,10 @@ def get_task(name: str, config=None):
   """A named task, or (`custom`) the one a fine-tuning config's `data` fields define."""
   if name == "custom":
     if config is None or "data" not in config:
-      raise UserError("task custom is defined by a fine-tuning config's data.* fields: fine-tune it on its own "
-                      "(python -m minilm_jax.finetune --config.task=custom --config.data.train=...)")
+      raise UserError(
+        "task custom is defined by a fine-tuning config's data.* fields: fine-tune it on its own "
+        "(python -m minilm_jax.finetune --config.task=custom --config.data.train=...)"
+      )
     return custom.custom_task(config.data)
   if name not in TASKS:
     raise UserError(f"unknown task {name!r}: choose one of {', '.join(sorted(TASKS))}, or custom (your own files)")

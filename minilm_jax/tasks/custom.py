@@ -15,8 +15,13 @@ from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.tasks.metrics import METRICS
 
 # File suffix -> (`datasets` builder, its options).
-_READERS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}),
-            ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
+_READERS = {
+  ".csv": ("csv", {}),
+  ".tsv": ("csv", {"delimiter": "\t"}),
+  ".json": ("json", {}),
+  ".jsonl": ("json", {}),
+  ".parquet": ("parquet", {}),
+}
 _DEFAULT_METRICS = {False: ("accuracy", "macro_f1"), True: ("pearson", "spearman")}
 
 
@@ -45,8 +50,9 @@ class CustomTask(ClassificationTask):
     needed = list(self.text_columns) + [self.label_column]
     missing = [c for c in needed if c not in raw.column_names]
     if missing:
-      raise UserError(f"{path} has no column(s) {missing} (it has {raw.column_names}): set data.text_columns "
-                      f"and data.label_column")
+      raise UserError(
+        f"{path} has no column(s) {missing} (it has {raw.column_names}): set data.text_columns and data.label_column"
+      )
     out = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
     for i, row in enumerate(raw):
       out["text_a"].append(str(row[self.text_columns[0]]))
@@ -75,14 +81,25 @@ def custom_task(data) -> CustomTask:
     if not labels:
       train = read_table(data.train, "data.train")
       if data.label_column not in train.column_names:
-        raise UserError(f"{data.train} has no column {data.label_column!r} (it has {train.column_names}): "
-                        f"set data.label_column")
+        raise UserError(
+          f"{data.train} has no column {data.label_column!r} (it has {train.column_names}): set data.label_column"
+        )
       labels = tuple(sorted({str(v) for v in train[data.label_column]}, key=_numbers_first))
     if len(labels) < 2:
-      raise UserError(f"the custom task has {len(labels)} class ({list(labels)}): a classifier needs at least 2; "
-                      f"set data.regression=True for scores")
-  return CustomTask("custom", text_columns, data.label_column, labels, metrics, ("", ""), (),
-                    files=(("train", data.train), ("dev", data.dev)))
+      raise UserError(
+        f"the custom task has {len(labels)} class ({list(labels)}): a classifier needs at least 2; "
+        f"set data.regression=True for scores"
+      )
+  return CustomTask(
+    "custom",
+    text_columns,
+    data.label_column,
+    labels,
+    metrics,
+    ("", ""),
+    (),
+    files=(("train", data.train), ("dev", data.dev)),
+  )
 
 
 def _numbers_first(value: str):

@@ -24,15 +24,17 @@ from minilm_jax.tasks.wordnet import WORDNET_DIR
 # WordNet's lexicographer files (lexnames(5WN)); Debian's wordnet-base does not ship this index,
 # which NLTK's reader requires.
 _LEXNAMES = (
-    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body noun.cognition "
-    "noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive noun.object noun.person "
-    "noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation noun.shape noun.state "
-    "noun.substance noun.time verb.body verb.change verb.cognition verb.communication verb.competition "
-    "verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception verb.possession verb.social "
-    "verb.stative verb.weather adj.ppl").split()
+  "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body noun.cognition "
+  "noun.communication noun.event noun.feeling noun.food noun.group noun.location noun.motive noun.object noun.person "
+  "noun.phenomenon noun.plant noun.possession noun.process noun.quantity noun.relation noun.shape noun.state "
+  "noun.substance noun.time verb.body verb.change verb.cognition verb.communication verb.competition "
+  "verb.consumption verb.contact verb.creation verb.emotion verb.motion verb.perception verb.possession verb.social "
+  "verb.stative verb.weather adj.ppl"
+).split()
 _POS_NUMBER = {"noun": 1, "verb": 2, "adj": 3, "adv": 4}
 _WORDNET_FILES = [f"{kind}.{pos}" for kind in ("data", "index") for pos in ("noun", "verb", "adj", "adv")] + [
-    f"{pos}.exc" for pos in ("noun", "verb", "adj", "adv")]
+  f"{pos}.exc" for pos in ("noun", "verb", "adj", "adv")
+]
 
 
 def bleu4(predictions: list, references: list) -> float:
@@ -52,8 +54,9 @@ def _words(text: str) -> list:
 
 def meteor(predictions: list, references: list, wordnet_dir: str = "") -> float:
   wordnet = _wordnet(wordnet_dir)
-  return 100 * float(np.mean([meteor_score([_words(r)], _words(p), wordnet=wordnet)
-                              for p, r in zip(predictions, references)]))
+  return 100 * float(
+    np.mean([meteor_score([_words(r)], _words(p), wordnet=wordnet) for p, r in zip(predictions, references)])
+  )
 
 
 class _WordNet30(WordNetCorpusReader):
@@ -68,8 +71,10 @@ def _wordnet(wordnet_dir: str):
   source = wordnet_dir or WORDNET_DIR
   missing = [f for f in _WORDNET_FILES if not os.path.isfile(os.path.join(source, f))]
   if missing:
-    raise UserError(f"METEOR needs WordNet 3.0, and {source} lacks {missing[:3]}: `apt-get install wordnet-base`, or "
-                    f"set data_dir to a WordNet dict folder")
+    raise UserError(
+      f"METEOR needs WordNet 3.0, and {source} lacks {missing[:3]}: `apt-get install wordnet-base`, or "
+      f"set data_dir to a WordNet dict folder"
+    )
   target = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "minilm_jax", "wordnet")
   os.makedirs(target, exist_ok=True)
   for f in _WORDNET_FILES:

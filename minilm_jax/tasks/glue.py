@@ -44,8 +44,11 @@ class ClassificationTask:
     return tuple(s.replace("dev", "test") for s in self.eval_splits) if self.submission_names else ()
 
   def head(self, config=None) -> dict:
-    return {"kind": CLASSIFICATION, "num_labels": len(self.labels) if self.labels else 1,
-            "labels": list(self.labels) if self.labels else None}
+    return {
+      "kind": CLASSIFICATION,
+      "num_labels": len(self.labels) if self.labels else 1,
+      "labels": list(self.labels) if self.labels else None,
+    }
 
   # --- data -------------------------------------------------------------------------------------
 
@@ -75,8 +78,13 @@ class ClassificationTask:
       out["text_a"].append(row[position[self.text_columns[0]]])
       out["text_b"].append(row[position[self.text_columns[1]]] if len(self.text_columns) > 1 else None)
       out["label"].append(self._label(row[position[self.label_column]], path, line) if labelled else -1)
-      out["idx"].append(int(row[position["index"]]) if "index" in position else
-                        int(row[position["id"]]) if "id" in position else line - 2)
+      out["idx"].append(
+        int(row[position["index"]])
+        if "index" in position
+        else int(row[position["id"]])
+        if "id" in position
+        else line - 2
+      )
       # XNLI's dev/test files name each row's language; its MNLI-format training file does not.
       out["group"].append(row[position[self.group_column]] if self.group_column in position else "")
     return datasets.Dataset.from_dict(out)
@@ -97,8 +105,10 @@ class ClassificationTask:
     try:
       raw = datasets.load_dataset(name, language or subset, split=hub_split)
     except Exception as e:  # offline, unknown split, ...: the hub's exception types vary by version
-      raise UserError(f"{self.name}: could not load {name}/{language or subset} split {hub_split} from the hub "
-                      f"({type(e).__name__}): set data_dir to a folder of the task's TSV files") from None
+      raise UserError(
+        f"{self.name}: could not load {name}/{language or subset} split {hub_split} from the hub "
+        f"({type(e).__name__}): set data_dir to a folder of the task's TSV files"
+      ) from None
     names = raw.features["label"].names if hasattr(raw.features["label"], "names") else None
     a, b = (self.hub_text_columns + (None,))[:2]
 
@@ -106,8 +116,13 @@ class ClassificationTask:
       label = row["label"]
       if self.labels is not None and label >= 0:
         label = self.labels.index(names[label]) if names else label
-      return {"text_a": row[a], "text_b": row[b] if b else None, "label": label,
-              "idx": row.get("idx", i), "group": language}
+      return {
+        "text_a": row[a],
+        "text_b": row[b] if b else None,
+        "label": label,
+        "idx": row.get("idx", i),
+        "group": language,
+      }
 
     return raw.map(convert, with_indices=True, remove_columns=raw.column_names)
 
@@ -167,28 +182,113 @@ class ClassificationTask:
 
 _NLI = ("contradiction", "entailment", "neutral")
 _RTE = ("entailment", "not_entailment")
-TASKS = {t.name: t for t in (
-    ClassificationTask("cola", ("sentence",), "label", ("0", "1"), ("matthews",), ("nyu-mll/glue", "cola"), ("sentence",),
-                       submission_names=("CoLA",), headerless_columns=("source", "label", "original_label", "sentence")),
-    ClassificationTask("sst2", ("sentence",), "label", ("0", "1"), ("accuracy",), ("nyu-mll/glue", "sst2"), ("sentence",),
-                       submission_names=("SST-2",)),
-    ClassificationTask("mrpc", ("#1 String", "#2 String"), "Quality", ("0", "1"), ("f1", "accuracy"),
-                       ("nyu-mll/glue", "mrpc"), ("sentence1", "sentence2"), submission_names=("MRPC",)),
-    ClassificationTask("stsb", ("sentence1", "sentence2"), "score", None, ("pearson", "spearman"),
-                       ("nyu-mll/glue", "stsb"), ("sentence1", "sentence2"), submission_names=("STS-B",)),
-    ClassificationTask("qqp", ("question1", "question2"), "is_duplicate", ("0", "1"), ("f1", "accuracy"),
-                       ("nyu-mll/glue", "qqp"), ("question1", "question2"), submission_names=("QQP",)),
-    ClassificationTask("mnli", ("sentence1", "sentence2"), "gold_label", _NLI, ("accuracy",), ("nyu-mll/glue", "mnli"),
-                       ("premise", "hypothesis"), eval_splits=("dev_matched", "dev_mismatched"),
-                       submission_names=("MNLI-m", "MNLI-mm")),
-    ClassificationTask("qnli", ("question", "sentence"), "label", _RTE, ("accuracy",), ("nyu-mll/glue", "qnli"),
-                       ("question", "sentence"), submission_names=("QNLI",)),
-    ClassificationTask("rte", ("sentence1", "sentence2"), "label", _RTE, ("accuracy",), ("nyu-mll/glue", "rte"),
-                       ("sentence1", "sentence2"), submission_names=("RTE",)),
-    ClassificationTask("wnli", ("sentence1", "sentence2"), "label", ("0", "1"), ("accuracy",), ("nyu-mll/glue", "wnli"),
-                       ("sentence1", "sentence2"), submission_names=("WNLI",)),
+TASKS = {
+  t.name: t
+  for t in (
+    ClassificationTask(
+      "cola",
+      ("sentence",),
+      "label",
+      ("0", "1"),
+      ("matthews",),
+      ("nyu-mll/glue", "cola"),
+      ("sentence",),
+      submission_names=("CoLA",),
+      headerless_columns=("source", "label", "original_label", "sentence"),
+    ),
+    ClassificationTask(
+      "sst2",
+      ("sentence",),
+      "label",
+      ("0", "1"),
+      ("accuracy",),
+      ("nyu-mll/glue", "sst2"),
+      ("sentence",),
+      submission_names=("SST-2",),
+    ),
+    ClassificationTask(
+      "mrpc",
+      ("#1 String", "#2 String"),
+      "Quality",
+      ("0", "1"),
+      ("f1", "accuracy"),
+      ("nyu-mll/glue", "mrpc"),
+      ("sentence1", "sentence2"),
+      submission_names=("MRPC",),
+    ),
+    ClassificationTask(
+      "stsb",
+      ("sentence1", "sentence2"),
+      "score",
+      None,
+      ("pearson", "spearman"),
+      ("nyu-mll/glue", "stsb"),
+      ("sentence1", "sentence2"),
+      submission_names=("STS-B",),
+    ),
+    ClassificationTask(
+      "qqp",
+      ("question1", "question2"),
+      "is_duplicate",
+      ("0", "1"),
+      ("f1", "accuracy"),
+      ("nyu-mll/glue", "qqp"),
+      ("question1", "question2"),
+      submission_names=("QQP",),
+    ),
+    ClassificationTask(
+      "mnli",
+      ("sentence1", "sentence2"),
+      "gold_label",
+      _NLI,
+      ("accuracy",),
+      ("nyu-mll/glue", "mnli"),
+      ("premise", "hypothesis"),
+      eval_splits=("dev_matched", "dev_mismatched"),
+      submission_names=("MNLI-m", "MNLI-mm"),
+    ),
+    ClassificationTask(
+      "qnli",
+      ("question", "sentence"),
+      "label",
+      _RTE,
+      ("accuracy",),
+      ("nyu-mll/glue", "qnli"),
+      ("question", "sentence"),
+      submission_names=("QNLI",),
+    ),
+    ClassificationTask(
+      "rte",
+      ("sentence1", "sentence2"),
+      "label",
+      _RTE,
+      ("accuracy",),
+      ("nyu-mll/glue", "rte"),
+      ("sentence1", "sentence2"),
+      submission_names=("RTE",),
+    ),
+    ClassificationTask(
+      "wnli",
+      ("sentence1", "sentence2"),
+      "label",
+      ("0", "1"),
+      ("accuracy",),
+      ("nyu-mll/glue", "wnli"),
+      ("sentence1", "sentence2"),
+      submission_names=("WNLI",),
+    ),
     # XNLI as MiniLM runs it: train on (English) MNLI-format data, select on XNLI's dev set and
     # report its labelled test set; both files carry a `language` column: accuracy overall and per language.
-    ClassificationTask("xnli", ("sentence1", "sentence2"), "gold_label", _NLI, ("accuracy",), ("facebook/xnli", "en"),
-                       ("premise", "hypothesis"), eval_splits=("dev", "test"), group_column="language"),
-)}
+    ClassificationTask(
+      "xnli",
+      ("sentence1", "sentence2"),
+      "gold_label",
+      _NLI,
+      ("accuracy",),
+      ("facebook/xnli", "en"),
+      ("premise", "hypothesis"),
+      eval_splits=("dev", "test"),
+      group_column="language",
+    ),
+  )
+}

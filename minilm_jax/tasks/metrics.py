@@ -44,5 +44,11 @@ def spearman(x, y) -> float:
   return _correlation(stats.spearmanr, x, y)
 
 
-METRICS = {"accuracy": accuracy, "f1": f1, "macro_f1": macro_f1, "matthews": matthews, "pearson": pearson,
-           "spearman": spearman}
+METRICS = {
+  "accuracy": accuracy,
+  "f1": f1,
+  "macro_f1": macro_f1,
+  "matthews": matthews,
+  "pearson": pearson,
+  "spearman": spearman,
+}

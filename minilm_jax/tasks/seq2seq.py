@@ -76,8 +76,9 @@ class Seq2SeqTask:
     jsonl = os.path.join(data_dir, f"{split}.jsonl")
     if os.path.isfile(jsonl):
       return _read_jsonl(jsonl, (("source", "target"),) + ((self.field_names,) if self.field_names else ()))
-    raise UserError(f"{self.name}: {data_dir} has neither {split}.source + {split}.target nor {split}.jsonl: "
-                    f"{self._formats()}")
+    raise UserError(
+      f"{self.name}: {data_dir} has neither {split}.source + {split}.target nor {split}.jsonl: {self._formats()}"
+    )
 
   def _formats(self) -> str:
     return "give one example per line in <split>.source and <split>.target, or <split>.jsonl with source/target fields"
@@ -90,10 +91,15 @@ class Seq2SeqTask:
     try:
       raw = datasets.load_dataset(name, subset, split=hub_split)
     except Exception as e:  # offline, unknown split, ...: the hub's exception types vary by version
-      raise UserError(f"{self.name}: could not load {name} split {hub_split} from the hub ({type(e).__name__}): set "
-                      f"data_dir ({self._formats()})") from None
-    return raw.map(lambda row, i: {"id": str(i), "source": row[source], "source_b": None, "target": row[target]},
-                   with_indices=True, remove_columns=raw.column_names)
+      raise UserError(
+        f"{self.name}: could not load {name} split {hub_split} from the hub ({type(e).__name__}): set "
+        f"data_dir ({self._formats()})"
+      ) from None
+    return raw.map(
+      lambda row, i: {"id": str(i), "source": row[source], "source_b": None, "target": row[target]},
+      with_indices=True,
+      remove_columns=raw.column_names,
+    )
 
   def features(self, examples: datasets.Dataset, tokenizer, max_len: int, target_length: int) -> datasets.Dataset:
     """The model's blocks: [CLS] source [SEP] (source_b [SEP]) padded to max_len - target_length,
@@ -105,8 +111,9 @@ class Seq2SeqTask:
 
     def encode(batch):
       pair = batch["source_b"] if any(b is not None for b in batch["source_b"]) else None
-      source = tokenizer(batch["source"], pair, truncation="only_first" if pair else True, max_length=source_length,
-                         padding="max_length")
+      source = tokenizer(
+        batch["source"], pair, truncation="only_first" if pair else True, max_length=source_length, padding="max_length"
+      )
       targets = tokenizer(batch["target"], add_special_tokens=False, truncation=True, max_length=target_length)
       out = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": []}
       for i, target in enumerate(targets["input_ids"]):
@@ -128,8 +135,9 @@ class Seq2SeqTask:
     """(features for the model, `References` to score generations against)."""
     check_lengths(config)
     examples = self.load(split, config.data_dir, config.language, config)
-    return self.features(examples, tokenizer, config.max_seq_length, config.seq2seq.target_length), \
-        References(examples, tokenizer)
+    return self.features(examples, tokenizer, config.max_seq_length, config.seq2seq.target_length), References(
+      examples, tokenizer
+    )
 
   def loss(self, logits_BxTxV, batch, label_smoothing: float = 0.0):
     """Cross-entropy against the labels smoothed by `label_smoothing` (that share spread evenly
@@ -144,13 +152,21 @@ class Seq2SeqTask:
   def decode_settings(self, config, tokenizer) -> DecodeSettings:
     s = config.seq2seq
     specials = set(tokenizer.all_special_ids) - {tokenizer.sep_token_id}
-    return DecodeSettings(beam_size=s.beam_size, max_length=s.target_length, min_length=s.min_target_length,
-                          length_penalty=s.length_penalty, no_repeat_ngram=s.no_repeat_ngram,
-                          end_id=tokenizer.sep_token_id, banned_ids=tuple(sorted(specials)))
+    return DecodeSettings(
+      beam_size=s.beam_size,
+      max_length=s.target_length,
+      min_length=s.min_target_length,
+      length_penalty=s.length_penalty,
+      no_repeat_ngram=s.no_repeat_ngram,
+      end_id=tokenizer.sep_token_id,
+      banned_ids=tuple(sorted(specials)),
+    )
 
   def texts(self, outputs, tokenizer) -> list:
-    return [tokenizer.decode(tokens[:length], skip_special_tokens=True, clean_up_tokenization_spaces=True).strip()
-            for tokens, length in zip(np.asarray(outputs["tokens"]), np.asarray(outputs["lengths"]))]
+    return [
+      tokenizer.decode(tokens[:length], skip_special_tokens=True, clean_up_tokenization_spaces=True).strip()
+      for tokens, length in zip(np.asarray(outputs["tokens"]), np.asarray(outputs["lengths"]))
+    ]
 
   def evaluate(self, outputs, features, references: References, config=None):
     """(metrics, id -> generated text) of a split's generations."""
@@ -163,8 +179,10 @@ class Seq2SeqTask:
 def check_lengths(config):
   s = config.seq2seq
   if not 0 < s.target_length <= config.max_seq_length - 3:
-    raise UserError(f"seq2seq.target_length={s.target_length} must be positive and leave room for the source in "
-                    f"max_seq_length={config.max_seq_length} (at least 3 tokens: [CLS] x [SEP])")
+    raise UserError(
+      f"seq2seq.target_length={s.target_length} must be positive and leave room for the source in "
+      f"max_seq_length={config.max_seq_length} (at least 3 tokens: [CLS] x [SEP])"
+    )
   if not 0 <= s.min_target_length <= s.target_length:
     raise UserError(f"seq2seq.min_target_length={s.min_target_length} must lie in [0, target_length={s.target_length}]")
   if s.beam_size < 1:
@@ -179,12 +197,19 @@ def _read_lines(source_path: str, target_path: str) -> datasets.Dataset:
   with open(target_path, encoding="utf-8") as f:
     targets = [line.rstrip("\n") for line in f]
   if len(sources) != len(targets):
-    raise UserError(f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}: the files must pair "
-                    f"line by line")
+    raise UserError(
+      f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}: the files must pair line by line"
+    )
   if not sources:
     raise UserError(f"{source_path} is empty: give one source text per line")
-  return datasets.Dataset.from_dict({"id": [str(i) for i in range(len(sources))], "source": sources,
-                                     "source_b": [None] * len(sources), "target": targets})
+  return datasets.Dataset.from_dict(
+    {
+      "id": [str(i) for i in range(len(sources))],
+      "source": sources,
+      "source_b": [None] * len(sources),
+      "target": targets,
+    }
+  )
 
 
 def _read_jsonl(path: str, field_pairs: tuple) -> datasets.Dataset:
@@ -229,10 +254,13 @@ class QuestionGeneration(Seq2SeqTask):
     try:
       raw = datasets.load_dataset("rajpurkar/squad", split=split.replace("dev", "validation"))
     except Exception as e:  # offline, ...
-      raise UserError(f"qg: could not load rajpurkar/squad from the hub ({type(e).__name__}): set data_dir "
-                      f"({self._formats()})") from None
-    return _questions([(r["id"], r["context"], r["answers"]["text"][0], r["answers"]["answer_start"][0], r["question"])
-                       for r in raw], context)
+      raise UserError(
+        f"qg: could not load rajpurkar/squad from the hub ({type(e).__name__}): set data_dir ({self._formats()})"
+      ) from None
+    return _questions(
+      [(r["id"], r["context"], r["answers"]["text"][0], r["answers"]["answer_start"][0], r["question"]) for r in raw],
+      context,
+    )
 
   def _formats(self) -> str:
     return f"SQuAD 1.1 JSON (<split>.json or train-v1.1.json/dev-v1.1.json), or {super()._formats()}"
@@ -242,11 +270,17 @@ def _squad_questions(path: str, context: str) -> datasets.Dataset:
   try:
     with open(path, encoding="utf-8") as f:
       articles = json.load(f)["data"]
-    rows = [(qa["id"], p["context"], qa["answers"][0]["text"], qa["answers"][0]["answer_start"], qa["question"])
-            for a in articles for p in a["paragraphs"] for qa in p["qas"] if qa.get("answers")]
+    rows = [
+      (qa["id"], p["context"], qa["answers"][0]["text"], qa["answers"][0]["answer_start"], qa["question"])
+      for a in articles
+      for p in a["paragraphs"]
+      for qa in p["qas"]
+      if qa.get("answers")
+    ]
   except (KeyError, TypeError, IndexError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is not a SQuAD 1.1 JSON file ({type(e).__name__}: {e}): expected data/paragraphs/qas "
-                    f"with answers") from None
+    raise UserError(
+      f"{path} is not a SQuAD 1.1 JSON file ({type(e).__name__}: {e}): expected data/paragraphs/qas with answers"
+    ) from None
   if not rows:
     raise UserError(f"{path} has no answered questions")
   return _questions(rows, context)
@@ -267,7 +301,7 @@ def _sentence_at(passage: str, char: int) -> str:
   start = 0
   for match in re.finditer(r"(?<=[.!?])\s+", passage):
     if match.start() > char:
-      return passage[start:match.start()]
+      return passage[start : match.start()]
     start = match.end()
   return passage[start:]
 
@@ -290,15 +324,26 @@ class DefinitionModelling(Seq2SeqTask):
           out["source"].append(f"{s.words[0]} : {s.examples[0]}")
           out["source_b"].append(None)
           out["target"].append(s.definition)
-    order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(out["id"]))[:sizes[split]]
+    order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(out["id"]))[: sizes[split]]
     return datasets.Dataset.from_dict({k: [v[i] for i in order] for k, v in out.items()})
 
 
-TASKS = {t.name: t for t in (
+TASKS = {
+  t.name: t
+  for t in (
     QuestionGeneration("qg", ("bleu4", "meteor", "rougeL")),
-    Seq2SeqTask("cnndm", ("rouge1", "rouge2", "rougeL"), ("abisee/cnn_dailymail", "3.0.0", "article", "highlights"),
-                field_names=("article", "highlights")),
-    Seq2SeqTask("xsum", ("rouge1", "rouge2", "rougeL"), ("EdinburghNLP/xsum", None, "document", "summary"),
-                field_names=("document", "summary")),
+    Seq2SeqTask(
+      "cnndm",
+      ("rouge1", "rouge2", "rougeL"),
+      ("abisee/cnn_dailymail", "3.0.0", "article", "highlights"),
+      field_names=("article", "highlights"),
+    ),
+    Seq2SeqTask(
+      "xsum",
+      ("rouge1", "rouge2", "rougeL"),
+      ("EdinburghNLP/xsum", None, "document", "summary"),
+      field_names=("document", "summary"),
+    ),
     DefinitionModelling("wordnet_definitions", ("rougeL", "bleu4", "meteor")),
-)}
+  )
+}

@@ -28,6 +28,7 @@ import optax
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SPAN
 
+
 def _read_json(path: str, task: str) -> datasets.Dataset:
   try:
     with open(path, encoding="utf-8") as f:
@@ -43,12 +44,14 @@ def _read_json(path: str, task: str) -> datasets.Dataset:
           rows["answer_texts"].append([a["text"] for a in answers])
           rows["answer_starts"].append([a["answer_start"] for a in answers])
   except (KeyError, TypeError, json.JSONDecodeError) as e:
-    raise UserError(f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected "
-                    f"data/paragraphs/qas") from None
+    raise UserError(
+      f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected data/paragraphs/qas"
+    ) from None
   return datasets.Dataset.from_dict(dict(rows))
 
 
 # --- the official SQuAD evaluation (1.1: exact match and F1; 2.0 adds no-answer questions) ----
+
 
 def normalize_answer(s: str) -> str:
   """Lower case, drop punctuation and the articles a/an/the, collapse white space."""
@@ -87,8 +90,13 @@ def squad_v2_scores(gold_answers: dict, predictions: dict) -> dict:
   scores = {"exact": 100 * exact.mean(), "f1": 100 * f1.mean(), "total": len(exact)}
   for name, rows in (("HasAns", has_answer), ("NoAns", ~has_answer)):
     if rows.any():
-      scores.update({f"{name}_exact": 100 * exact[rows].mean(), f"{name}_f1": 100 * f1[rows].mean(),
-                     f"{name}_total": int(rows.sum())})
+      scores.update(
+        {
+          f"{name}_exact": 100 * exact[rows].mean(),
+          f"{name}_f1": 100 * f1[rows].mean(),
+          f"{name}_total": int(rows.sum()),
+        }
+      )
   return scores
 
 
@@ -132,23 +140,35 @@ class SquadTask:
       for name in names:
         if os.path.isfile(os.path.join(data_dir, name)):
           return _read_json(os.path.join(data_dir, name), self.name)
-      raise UserError(f"{self.name}: no {' or '.join(names)} in {data_dir}: set data_dir to a folder of the task's "
-                      f"JSON files")
+      raise UserError(
+        f"{self.name}: no {' or '.join(names)} in {data_dir}: set data_dir to a folder of the task's JSON files"
+      )
     try:
       raw = datasets.load_dataset(self.hub, split=split.replace("dev", "validation"))
     except Exception as e:  # offline, ...: the hub's exception types vary by version
-      raise UserError(f"{self.name}: could not load {self.hub} from the hub ({type(e).__name__}): set data_dir") from None
-    return raw.map(lambda r: {"answer_texts": r["answers"]["text"], "answer_starts": r["answers"]["answer_start"]},
-                   remove_columns=["answers", "title"])
+      raise UserError(
+        f"{self.name}: could not load {self.hub} from the hub ({type(e).__name__}): set data_dir"
+      ) from None
+    return raw.map(
+      lambda r: {"answer_texts": r["answers"]["text"], "answer_starts": r["answers"]["answer_start"]},
+      remove_columns=["answers", "title"],
+    )
 
   def prepare(self, split: str, config, tokenizer):
     examples = self.load(split, config.data_dir)
     max_len, stride = config.max_seq_length, config.doc_stride
 
     def windows(batch, indices):
-      enc = tokenizer([q.lstrip() for q in batch["question"]], batch["context"], truncation="only_second",
-                      max_length=max_len, stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True,
-                      padding="max_length")
+      enc = tokenizer(
+        [q.lstrip() for q in batch["question"]],
+        batch["context"],
+        truncation="only_second",
+        max_length=max_len,
+        stride=stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+      )
       out = collections.defaultdict(list)
       for i, sample in enumerate(enc["overflow_to_sample_mapping"]):
         sequence_ids = enc.sequence_ids(i)
@@ -170,8 +190,13 @@ class SquadTask:
         out["offsets"].append(offsets)
       return dict(out)
 
-    features = examples.map(windows, batched=True, with_indices=True, remove_columns=examples.column_names,
-                            desc=f"{self.name} {split} windows")
+    features = examples.map(
+      windows,
+      batched=True,
+      with_indices=True,
+      remove_columns=examples.column_names,
+      desc=f"{self.name} {split} windows",
+    )
     return features, examples
 
   def loss(self, outputs, batch):
@@ -179,8 +204,9 @@ class SquadTask:
     ce = optax.softmax_cross_entropy_with_integer_labels
     return jnp.mean(ce(start_logits, batch["start_positions"]) + ce(end_logits, batch["end_positions"])) / 2
 
-  def decode(self, outputs, features, examples, n_best: int = 20, max_answer_length: int = 30,
-             null_score_threshold: float = 0.0):
+  def decode(
+    self, outputs, features, examples, n_best: int = 20, max_answer_length: int = 30, null_score_threshold: float = 0.0
+  ):
     """(id -> predicted answer text, "" for no answer; id -> (best span's text, how far the null
     score beats it)), the second for the official evaluation's best threshold."""
     start_logits, end_logits = outputs
@@ -199,15 +225,22 @@ class SquadTask:
             if offsets[a][0] < 0 or offsets[b][0] < 0 or b < a or b - a + 1 > max_answer_length:
               continue
             if s[a] + t[b] > best_span:
-              best_span, best_text = s[a] + t[b], row["context"][offsets[a][0]:offsets[b][1]]
+              best_span, best_text = s[a] + t[b], row["context"][offsets[a][0] : offsets[b][1]]
       answers_nothing = self.version == 2 and best_null - best_span > null_score_threshold
       predictions[row["id"]] = "" if answers_nothing else best_text
       spans[row["id"]] = (best_text, best_null - best_span)
     return predictions, spans
 
   def evaluate(self, outputs, features, examples, config=None):
-    settings = {} if config is None else dict(n_best=config.n_best, max_answer_length=config.max_answer_length,
-                                              null_score_threshold=config.null_score_threshold)
+    settings = (
+      {}
+      if config is None
+      else dict(
+        n_best=config.n_best,
+        max_answer_length=config.max_answer_length,
+        null_score_threshold=config.null_score_threshold,
+      )
+    )
     predictions, spans = self.decode(outputs, features, examples, **settings)
     gold = dict(zip(examples["id"], examples["answer_texts"]))
     scores = squad_v2_scores(gold, predictions)
@@ -219,18 +252,26 @@ class SquadTask:
 # --- MLQA (MiniLM table 13): train on SQuAD 1.1, stop early on MLQA's English dev set, report test F1/EM per language
 
 MLQA_LANGUAGES = ("en", "es", "de", "ar", "hi", "vi", "zh")
+
+
 # MLQA's answer normalisation (its paper, section 4.2, and its evaluation script): lower case, no
 # punctuation (every Unicode punctuation character), no articles of the answer's language, and
 # tokens split on whitespace, except Chinese, where every CJK character (and punctuation) is a token.
 @functools.cache
 def _unicode_punctuation() -> frozenset:
-  return frozenset(chr(i) for i in range(sys.maxunicode + 1)
-                   if unicodedata.category(chr(i)).startswith("P")) | frozenset(string.punctuation)
+  return frozenset(
+    chr(i) for i in range(sys.maxunicode + 1) if unicodedata.category(chr(i)).startswith("P")
+  ) | frozenset(string.punctuation)
+
 
 _ARTICLES = {
-    "en": r"\b(a|an|the)\b", "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
-    "de": r"\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b",
-    "vi": r"\b(của|là|cái|chiếc|những)\b", "ar": r"\sال^|ال", "hi": None, "zh": None,
+  "en": r"\b(a|an|the)\b",
+  "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
+  "de": r"\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b",
+  "vi": r"\b(của|là|cái|chiếc|những)\b",
+  "ar": r"\sال^|ال",
+  "hi": None,
+  "zh": None,
 }
 
 
@@ -285,6 +326,7 @@ def _token_f1(gold: list, predicted: list) -> float:
 class MlqaTask(SquadTask):
   """Local files only: SQuAD 1.1's `train-v1.1.json`, and MLQA's `dev-context-en-question-en.json`
   (model selection, as the paper) and `test-context-<l>-question-<l>.json` for each language there."""
+
   name: str = "mlqa"
   hub: str = ""
   version: int = 1
@@ -292,8 +334,10 @@ class MlqaTask(SquadTask):
 
   def load(self, split: str, data_dir: str = "") -> datasets.Dataset:
     if not data_dir:
-      raise UserError("mlqa reads local files: set data_dir to a folder with SQuAD 1.1's train-v1.1.json and MLQA's "
-                      "dev-context-en-question-en.json and test-context-<l>-question-<l>.json")
+      raise UserError(
+        "mlqa reads local files: set data_dir to a folder with SQuAD 1.1's train-v1.1.json and MLQA's "
+        "dev-context-en-question-en.json and test-context-<l>-question-<l>.json"
+      )
     if split == "train":
       return super().load(split, data_dir)
     parts = []

@@ -42,8 +42,9 @@ def read_synsets(data_dir: str, pos: str = "noun") -> list:
   """Every synset of `data.<pos>`: the line format of WordNet's wndb(5) man page."""
   path = os.path.join(data_dir or WORDNET_DIR, f"data.{pos}")
   if not os.path.isfile(path):
-    raise UserError(f"WordNet's {path} does not exist: `apt-get install wordnet-base`, or set data_dir to a "
-                    f"WordNet 3.0 dict folder")
+    raise UserError(
+      f"WordNet's {path} does not exist: `apt-get install wordnet-base`, or set data_dir to a WordNet 3.0 dict folder"
+    )
   synsets = []
   with open(path, encoding="utf-8") as f:
     for line in f:
@@ -52,7 +53,7 @@ def read_synsets(data_dir: str, pos: str = "noun") -> list:
       head, _, gloss = line.partition(" | ")
       fields = head.split()
       count = int(fields[3], 16)
-      words = tuple(w.replace("_", " ") for w in fields[4:4 + 2 * count:2])
+      words = tuple(w.replace("_", " ") for w in fields[4 : 4 + 2 * count : 2])
       definition = re.split(r';?\s*"', gloss, maxsplit=1)[0].strip().rstrip(";").strip()
       examples = tuple(e.strip() for e in re.findall(r'"([^"]+)"', gloss) if len(e.split()) >= 3)
       synsets.append(Synset(fields[0], int(fields[1]), words, definition, examples))
@@ -65,13 +66,12 @@ def split_of(offset: str) -> str:
 
 def _take(rows: dict, split: str) -> datasets.Dataset:
   """A fixed, shuffled subset of `_SIZES[split]` rows (every row when fewer)."""
-  order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(rows["label"]))[:_SIZES[split]]
+  order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(rows["label"]))[: _SIZES[split]]
   return datasets.Dataset.from_dict({k: [v[i] for i in order] for k, v in rows.items()})
 
 
 @dataclasses.dataclass(frozen=True)
 class SupersenseTask(ClassificationTask):
-
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     _check_split(self.name, split)
     rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
@@ -87,7 +87,6 @@ class SupersenseTask(ClassificationTask):
 
 @dataclasses.dataclass(frozen=True)
 class ExampleMatchTask(ClassificationTask):
-
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     _check_split(self.name, split)
     synsets = [s for s in read_synsets(data_dir) if s.examples and split_of(s.offset) == split]
@@ -98,13 +97,17 @@ class ExampleMatchTask(ClassificationTask):
     rng = np.random.default_rng(zlib.crc32(f"{self.name}/{split}".encode()))
     rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
     for s in synsets:
-      others = sorted({o.offset: o for w in s.words for o in senses[w.lower()] if o.offset != s.offset}.values(),
-                      key=lambda o: o.offset)
+      others = sorted(
+        {o.offset: o for w in s.words for o in senses[w.lower()] if o.offset != s.offset}.values(),
+        key=lambda o: o.offset,
+      )
       if not others:  # a word with one sense (with examples) makes no negative: leave the synset out
         continue
       other = others[rng.integers(len(others))]
-      for label, example in ((1, s.examples[rng.integers(len(s.examples))]),
-                             (0, other.examples[rng.integers(len(other.examples))])):
+      for label, example in (
+        (1, s.examples[rng.integers(len(s.examples))]),
+        (0, other.examples[rng.integers(len(other.examples))]),
+      ):
         rows["text_a"].append(s.definition)
         rows["text_b"].append(example)
         rows["label"].append(label)
@@ -118,7 +121,10 @@ def _check_split(task: str, split: str):
     raise UserError(f"{task} has the splits {sorted(_SIZES)}, not {split!r}")
 
 
-TASKS = {t.name: t for t in (
+TASKS = {
+  t.name: t
+  for t in (
     SupersenseTask("wordnet_supersense", ("definition",), "", tuple(_LEXNAMES.values()), ("accuracy",), ("", ""), ()),
     ExampleMatchTask("wordnet_examples", ("definition", "example"), "", ("0", "1"), ("accuracy", "f1"), ("", ""), ()),
-)}
+  )
+}

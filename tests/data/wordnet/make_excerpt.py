@@ -46,7 +46,7 @@ def select(synsets: list) -> set:
   for split, rows in by_split.items():
     for lexfile in wordnet._LEXNAMES:
       chosen = sorted((s for s in rows if s.lexfile == lexfile), key=lambda s: _order(s.offset))
-      keep.update(s.offset for s in chosen[:PER_LEXFILE[split]])
+      keep.update(s.offset for s in chosen[: PER_LEXFILE[split]])
     with_examples = [s for s in rows if s.examples]
     senses = {}
     for s in with_examples:
@@ -64,8 +64,10 @@ def select(synsets: list) -> set:
 
 def main(source: str):
   keep = select(wordnet.read_synsets(source))
-  with open(os.path.join(source, "data.noun"), encoding="utf-8") as f, \
-       open(os.path.join(HERE, "data.noun"), "w", encoding="utf-8") as out:
+  with (
+    open(os.path.join(source, "data.noun"), encoding="utf-8") as f,
+    open(os.path.join(HERE, "data.noun"), "w", encoding="utf-8") as out,
+  ):
     for line in f:
       if line.startswith("  "):
         out.write(line)
@@ -75,7 +77,7 @@ def main(source: str):
       if fields[0] not in keep:
         continue
       count = int(fields[3], 16)
-      out.write(" ".join(fields[:4 + 2 * count] + ["000"]) + " | " + gloss)
+      out.write(" ".join(fields[: 4 + 2 * count] + ["000"]) + " | " + gloss)
 
 
 if __name__ == "__main__":
