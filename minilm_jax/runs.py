@@ -99,7 +99,7 @@ def load_tokenizer_of(path: str, what: str = "model"):
 
 def save_tokenizer(workdir: str, tokenizer):
   """The run's tokenizer, beside its checkpoints (`load_tokenizer_of` reads it)."""
-  save_tokenizer(workdir, tokenizer)
+  tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))
 
 
 def write_run_from_hf(hf_dir: str, workdir: str):

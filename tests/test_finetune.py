@@ -459,3 +459,30 @@ def test_evaluating_every_checkpoint_of_a_run(tiny_teacher, sst2_dir, tmp_path):
   steps = [r["step"] for r in rows]
   assert steps == sorted(steps) and len(steps) >= 2 and steps[-1] == 16
   assert os.path.exists(tmp_path / "eval" / "steps" / f"step_{steps[0]}" / "dev_predictions.tsv")
+
+
+def test_a_new_task_is_one_registry_entry(tiny_teacher, tmp_path, monkeypatch, sentences):
+  """The README's "Extending" example: one `ClassificationTask` entry, and the task fine-tunes and
+  is scored on its own files (three classes by a sentence's first word)."""
+  from minilm_jax import tasks
+  from minilm_jax.tasks.glue import TASKS, ClassificationTask
+
+  entry = ClassificationTask(
+    "my_nli",
+    ("premise", "hypothesis"),
+    "label",
+    ("entailment", "neutral", "contradiction"),
+    ("accuracy",),
+    ("my-org/my_nli", None),
+    ("premise", "hypothesis"),
+  )
+  monkeypatch.setitem(tasks.TASKS, "my_nli", entry)
+  assert "my_nli" not in TASKS  # registered for this test only
+  labels = ("entailment", "neutral", "contradiction")
+  rows = [(a, b, labels[len(a.split()[0]) % 3]) for a, b in zip(sentences[:48], sentences[1:49])]
+  for name, part in (("train", rows[:32]), ("dev", rows[32:])):
+    (tmp_path / f"{name}.tsv").write_text("premise\thypothesis\tlabel\n" + "".join("\t".join(r) + "\n" for r in part))
+  run_dir = str(tmp_path / "run")
+  _, results = FineTuning(finetune_config(tiny_teacher, "my_nli", str(tmp_path)), run_dir).run()
+  assert set(results) == {"dev/accuracy"} and 0 <= results["dev/accuracy"] <= 1
+  assert json.load(open(os.path.join(run_dir, "results.json")))["task"] == "my_nli"

@@ -1,15 +1,18 @@
 """Baseline objectives against independent numpy references; layer mappings; the trainer runs each."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from conftest import tiny_config
-from minilm_jax.distill import losses
+from minilm_jax import parallel
+from minilm_jax.distill import losses, objectives
 from minilm_jax.distill.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import Distillation, init_state, make_train_step
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import LayerOutput
+from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
 
 MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
 
@@ -197,3 +200,40 @@ def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_ml
   assert all(np.isfinite(r["loss_mlm_kd"]) and r["loss_mlm_kd"] > 0 for r in rows)
   with pytest.raises(UserError, match="needs the teacher's masked-LM head"):
     Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "mlm_kd"}), str(tmp_path / "no_head"))
+
+
+def test_a_new_objective_is_one_registered_function(monkeypatch):
+  """The README's "Extending" example: a registered function is an objective the sharded train step
+  runs as it runs MiniLM's, with no change to the trainer; its loss is the attention KL alone."""
+  monkeypatch.setattr(objectives, "REGISTRY", dict(objectives.REGISTRY))
+
+  @objectives.register("attention_only")
+  def attention_only(objective, teacher, student, batch, projection) -> dict:
+    ((s, t),) = objective.pairs
+    return losses.minilm_loss(
+      teacher.layers[t],
+      student.layers[s],
+      batch["attention_mask"],
+      ("qk",),
+      objective.num_relation_heads,
+      objective.query_chunk,
+    )
+
+  teacher_config = EncoderConfig(vocab_size=80, num_layers=2, hidden_size=32, num_heads=4, intermediate_size=64)
+  student_config = teacher_config.replace(hidden_size=16, intermediate_size=32)
+  mesh = parallel.make_mesh()
+  metrics = {}
+  for name in ("attention_only", "minilm"):
+    objective = Objective(name, ((1, 1),), ("qk", "vv"), 4, 0, 32, 16)
+    step = make_train_step(
+      Encoder(teacher_config), Encoder(student_config), optax.sgd(0.1), lambda s: 0.1, objective, mesh
+    )
+    state = init_state(Encoder(student_config), optax.sgd(0.1), objective, jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (8, 12), 1, 80)
+    batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "token_type_ids": jnp.zeros_like(ids)}
+    teacher_params = init_params(teacher_config, jax.random.key(2))
+    metrics[name] = jax.device_get(
+      step(state, parallel.shard_batch(jax.device_get(batch), mesh), teacher_params, jax.random.key(3))[1]
+    )
+  assert set(k for k in metrics["attention_only"] if k.startswith("loss_")) == {"loss_qk"}
+  np.testing.assert_allclose(metrics["attention_only"]["loss"], metrics["minilm"]["loss_qk"], rtol=1e-6)

@@ -81,3 +81,16 @@ def test_every_readme_command_parses_with_its_program():
     if proc.returncode != 0:
       failures[module] = stderr.strip().splitlines()[-1]
   assert not failures, failures
+
+
+def test_readme_python_example_runs(tiny_teacher, tmp_path):
+  """The map's Python example (load, run, save), on a small checkpoint; and the "Extending"
+  section's snippets are valid Python (they are exercised by the tests they name)."""
+  text = open(os.path.join(ROOT, "README.md")).read()
+  blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+  example = next(b for b in blocks if "hf.load(" in b)
+  code = example.replace("path/to/hf_checkpoint", tiny_teacher).replace('"exported"', repr(str(tmp_path / "out")))
+  exec(compile(code, "README.md", "exec"), {})
+  assert os.path.exists(tmp_path / "out" / "model.safetensors")
+  for block in blocks:
+    compile(block if not block.startswith("ClassificationTask") else f"x = [{block}]", "README.md", "exec")
