@@ -81,6 +81,18 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_hea
   return hf.load(path, dtype, mlm_head)._replace(tokenizer=hf.load_tokenizer(path))
 
 
+def encoder_config_of(path: str, what: str = "model") -> EncoderConfig:
+  """The encoder architecture of a run's workdir or a Hugging Face directory, without reading its weights."""
+  if checkpoint.is_run(path):
+    meta = read_meta(path)
+    if "encoder" not in meta:
+      raise UserError(
+        f"{what} {path} holds a {meta.get('student', {}).get('kind')} student, which has no Transformer encoder"
+      )
+    return EncoderConfig.from_dict(meta["encoder"])
+  return hf.read_config(hub.local_dir(path, what))
+
+
 def sentence_pipeline_of(path: str, default_length: int):
   """(pooling, Dense kernel or None) of a model's sentence embeddings: a run's (`sentence_pipeline`),
   a sentence-transformers directory's, or mean pooling for a plain encoder."""

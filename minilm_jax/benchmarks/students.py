@@ -108,7 +108,7 @@ def run(
   if unknown:
     raise UserError(f"unknown students {unknown}: choose from {', '.join(BASELINES + tuple(RECIPES))}")
   metric = selection_metric(get_task(task))
-  teacher_config = runs.load_encoder(teacher, what="--teacher").config
+  teacher_config = runs.encoder_config_of(teacher, what="--teacher")
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for name in models:

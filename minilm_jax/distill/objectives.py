@@ -334,6 +334,13 @@ class Objective:
     return terms
 
 
+def uses_embedding_term(loss_config) -> bool:
+  """Whether the configured objective includes the sentence-embedding term (and so needs a teacher
+  whose pooling it can reproduce)."""
+  registered = REGISTRY.get(loss_config.objective)
+  return loss_config.embedding_weight > 0 or (registered is not None and registered[1].embedding_term)
+
+
 def make_objective(
   loss_config,
   teacher_config,

@@ -19,7 +19,7 @@ from minilm_jax import checkpoint, embeddings, parallel, runs
 from minilm_jax.data.corpus import BatchStream, first_sentences
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import etd, losses
-from minilm_jax.distill.objectives import make_objective
+from minilm_jax.distill.objectives import make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
@@ -186,7 +186,7 @@ class Distillation:
     student's sentence-transformers export repeats. A pipeline the objective cannot reproduce (or a
     teacher with its own Dense map) is an error only when the objective is used; otherwise the
     export falls back to mean pooling."""
-    uses = config.loss.objective == "embedding" or config.loss.embedding_weight > 0
+    uses = uses_embedding_term(config.loss)
     try:
       pooling, dense = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
     except UserError:
