@@ -1,6 +1,7 @@
 """Test-wide setup: 8 fake CPU devices (set before JAX is imported) and shared fixtures."""
 
 import os
+import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,6 +108,12 @@ def sst2_dir(tmp_path_factory, sentences):
     (d / f"{name}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
   (d / "test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\t{s}\n" for i, (s, _) in enumerate(rows[64:80])))
   return str(d)
+
+
+def train_command(workdir, *overrides) -> list:
+  """The `train` program on `tests/tiny_config.py` (its teacher and corpus from the environment)."""
+  config = os.path.join(ROOT, "tests", "tiny_config.py")
+  return [sys.executable, "-m", "minilm_jax.train", "--config", config, "--workdir", workdir, *overrides]
 
 
 def tiny_config(teacher, corpus, **overrides):

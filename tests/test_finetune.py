@@ -410,42 +410,15 @@ def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(
 
 def test_attention_maps_png(tmp_path, tiny_teacher):
   out = tmp_path / "maps.png"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.attention_maps",
-      "--teacher",
-      tiny_teacher,
-      "--student",
-      tiny_teacher,
-      "--out",
-      str(out),
-      "--heads",
-      "0,3",
-    ],
-    capture_output=True,
-    text=True,
-  )
+
+  def attention_maps(heads):
+    argv = ["--teacher", tiny_teacher, "--student", tiny_teacher, "--out", str(out), "--heads", heads]
+    return subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", *argv], capture_output=True, text=True)
+
+  proc = attention_maps("0,3")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.attention_maps",
-      "--teacher",
-      tiny_teacher,
-      "--student",
-      tiny_teacher,
-      "--out",
-      str(out),
-      "--heads",
-      "7",
-    ],
-    capture_output=True,
-    text=True,
-  )
+  proc = attention_maps("7")
   assert proc.returncode == 2 and "has 4 heads" in proc.stderr
 
 

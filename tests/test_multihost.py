@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, read_metrics
+from conftest import ROOT, read_metrics, train_command
 from minilm_jax import checkpoint, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 
@@ -137,17 +137,9 @@ def _one_process_of_two(tiny_teacher, tiny_corpus, workdir, index, port, *overri
     JAX_PLATFORMS="cpu",
     JAX_NUM_CPU_DEVICES="2",
   )
-  cmd = [
-    sys.executable,
-    "-m",
-    "minilm_jax.train",
-    "--config",
-    os.path.join(ROOT, "tests", "tiny_config.py"),
-    "--workdir",
-    workdir,
-    *overrides,
-  ]
-  return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(
+    train_command(workdir, *overrides), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
 
 
 def test_processes_that_disagree_on_the_config_stop_with_one_line(tiny_teacher, tiny_corpus, tmp_path):

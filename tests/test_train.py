@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, load_config_module, read_metrics, tiny_config
+from conftest import ROOT, load_config_module, read_metrics, tiny_config, train_command
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.distill.trainer import Distillation, init_state, student_config
 from minilm_jax.errors import UserError
@@ -58,19 +58,6 @@ def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_pa
   assert np.isfinite(read_metrics(str(tmp_path / "bf16"))[-1]["loss"])
 
 
-def _train_cmd(workdir, *overrides):
-  return [
-    sys.executable,
-    "-m",
-    "minilm_jax.train",
-    "--config",
-    os.path.join(ROOT, "tests", "tiny_config.py"),
-    "--workdir",
-    workdir,
-    *overrides,
-  ]
-
-
 def _env(tiny_teacher, tiny_corpus):
   env = dict(
     os.environ,
@@ -95,18 +82,18 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   env = _env(tiny_teacher, tiny_corpus)
   steps = ["--config.num_steps=60", "--config.checkpoint.every=5"]
   straight = str(tmp_path / "straight")
-  subprocess.run(_train_cmd(straight, *steps), env=env, check=True, capture_output=True)
+  subprocess.run(train_command(straight, *steps), env=env, check=True, capture_output=True)
 
   killed = str(tmp_path / "killed")
   proc = subprocess.Popen(
-    _train_cmd(killed, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    train_command(killed, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
   _wait_for(lambda: glob.glob(os.path.join(killed, "checkpoints", "1[05]")), proc)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   interrupted_at = checkpoint.RunCheckpoints(killed, read_only=True).latest_step()
   assert interrupted_at is not None and interrupted_at < 60
-  subprocess.run(_train_cmd(killed, *steps), env=env, check=True, capture_output=True)
+  subprocess.run(train_command(killed, *steps), env=env, check=True, capture_output=True)
 
   a, b = read_metrics(straight), read_metrics(killed)
   assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 61))
@@ -118,7 +105,7 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
 def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   workdir = str(tmp_path / "term")
   proc = subprocess.Popen(
-    _train_cmd(workdir, "--config.num_steps=100000", "--config.checkpoint.every=100000"),
+    train_command(workdir, "--config.num_steps=100000", "--config.checkpoint.every=100000"),
     env=_env(tiny_teacher, tiny_corpus),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -188,13 +175,15 @@ def _one_line_error(cmd, env):
 
 
 def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path):
-  line = _one_line_error(_train_cmd(str(tmp_path / "w"), "--config.optimizer.nope=1"), _env(tiny_teacher, tiny_corpus))
+  line = _one_line_error(
+    train_command(str(tmp_path / "w"), "--config.optimizer.nope=1"), _env(tiny_teacher, tiny_corpus)
+  )
   assert "nope" in line
 
 
 def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
   line = _one_line_error(
-    _train_cmd(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"), _env(tiny_teacher, tiny_corpus)
+    train_command(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"), _env(tiny_teacher, tiny_corpus)
   )
   assert "does not exist" in line and "missing" in line
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
