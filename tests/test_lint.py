@@ -74,3 +74,9 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
   for name in sorted(graph):
     visit(name, [])
   assert len(programs) >= 7 and "minilm_jax.distill.trainer" in graph
+
+
+def test_every_package_folder_is_a_package():
+  """setup.py's find_packages installs only folders with an __init__.py."""
+  folders = {os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)}
+  assert not [f for f in folders if not os.path.exists(os.path.join(f, "__init__.py"))]

@@ -132,9 +132,8 @@ class Needs:
   projections: tuple = ()  # learned maps student width -> teacher width, by name (when the widths differ)
   mlm_head: bool = False  # both models' masked-LM heads, on BERT-masked inputs (`batch["mlm_weights"]`)
   whole_models: bool = False  # every layer of both models, not just the layer pairs
-  layer_pairs: Optional[Callable] = (
-    None  # (loss config, teacher depth, student depth) -> pairs; None: the configured pair
-  )
+  # (loss config, teacher depth, student depth) -> the (student, teacher) layer pairs; None: the configured pair
+  layer_pairs: Optional[Callable] = None
   embedding_term: bool = False  # the sentence-embedding term is the objective (weight 1 unless set)
 
 

@@ -1,0 +1,1 @@
+"""Fine-tuning, evaluation and multi-task training: the sharded steps, the runs, `results.json`."""
