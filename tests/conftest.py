@@ -4,11 +4,15 @@ import os
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+# The tests run on CPUs. With the `aot` extra installed, jax would otherwise also try to start
+# libtpu's TPU backend (and fail, loudly) in every process.
+os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import importlib.util  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -24,6 +28,39 @@ SENTENCES = [
   "model while keeping most of its accuracy on downstream tasks.",
   "Attention maps differ between layers.",
 ]
+
+
+_CACHE_OWNER = "MINILM_TEST_COMPILATION_CACHE_OWNER"
+
+
+def pytest_configure(config):
+  """One JAX compilation cache for this run of the suite: its worker processes and every program
+  they start share the executables they compile (most tests compile the same tiny steps), and the
+  cache is deleted when the run ends, so no run reuses another's. The main process makes it;
+  xdist's workers and the programs inherit it through the environment.
+
+  Then JAX's backends start, before the first test, so that a plugin's start-up lines are never
+  inside a test's capture. (A hook, not import-time code: the subprocess configs import this
+  module, and a multi-process run must initialise its own backends.)"""
+  import tempfile
+
+  import jax
+
+  if _CACHE_OWNER not in os.environ:  # the main process (not a worker, which inherits the cache)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="minilm_jax_test_cache_")
+    os.environ[_CACHE_OWNER] = str(os.getpid())
+  # Cache every executable, however quick its compile: the tests' tiny steps compile in under a second.
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.devices()
+
+
+def pytest_unconfigure(config):
+  if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
+    import shutil
+
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -148,12 +185,27 @@ def apply_overrides(config, overrides: dict):
   return config
 
 
+# What jax's CUDA plugin (the `aot` extra) prints at every start on a machine without an NVIDIA
+# driver, before any of our code runs: the plugin's, not a program's.
+_CUDA_PLUGIN_START = re.compile(
+  r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
+  r"I0000 .* cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.)$"
+)
+
+
+def program_stderr(stderr: str) -> str:
+  """A program's stderr without the CUDA plugin's start-up lines."""
+  return "".join(line for line in stderr.splitlines(keepends=True) if not _CUDA_PLUGIN_START.match(line.strip()))
+
+
 def output_lines(stderr: str) -> list:
   """A program's stderr without its progress bars (ours and `datasets`'; tqdm redraws them after
   carriage returns): what is left is what the program said."""
-  import re
-
-  return [line for line in re.split(r"[\r\n]", stderr) if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
+  return [
+    line
+    for line in re.split(r"[\r\n]", program_stderr(stderr))
+    if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)
+  ]
 
 
 def read_metrics(workdir):

@@ -14,6 +14,9 @@ from minilm_jax.data import augment
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.wordnet import TASKS
 
+# Its module fixture is built once: every test of this module runs on the same xdist worker.
+pytestmark = pytest.mark.xdist_group("augment")
+
 
 @pytest.fixture(scope="module")
 def tagged():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import WORDNET_EXCERPT
+from conftest import WORDNET_EXCERPT, program_stderr
 
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, generation, inference, memory, timing
@@ -91,6 +91,7 @@ def test_analytic_flops_are_the_issues_formula():
   assert timing.encoder_flops_per_token(teacher, s) == 12 * (24 * 768**2 + 4 * s * 768)
 
 
+@pytest.mark.slow
 def test_bench_distill_paper_case_at_tiny_sizes():
   """The `paper` case's code path (ours bare and through the train program, both PyTorch peers)
   with a tiny teacher and student, on CPU: every column filled, MFU only where a peak is known."""
@@ -134,9 +135,8 @@ def test_bench_bad_shapes_are_one_line_errors():
   proc = subprocess.run(
     [sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True, text=True
   )
-  assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --seq_len"), (
-    proc.stderr
-  )
+  stderr = program_stderr(proc.stderr)
+  assert proc.returncode == 2 and stderr.count("\n") == 1 and stderr.startswith("error: --seq_len"), proc.stderr
   for kwargs, message in (
     ({"teacher": "12by768"}, "is not LAYERSxHIDDEN"),
     ({"peers": ["jax"]}, "unknown PyTorch peers"),
@@ -148,9 +148,10 @@ def test_bench_bad_shapes_are_one_line_errors():
 
 def test_bench_unknown_suite_is_one_line_error():
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
-  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
+  assert proc.returncode == 2 and program_stderr(proc.stderr).strip().startswith("error: name one suite")
 
 
+@pytest.mark.slow
 def test_bench_etd_rows_and_etd_starts_below_random(tiny_corpus):
   """The real all-MiniLM-L6-v2 teacher (no MLM head): ETD-Rand's student starts with a lower MiniLM loss."""
   from minilm_jax.benchmarks import etd
@@ -205,6 +206,7 @@ def test_bench_data_rows(tmp_path):
   assert 0.1 < row["GB_per_billion_tokens"] < 10
 
 
+@pytest.mark.slow
 def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus):
   """Each baseline and recipe distils (or not), fine-tunes on the WordNet excerpt and gets a dev score."""
   from minilm_jax.benchmarks import students

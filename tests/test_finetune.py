@@ -74,11 +74,14 @@ def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
       np.testing.assert_allclose(params["sharded"][key], params["single"][key], atol=2e-5, rtol=1e-5, err_msg=key)
 
 
+@pytest.mark.slow
 def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path):
   """The real all-MiniLM-L6-v2 learns a simple rule from real sentences; evaluation, submission and export follow."""
   run_dir = str(tmp_path / "sst2_run")
   _, results = FineTuning(
-    finetune_config(minilm_dir, "sst2", sst2_dir, epochs=3, **{"optimizer.lr": 1e-4}), run_dir
+    # Length 32: the rule is in the first word, and the run costs a quarter of the default 128's.
+    finetune_config(minilm_dir, "sst2", sst2_dir, epochs=3, max_seq_length=32, **{"optimizer.lr": 1e-4}),
+    run_dir,
   ).run()
   assert results["dev/accuracy"] >= 0.9
   assert json.load(open(os.path.join(run_dir, "results.json")))["dev/accuracy"] == results["dev/accuracy"]
@@ -108,6 +111,7 @@ def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path
   np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2_dir, tmp_path):
   run_dir = str(tmp_path / "squad_run")
   config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
@@ -278,6 +282,7 @@ def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_
   assert len(marked) == 1 and marked[0].startswith(f"| {rows[best]['lr']} |")
 
 
+@pytest.mark.slow
 def test_grid_with_seeds_reports_mean_and_std_and_picks_by_the_mean(tiny_teacher, sst2_dir, tmp_path):
   from minilm_jax.finetuning.grid import run_grid
 

@@ -171,6 +171,7 @@ _SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 @_SETTINGS
 @given(overrides=_OVERRIDES)

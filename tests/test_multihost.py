@@ -18,6 +18,9 @@ from conftest import ROOT, read_metrics, train_command
 from minilm_jax import checkpoint, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 
+# Its module fixture is built once: every test of this module runs on the same xdist worker.
+pytestmark = pytest.mark.xdist_group("multihost")
+
 LAUNCH = os.path.join(ROOT, "launch")
 STEPS = ["--config.num_steps=30", "--config.checkpoint.every=3"]
 

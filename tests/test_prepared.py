@@ -17,6 +17,9 @@ from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
 
+# Its module fixture is built once: every test of this module runs on the same xdist worker.
+pytestmark = pytest.mark.xdist_group("prepared")
+
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):

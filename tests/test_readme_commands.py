@@ -23,7 +23,10 @@ from absl import flags
 from minilm_jax.loop import check_ranges
 from minilm_jax.tasks import get_task
 
-importlib.import_module(sys.argv[1])
+try:  # a program that is a package (`python -m minilm_jax.aot`) runs its __main__
+  importlib.import_module(sys.argv[1] + ".__main__")
+except ModuleNotFoundError:
+  importlib.import_module(sys.argv[1])
 for argv in json.loads(sys.argv[2]):
   for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # the last command's override flags
     delattr(flags.FLAGS, name)

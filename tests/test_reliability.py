@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, output_lines, read_metrics, tiny_config
+from conftest import ROOT, output_lines, program_stderr, read_metrics, tiny_config
 from minilm_jax import parallel
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
@@ -21,7 +21,7 @@ def _program(*args, program="train"):
 
 
 def _one_line_error(proc, *expected):
-  lines = proc.stderr.strip().splitlines()
+  lines = program_stderr(proc.stderr).strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
   for text in expected:
     assert text in lines[0], lines[0]
@@ -267,7 +267,10 @@ def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_tea
 @pytest.mark.parametrize("setting", ["NUM_PROCESSES=0", "NUM_PROCESSES=-1", "NUM_PROCESSES=abc", "CPU_DEVICES=x"])
 def test_launcher_settings_that_are_not_counts(setting):
   proc = subprocess.run(["bash", "launch/local.sh", setting, "--help"], capture_output=True, text=True, cwd=ROOT)
-  assert proc.returncode == 2 and proc.stderr.strip() == f"error: {setting}: it must be a whole number of at least 1"
+  assert (
+    proc.returncode == 2
+    and program_stderr(proc.stderr).strip() == f"error: {setting}: it must be a whole number of at least 1"
+  )
 
 
 def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path):

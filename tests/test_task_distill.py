@@ -19,6 +19,9 @@ from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.tasks import get_task
 from minilm_jax.finetuning.multitask import MultiTaskFineTuning
 
+# Its module fixture is built once: every test of this module runs on the same xdist worker.
+pytestmark = pytest.mark.xdist_group("task_distill")
+
 TASKS = ("wordnet_supersense", "wordnet_examples")
 
 
@@ -75,6 +78,7 @@ def _student_config(tasks, teacher, **student):
   return c
 
 
+@pytest.mark.slow
 def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_path, teachers):
   task = "wordnet_supersense"
   c = _student_config(task, teachers[task])
@@ -129,6 +133,7 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
   np.testing.assert_allclose(logits, expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teacher):
   workdir, teacher_results = refined_teacher
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(teacher_results)

@@ -78,6 +78,7 @@ def _wait_for(predicate, proc, timeout=120):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
   env = _env(tiny_teacher, tiny_corpus)
   steps = ["--config.num_steps=60", "--config.checkpoint.every=5"]

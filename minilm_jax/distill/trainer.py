@@ -7,9 +7,11 @@ The teacher is an argument of the step, not part of the train state: no optimize
 checkpointed, never donated.
 """
 
+import dataclasses
 import json
 import os
 from functools import partial
+from typing import Callable
 
 import jax
 import optax
@@ -19,7 +21,7 @@ from minilm_jax import checkpoint, embeddings, parallel, runs
 from minilm_jax.data.corpus import BatchStream, first_sentences
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import etd, losses
-from minilm_jax.distill.objectives import make_objective, uses_embedding_term
+from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
@@ -105,6 +107,44 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective,
   return jax.jit(step, donate_argnums=0)
 
 
+@dataclasses.dataclass(frozen=True)
+class DistillationStep:
+  """The models, objective, optimizer and jitted step of a distillation config on a mesh: what the
+  `train` program runs, and what `minilm_jax.aot` compiles from shapes alone."""
+
+  teacher: Encoder
+  student: Encoder
+  objective: Objective
+  tx: optax.GradientTransformation
+  schedule: Callable
+  train_step: Callable  # (state, batch, teacher_params, rng) -> (state, metrics)
+  accumulate_steps: int
+
+  def abstract_state(self) -> TrainState:
+    return jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))
+
+
+def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) -> DistillationStep:
+  """Validates `config` against its teacher's architecture and the mesh, and builds its step.
+  `masking` (special token ids, mask id) serves the objectives that mask their inputs; `pooling`,
+  the embedding objective."""
+  teacher = Encoder(teacher_config.replace(dtype=config.dtype))
+  student = Encoder(student_config(config, teacher_config))
+  losses.check_relation_heads(config.loss.num_relation_heads, teacher_config.hidden_size, student.config.hidden_size)
+  teacher_layer = resolve_layer(config.teacher.layer, teacher_config.num_layers, "teacher.layer")
+  student_layer = resolve_layer(config.student.layer, student.config.num_layers, "student.layer")
+  teacher_config.check_length(config.data.max_seq_length, "data.max_seq_length", "the teacher")
+  objective = make_objective(
+    config.loss, teacher_config, student.config, teacher_layer, student_layer, pooling, masking
+  )
+  parallel.check_batch_divides(config.batch_size, mesh)
+  tx, schedule = make_optimizer(config.optimizer, config.num_steps)
+  accumulate = config.optimizer.accumulate_steps
+  check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
+  train_step = make_train_step(teacher, student, tx, schedule, objective, mesh, accumulate)
+  return DistillationStep(teacher, student, objective, tx, schedule, train_step, accumulate)
+
+
 class Distillation:
   """Everything a run needs, built and validated before any compute; `run()` then trains."""
 
@@ -114,29 +154,14 @@ class Distillation:
     if config.student.init not in ("random", "etd"):
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
     # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
-    teacher_config, teacher_params, self.tokenizer, _, mlm_head = runs.load_encoder(
+    teacher_config, teacher_params, tokenizer, _, mlm_head = runs.load_encoder(
       config.teacher.path, config.dtype, "teacher.path", mlm_head=True
     )
-    self.teacher = Encoder(teacher_config)
-    self.student = Encoder(student_config(config, self.teacher.config))
-    losses.check_relation_heads(
-      config.loss.num_relation_heads, self.teacher.config.hidden_size, self.student.config.hidden_size
-    )
-    self.teacher_layer = resolve_layer(config.teacher.layer, self.teacher.config.num_layers, "teacher.layer")
-    self.student_layer = resolve_layer(config.student.layer, self.student.config.num_layers, "student.layer")
-    self.teacher.config.check_length(config.data.max_seq_length, "data.max_seq_length", "the teacher")
-    masking = (tuple(self.tokenizer.all_special_ids), self.tokenizer.mask_token_id)
-    self.objective = make_objective(
-      config.loss,
-      self.teacher.config,
-      self.student.config,
-      self.teacher_layer,
-      self.student_layer,
-      self._teacher_pooling(config),
-      masking,
-    )
+    self.tokenizer = tokenizer
+    masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
     self.mesh = mesh or parallel.make_mesh()
-    parallel.check_batch_divides(config.batch_size, self.mesh)
+    self.step = build_step(config, teacher_config, self.mesh, masking, self._teacher_pooling(config))
+    self.teacher, self.student, self.objective = self.step.teacher, self.step.student, self.step.objective
     if self.objective.needs.mlm_head and mlm_head is None:
       raise UserError(
         f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
@@ -155,16 +180,10 @@ class Distillation:
       jax.process_count(),
       f"corpus {config.data.corpus}",
     )
-    self.tx, self.schedule = make_optimizer(config.optimizer, config.num_steps)
-    accumulate = config.optimizer.accumulate_steps
-    check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_step = make_train_step(
-      self.teacher, self.student, self.tx, self.schedule, self.objective, self.mesh, accumulate
-    )
+    self.tx, self.train_step = self.step.tx, self.step.train_step
     # Parameters this objective leaves as initialised (an export names them): traced, not computed.
-    abstract = jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))
     self.untrained = untrained_student_parameters(
-      self.teacher, self.student, self.objective, self.teacher_params, abstract.params
+      self.teacher, self.student, self.objective, self.teacher_params, self.step.abstract_state().params
     )
     self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
     self.student_params = None

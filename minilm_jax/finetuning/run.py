@@ -1,13 +1,17 @@
 """A fine-tuning run: a pre-trained encoder and a task's head trained on the task's training split
 (`steps.make_train_step`), evaluated on its dev splits after every epoch (`steps.Predictor`)."""
 
+import dataclasses
 import json
 import logging
 import os
 from functools import partial
+from typing import Callable
 
+import flax.linen as nn
 import jax
 import ml_collections
+import optax
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
@@ -15,10 +19,57 @@ from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.loop import begin_run
-from minilm_jax.models.encoder import extend_positions
+from minilm_jax.models.encoder import EncoderConfig, extend_positions
 from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuningStep:
+  """The task model, optimizer and jitted steps of a fine-tuning config on a mesh: what the
+  `finetune` program runs, and what `minilm_jax.aot` compiles from shapes alone."""
+
+  encoder_config: EncoderConfig  # the pre-trained encoder's, with the config's dropout
+  model: nn.Module
+  tx: optax.GradientTransformation
+  schedule: Callable
+  state_shardings: TrainState
+  train_step: Callable  # (state, batch, rng) -> (state, metrics)
+  predict_forward: Callable  # (params, batch) -> outputs (a seq2seq task's: beam search), not jitted
+
+
+def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderConfig:
+  """`encoder_config` covering `config.max_seq_length`: a sequence-to-sequence model past its
+  position table gets the table repeated (UniLM's CNN/DailyMail setting, total length 768 on a
+  512-position model); any other model must fit."""
+  if config.max_seq_length > encoder_config.max_position_embeddings and head["kind"] == SEQ2SEQ:
+    return encoder_config.replace(max_position_embeddings=config.max_seq_length)
+  encoder_config.check_length(config.max_seq_length, "max_seq_length")
+  return encoder_config
+
+
+def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, tokenizer, num_steps: int):
+  """Validates `config` against the mesh and builds its task model and steps on `encoder_config`
+  (the pre-trained encoder's architecture)."""
+  encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+  model = task_model(encoder_config, head)
+  parallel.check_batch_divides(config.batch_size, mesh)
+  optimizer = ml_collections.ConfigDict(
+    {**config.optimizer.to_dict(), "warmup_steps": int(config.optimizer.warmup_proportion * num_steps)}
+  )
+  tx, schedule = make_optimizer(optimizer, num_steps)
+  abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
+  state_shardings = parallel.tree_shardings(abstract, mesh)
+  task_loss_of = task.loss
+  if head["kind"] == SEQ2SEQ:
+    task_loss_of = partial(task.loss, label_smoothing=config.seq2seq.label_smoothing)
+  loss_of = lambda params, batch, rngs: task_loss_of(apply_model(model, params, batch, False, rngs), batch)
+  accumulate = config.optimizer.accumulate_steps
+  check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
+  train_step = make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate)
+  forward = prediction_forward(task, model, config, tokenizer)
+  return FineTuningStep(encoder_config, model, tx, schedule, state_shardings, train_step, forward)
 
 
 class FineTuning:
@@ -32,20 +83,16 @@ class FineTuning:
     # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
     pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=self.head["kind"] == SEQ2SEQ)
     encoder_config, encoder_params, self.tokenizer = pretrained[:3]
-    if config.max_seq_length > encoder_config.max_position_embeddings and self.head["kind"] == SEQ2SEQ:
-      # UniLM's CNN/DailyMail setting (total length 768) on a 512-position model.
+    fitted = fit_positions(config, encoder_config, self.head)
+    if fitted != encoder_config:
       logging.warning(
         "max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
         config.max_seq_length,
         config.init,
         encoder_config.max_position_embeddings,
       )
-      encoder_params = extend_positions(encoder_params, config.max_seq_length)
-      encoder_config = encoder_config.replace(max_position_embeddings=config.max_seq_length)
-    encoder_config.check_length(config.max_seq_length, "max_seq_length")
-    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+      encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
     self.selection_metric = selection_metric(self.task)  # results.json's best epoch
-    self.model = task_model(self.encoder_config, self.head)
     self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
     parallel.check_batch_divides(config.batch_size, self.mesh)
     train_features = self.task.prepare("train", config, self.tokenizer)[0]
@@ -60,27 +107,10 @@ class FineTuning:
     )
     self.eval_data = {split: self.task.prepare(split, config, self.tokenizer) for split in self.task.eval_splits}
     self.num_steps = config.epochs * self.stream.batches_per_epoch
-    optimizer = ml_collections.ConfigDict(
-      {**config.optimizer.to_dict(), "warmup_steps": int(config.optimizer.warmup_proportion * self.num_steps)}
-    )
-    self.tx, self.schedule = make_optimizer(optimizer, self.num_steps)
-    abstract = jax.eval_shape(
-      partial(TrainState.fresh, tx=self.tx), abstract_model_params(self.encoder_config, self.head)
-    )
-    self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
-    task_loss_of = self.task.loss
-    if self.head["kind"] == SEQ2SEQ:
-      task_loss_of = partial(self.task.loss, label_smoothing=config.seq2seq.label_smoothing)
-    loss_of = lambda params, batch, rngs: task_loss_of(apply_model(self.model, params, batch, False, rngs), batch)
-    accumulate = config.optimizer.accumulate_steps
-    check_accumulation(accumulate, config.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_step = make_train_step(loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, accumulate)
-    self.predict = Predictor(
-      prediction_forward(self.task, self.model, config, self.tokenizer),
-      self.mesh,
-      self.state_shardings.params,
-      config.eval_batch_size,
-    )
+    self.step = build_step(config, self.task, self.head, encoder_config, self.mesh, self.tokenizer, self.num_steps)
+    self.encoder_config, self.model = self.step.encoder_config, self.step.model
+    self.tx, self.train_step, self.state_shardings = self.step.tx, self.step.train_step, self.step.state_shardings
+    self.predict = Predictor(self.step.predict_forward, self.mesh, self.state_shardings.params, config.eval_batch_size)
     self._pretrained = {"encoder": encoder_params}
     if self.head["kind"] == SEQ2SEQ:
       self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))

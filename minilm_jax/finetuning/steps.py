@@ -63,7 +63,7 @@ def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_ste
 
   replicated = parallel.replicated(mesh)
   return jax.jit(
-    step,
+    parallel.traced_on_mesh(step, mesh),
     in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
     out_shardings=(state_shardings, replicated),
     donate_argnums=0,
@@ -78,7 +78,9 @@ class Predictor:
     parallel.check_batch_divides(batch_size, mesh)
     self.mesh, self.batch_size, self.inputs = mesh, batch_size, inputs
     self.forward = jax.jit(
-      forward, in_shardings=(param_shardings, parallel.batch_sharding(mesh)), out_shardings=parallel.replicated(mesh)
+      parallel.traced_on_mesh(forward, mesh),
+      in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
+      out_shardings=parallel.replicated(mesh),
     )
 
   def __call__(self, params, features, desc="predict"):

@@ -9,6 +9,7 @@ short table.
 """
 
 import dataclasses
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -187,14 +188,76 @@ def merge_heads(x_BxHxLxK):
   return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
 
 
-def fused_attention_implementation(dtype, head_dim: int) -> str:
+def _key_mask(mask):
+  """[B, Lk] padding mask (every query sees the same keys) or [B, Lq, Lk] per-query mask ->
+  [B, 1, Lq or 1, Lk], broadcastable over heads."""
+  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
+
+
+def compute_platform() -> str:
+  """The platform the function being traced is compiled for: the devices of the mesh it is traced
+  under (inside `shard_map`, or `parallel.traced_on_mesh` for `jit` with shardings), else the
+  default backend. Compiling ahead of time on a CPU host for a GPU or TPU (`minilm_jax.aot`)
+  therefore picks the kernels the accelerator will run, not the host's."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.abstract_device is not None:
+    return mesh.abstract_device.platform
+  return jax.default_backend()
+
+
+def fused_attention_implementation(dtype, head_dim: int, platform: Optional[str] = None) -> str:
   """Which kernel `jax.nn.dot_product_attention` runs: cuDNN's flash attention on GPUs for the
   half-precision dtypes and head sizes it supports, XLA's (the same einsum-softmax-einsum as the
   explicit path, without returning the probabilities) everywhere else."""
-  on_gpu = jax.default_backend() == "gpu"
+  on_gpu = (platform or compute_platform()) in ("gpu", "cuda")
   if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128:
     return "cudnn"
   return "xla"
+
+
+def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
+  """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask.
+  cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
+  broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
+  (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. A
+  per-query mask (sequence-to-sequence) stays with XLA's kernel."""
+  implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
+  if implementation == "cudnn" and mask.ndim == 2:
+    lengths_B = jnp.sum(mask, axis=-1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(
+      q_BxLxHxK,
+      k_BxLxHxK,
+      v_BxLxHxK,
+      query_seq_lengths=lengths_B,
+      key_value_seq_lengths=lengths_B,
+      implementation="cudnn",
+    )
+  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
+
+
+class _ScopeRng(nn.Module):
+  """The "dropout" rng of this module's scope: what an `nn.Dropout` of the same name would draw."""
+
+  @nn.compact
+  def __call__(self):
+    return self.make_rng("dropout")
+
+
+@functools.partial(jax.checkpoint, static_argnums=(5,))
+def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float):
+  """Context [B, L, H, K] of attention whose probabilities are dropped out (as `nn.Dropout` drops
+  them), rematerialised: the backward pass recomputes the [B, H, L, L] scores, probabilities and
+  mask from Q, K, V and the rng instead of keeping them from the forward pass. At MiniLM's length
+  512 they are the largest tensors of the student's step (3 GiB per layer at batch 256, the six
+  layers' 19 GiB), for about 6 % more of the student's FLOPs."""
+  head_dim = q_BxLxHxK.shape[-1]
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / jnp.sqrt(head_dim).astype(
+    jnp.float32
+  )
+  attention = jax.nn.softmax(jnp.where(_key_mask(mask), scores, MASK_VALUE), axis=-1)
+  keep = jax.random.bernoulli(rng, 1.0 - rate, attention.shape)
+  probs = jax.lax.select(keep, attention / (1.0 - rate), jnp.zeros_like(attention))
+  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
 
 
 @flax.struct.dataclass
@@ -205,12 +268,6 @@ class KVCache:
   keys: tuple
   values: tuple
   index: jax.Array
-
-
-def _key_mask(mask):
-  """[B, Lk] padding mask (every query sees the same keys) or [B, Lq, Lk] per-query mask ->
-  [B, 1, Lq or 1, Lk], broadcastable over heads."""
-  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
 
 
 class SelfAttention(nn.Module):
@@ -240,18 +297,23 @@ class SelfAttention(nn.Module):
       v = swap(jax.lax.dynamic_update_slice_in_dim(cached_v, swap(v).astype(cached_v.dtype), index, 2))
     dropout_on_probs = not deterministic and c.attention_dropout > 0
     attention = None
-    if return_attention or dropout_on_probs or cache is not None:
+    hidden_dropout_name = None  # flax's own name ("Dropout_<n>"), unless set below
+    if return_attention or cache is not None:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
       scores = jnp.where(_key_mask(mask), scores, MASK_VALUE)
       attention = jax.nn.softmax(scores, axis=-1)
       probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    elif dropout_on_probs:
+      # The same random mask as an nn.Dropout at this place (the rng of its scope "Dropout_0"), so
+      # runs are unchanged; the hidden dropout after it keeps its name "Dropout_1".
+      rng = _ScopeRng(name="Dropout_0")()
+      context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
+      hidden_dropout_name = "Dropout_1"
     else:
-      context = jax.nn.dot_product_attention(
-        q, k, v, mask=_key_mask(mask), implementation=fused_attention_implementation(q.dtype, c.head_dim)
-      )
+      context = fused_attention(q, k, v, mask, c.head_dim)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
-    out = nn.Dropout(c.hidden_dropout)(out, deterministic=deterministic)
+    out = nn.Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
     return out, (swap(q), swap(k), swap(v), attention)
 

@@ -1,0 +1,220 @@
+"""Compile a program for an accelerator that is not attached, and report what the chip would run:
+
+  python -m minilm_jax.aot --config configs/minilm_6x384.py --target h100x8 [--program train]
+      [--config.<field>=<value> ...] [--json FILE] [--find_batch] [--model_shape 12x768]
+
+Targets: TPU slices (v4-8, v5e-8, v5p-8, v6e-8, v5e-256, ..., `x<slices>` for several) and H100
+hosts (h100x1, h100x8, h100x8x2). Prints, per device: argument, output, temporary and peak bytes
+against the chip's memory, whether it fits, XLA's FLOPs per step beside our analytic count, bytes
+accessed, the bytes its collectives move, the attention kernel, tokens per step and the tokens/s
+the chip's peak FLOP/s would allow (an upper bound, not a measurement: no time is measured here).
+A program that does not fit is one line and exit 2; `--find_batch` reports the largest global
+batch that fits instead. Needs the `aot` extra (pip install -e ".[aot]").
+"""
+
+import json
+import math
+import os
+import time
+
+import jax
+from absl import flags
+from ml_collections import config_flags
+
+from minilm_jax.aot import programs, report
+from minilm_jax.aot.targets import GiB, compile_devices, parse_target
+from minilm_jax.errors import UserError
+from minilm_jax.program import run_program
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
+_TARGET = flags.DEFINE_string("target", None, "What to compile for: v5e-8, v5p-8, v4-8, v6e-8, v5e-256, h100x8, ...")
+_PROGRAM = flags.DEFINE_string("program", "", "train, finetune or evaluate (default: the config's own).")
+_JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")
+_FIND_BATCH = flags.DEFINE_bool("find_batch", False, "Report the largest global batch that fits.")
+_MODEL_SHAPE = flags.DEFINE_string(
+  "model_shape", "", "The pre-trained model's shape (LAYERSxHIDDEN[xHEADS]) when its config.json is not at hand."
+)
+flags.mark_flags_as_required(["config", "target"])
+
+
+class DoesNotFit(Exception):
+  def __init__(self, needed: float, capacity: float):
+    super().__init__(f"{needed} > {capacity}")
+    self.needed, self.capacity = needed, capacity
+
+
+def compile_program(program, target) -> tuple:
+  """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit."""
+  start = time.perf_counter()
+  try:
+    compiled = program.step.lower(*program.args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    message = str(e)
+    if "RESOURCE_EXHAUSTED" not in message:
+      raise
+    needed = report.parse_hbm_oom(message)
+    raise DoesNotFit(needed or math.nan, target.usable_memory_bytes) from None
+  return compiled, time.perf_counter() - start
+
+
+def analyse(program, target, compiled, seconds: float) -> dict:
+  text = compiled.as_text()
+  row = {
+    "target": target.name,
+    "program": program.name,
+    "devices": target.num_devices,
+    "mesh": dict(program.mesh.shape),
+    "global_batch": program.global_batch,
+    **report.memory(compiled),
+    "device_memory_bytes": target.chip.memory_bytes,
+    "usable_memory_bytes": target.usable_memory_bytes,
+    "memory_source": target.chip.source,
+  }
+  row["fits"] = row["peak_bytes_per_device"] <= target.usable_memory_bytes
+  costs = report.costs(compiled, target.chip.platform)
+  kernel = report.attention_kernel(text)
+  uncounted = report.cudnn_attention_flops(text)
+  flops = (costs["flops"] + uncounted) * target.num_devices
+  row.update(
+    flops_per_step=flops,
+    cudnn_attention_flops_added=uncounted * target.num_devices,
+    analytic_flops_per_step=program.analytic_flops_per_step,
+    flops_over_analytic=flops / program.analytic_flops_per_step if program.analytic_flops_per_step else None,
+    bytes_accessed_per_step=costs["bytes_accessed"] * target.num_devices,
+    collective_bytes_per_device=report.collective_bytes(text),
+    **kernel,
+    tokens_per_step=program.tokens_per_step,
+    # The most tokens per second the chips' peak bf16 FLOP/s would allow for XLA's FLOPs: a bound.
+    tokens_per_s_upper_bound=program.tokens_per_step / (flops / (target.num_devices * target.chip.peak_bf16_flops)),
+    compile_s=round(seconds, 2),
+  )
+  return row
+
+
+def fits_at(config, target, devices, batch: int) -> bool:
+  program = build(config, devices, batch)
+  try:
+    compiled, _ = compile_program(program, target)
+  except DoesNotFit:
+    return False
+  return report.memory(compiled)["peak_bytes_per_device"] <= target.usable_memory_bytes
+
+
+def build(config, devices, batch: int = None):
+  name = _PROGRAM.value or programs.default_program(config)
+  if batch is not None:
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+      setattr(config, "eval_batch_size" if name == "evaluate" else "batch_size", batch)
+  return programs.PROGRAMS[name](config, devices, _MODEL_SHAPE.value)
+
+
+def find_batch(config, target, devices, program, fits_now: bool) -> int:
+  """The largest global batch that fits (0 when none does); the config's own batch is not compiled again."""
+  unit = program.mesh.shape["data"] * (config.optimizer.accumulate_steps if program.name != "evaluate" else 1)
+  known = {program.global_batch: fits_now}
+
+  def fits(batch):
+    if batch not in known:
+      known[batch] = fits_at(config, target, devices, batch)
+    return known[batch]
+
+  return programs.largest_batch(fits, program.global_batch, unit)
+
+
+def _fix(program, target, needed: float) -> str:
+  if program.name == "evaluate":
+    return f"lower eval_batch_size (now {program.global_batch}), or use a larger slice"
+  return (
+    f"raise optimizer.accumulate_steps, or lower {program.batch_field} (now {program.global_batch}), "
+    f"or use a larger slice (--find_batch finds the largest batch that fits)"
+  )
+
+
+def _gib(n: float) -> str:
+  return f"{n / GiB:.2f}"
+
+
+def describe(row: dict) -> str:
+  """The report as a person reads it: one line per subject."""
+  lines = [("target", f"{row['target']}, compiled on this host (not run)"), ("program", row["program"])]
+  if "global_batch" in row:
+    mesh = " x ".join(f"{k} {v}" for k, v in row["mesh"].items())
+    lines += [
+      ("batch", f"{row['global_batch']} global over mesh {mesh}; {row['tokens_per_step']:,} tokens per step"),
+      (
+        "memory per device",
+        f"arguments {_gib(row['argument_bytes_per_device'])} GiB, outputs {_gib(row['output_bytes_per_device'])} "
+        f"GiB ({_gib(row['alias_bytes_per_device'])} of them in donated arguments), temporaries "
+        f"{_gib(row['temp_bytes_per_device'])} GiB",
+      ),
+    ]
+  verdict = "fits" if row["fits"] else "does NOT fit"
+  lines.append(
+    (
+      "peak per device",
+      f"{_gib(row['peak_bytes_per_device'])} GiB of {_gib(row['usable_memory_bytes'])} GiB usable "
+      f"({_gib(row['device_memory_bytes'])} GiB on the chip): {verdict}",
+    )
+  )
+  if "flops_per_step" in row:
+    analytic = row["analytic_flops_per_step"]
+    versus = (
+      f"analytic {analytic:.3e} (XLA / analytic {row['flops_over_analytic']:.3f})" if analytic else "no analytic count"
+    )
+    added = row["cudnn_attention_flops_added"]
+    cudnn = f", of which {added:.3e} in cuDNN attention, counted analytically" if added else ""
+    collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
+    lines += [
+      ("FLOPs per step", f"{row['flops_per_step']:.3e} (XLA{cudnn}); {versus}"),
+      ("bytes accessed", f"{row['bytes_accessed_per_step']:.3e} per step (XLA)"),
+      ("collectives", f"{collectives or 'none'} per device per step"),
+      ("attention", f"{row['attention_kernel']} ({row['cudnn_attention_calls']} cuDNN calls)"),
+      (
+        "tokens/s bound",
+        f"{row['tokens_per_s_upper_bound']:.3e}: XLA's FLOPs at the chips' peak bf16 rate "
+        "(an upper bound, not a measurement)",
+      ),
+      ("compile", f"{row['compile_s']} s"),
+    ]
+  if "largest_global_batch" in row:
+    lines.append(("largest global batch", f"{row['largest_global_batch']} fits (searched to within an eighth)"))
+  width = max(len(k) for k, _ in lines)
+  return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  target = parse_target(_TARGET.value)
+  name = _PROGRAM.value or programs.default_program(config)
+  programs.check_program(name, config)
+  # Compiling only: the host's own CPU backend, whatever plugins are installed.
+  jax.config.update("jax_platforms", "cpu")
+  devices = compile_devices(target)
+  program = build(config, devices)
+  chip = target.name.split("-")[0].split("x")[0]
+  try:
+    compiled, seconds = compile_program(program, target)
+    row = analyse(program, target, compiled, seconds)
+  except DoesNotFit as e:
+    row = {"target": target.name, "program": program.name, "fits": False, "peak_bytes_per_device": e.needed}
+    row.update(device_memory_bytes=target.chip.memory_bytes, usable_memory_bytes=target.usable_memory_bytes)
+  if _FIND_BATCH.value:
+    row["largest_global_batch"] = find_batch(config, target, devices, program, row["fits"])
+  print(describe(row))
+  if _JSON.value:
+    with open(_JSON.value + ".tmp", "w") as f:  # then renamed: an interrupted write leaves no half report
+      f.write(json.dumps(row, indent=2) + "\n")
+    os.replace(_JSON.value + ".tmp", _JSON.value)
+  if not row["fits"] and not _FIND_BATCH.value:
+    raise UserError(
+      f"{program.name} needs {_gib(row['peak_bytes_per_device'])} GiB per device at "
+      f"{program.batch_field}={program.global_batch}, and {target.name}'s {chip} has "
+      f"{_gib(target.usable_memory_bytes)} GiB{' usable' if target.chip.platform == 'cuda' else ''}: "
+      f"{_fix(program, target, row['peak_bytes_per_device'])}"
+    )
+
+
+if __name__ == "__main__":
+  run_program(main)

@@ -1,0 +1,271 @@
+"""Each program's own step, built from a config and shapes alone (no weights, no data, no network):
+the function the program runs, with its mesh, shardings, donation, dtype, accumulation and
+chunking, and the abstract arguments it is called with.
+
+- `train`: `distill.trainer.build_step`'s step (state, batch, teacher params, rng);
+- `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng);
+- `evaluate`: the same config's prediction step (`finetuning.steps.Predictor`'s function: the task
+  model's outputs, or a sequence-to-sequence task's beam search), at `eval_batch_size`.
+
+The pre-trained model's architecture (the teacher, or fine-tuning's `init`) comes from its
+config.json: a local Hugging Face directory, a run's workdir, or, for the hub names the paper
+configs use, the copies in `HUB_CONFIGS` below; `--model_shape` stands in for anything else.
+"""
+
+import dataclasses
+import os
+from functools import partial
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from minilm_jax import hf, parallel, runs
+from minilm_jax.benchmarks.timing import distill_flops_per_token, encoder_flops_per_token
+from minilm_jax.benchmarks.distill import parse_shape
+from minilm_jax.distill import trainer
+from minilm_jax.embeddings import Pooling
+from minilm_jax.errors import UserError
+from minilm_jax.finetuning import run as finetuning
+from minilm_jax.finetuning.steps import MODEL_INPUTS, Predictor
+from minilm_jax.models.encoder import EncoderConfig, abstract_params
+from minilm_jax.models.heads import CLASSIFICATION, SEQ2SEQ, LMHead, abstract_model_params
+from minilm_jax.tasks import get_task
+from minilm_jax.train_state import TrainState
+
+# config.json of the hub models the paper configs name (as published on the Hugging Face hub), so
+# that their programs compile offline. Fields not given keep `EncoderConfig`'s defaults.
+HUB_CONFIGS = {
+  "bert-base-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                            num_attention_heads=12, intermediate_size=3072),
+  "bert-large-uncased": dict(model_type="bert", vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                             num_attention_heads=16, intermediate_size=4096),
+  "xlm-roberta-base": dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=768, num_hidden_layers=12,
+                           num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,
+                           type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1),
+  "xlm-roberta-large": dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=1024, num_hidden_layers=24,
+                            num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
+                            type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1),
+}  # fmt: skip
+
+# Token ids only the masked-input objectives and beam search's banned tokens read; they are
+# constants of the program and change none of its shapes. BERT's: [PAD], [UNK], [CLS], [SEP], [MASK].
+_STAND_IN_SPECIALS = (0, 100, 101, 102, 103)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  name: str
+  step: Callable  # jitted
+  args: tuple  # jax.ShapeDtypeStruct trees with shardings
+  tokens_per_step: int
+  analytic_flops_per_step: Optional[float]  # None where no analytic count is defined
+  batch_field: str  # the config field that sets the global batch
+  global_batch: int
+  mesh: jax.sharding.Mesh
+
+
+def pretrained_config(path: str, what: str, model_shape: str = "") -> EncoderConfig:
+  """The architecture of the model at `path` from its config.json alone."""
+  if model_shape:
+    return parse_shape(model_shape)
+  if path in HUB_CONFIGS:
+    return hf.config_from_hf(HUB_CONFIGS[path])
+  if os.path.exists(path):
+    return runs.encoder_config_of(path, what)
+  raise UserError(
+    f"{what} {path or '(empty)'} is not a local directory, a run or a hub model whose shape is known here "
+    f"({', '.join(HUB_CONFIGS)}): set it, or give the shape with --model_shape LAYERSxHIDDEN[xHEADS]"
+  )
+
+
+def _placed(tree, sharding):
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+
+def _rng(mesh):
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=parallel.replicated(mesh))
+
+
+def _inputs(mesh, batch: int, length: int) -> dict:
+  sharding = parallel.batch_sharding(mesh)
+  return {k: jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=sharding) for k in MODEL_INPUTS}
+
+
+class _Tokenizer:
+  """What the steps read of a tokenizer when there is none to load (a hub name, offline)."""
+
+  all_special_ids = _STAND_IN_SPECIALS
+  sep_token_id = 102
+  mask_token_id = 103
+
+
+def _tokenizer(path: str):
+  if os.path.isdir(path):
+    return runs.load_tokenizer_of(path)
+  return _Tokenizer()
+
+
+def _abstract_mlm_head(config: EncoderConfig):
+  hidden, embedding = jnp.zeros((1, config.hidden_size)), jnp.zeros((config.vocab_size, config.hidden_size))
+  return jax.eval_shape(lambda: LMHead(config).init(jax.random.key(0), hidden, embedding)["params"])
+
+
+def train(config, devices, model_shape: str = "") -> Program:
+  teacher_config = pretrained_config(config.teacher.path, "teacher.path", model_shape).replace(dtype=config.dtype)
+  mesh = parallel.make_mesh(-1, 1, devices)
+  tokenizer = _tokenizer(config.teacher.path)
+  masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
+  pooling = Pooling(max_seq_length=config.data.max_seq_length)
+  if os.path.isdir(config.teacher.path):
+    pooling = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)[0]
+  step = trainer.build_step(config, teacher_config, mesh, masking, pooling)
+  replicated = parallel.replicated(mesh)
+  teacher = abstract_params(teacher_config)
+  if step.objective.needs.mlm_head:
+    hidden, embedding = (
+      jnp.zeros((1, teacher_config.hidden_size)),
+      jnp.zeros((teacher_config.vocab_size, teacher_config.hidden_size)),
+    )
+    teacher = {
+      **teacher,
+      "mlm_head": jax.eval_shape(lambda: LMHead(teacher_config).init(jax.random.key(0), hidden, embedding)["params"]),
+    }
+  batch, length = config.batch_size, config.data.max_seq_length
+  args = (
+    _placed(step.abstract_state(), replicated),
+    _inputs(mesh, batch, length),
+    _placed(teacher, replicated),
+    _rng(mesh),
+  )
+  flops = None
+  objective = step.objective
+  if objective.name == "minilm" and len(objective.pairs) == 1 and objective.embedding_weight == 0:
+    student_layer, teacher_layer = objective.pairs[0]
+    per_token = distill_flops_per_token(
+      teacher_config, teacher_layer, step.student.config, student_layer, length, len(objective.relations)
+    )
+    flops = float(per_token) * batch * length
+  return Program("train", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
+
+
+def _finetuning_step(config, devices, model_shape: str):
+  task = get_task(config.task, config)
+  head = task.head(config)
+  encoder = pretrained_config(config.init, "init", model_shape).replace(dtype=config.dtype)
+  encoder = finetuning.fit_positions(config, encoder, head)
+  mesh = parallel.make_mesh(config.mesh.data, config.mesh.model, devices)
+  # The schedule's length changes constants of the program, not its shapes or memory.
+  step = finetuning.build_step(config, task, head, encoder, mesh, _tokenizer(config.init), num_steps=1000)
+  return task, head, mesh, step
+
+
+def _task_columns(task, head: dict, config, mesh, batch: int) -> dict:
+  """The abstract batch of a task's training columns."""
+  sharding = parallel.batch_sharding(mesh)
+  columns = _inputs(mesh, batch, config.max_seq_length)
+  for name in task.train_columns:
+    if name in columns:
+      continue
+    if name == "labels":  # sequence-to-sequence: the target's tokens and its end token
+      shape, dtype = (batch, config.seq2seq.target_length + 1), jnp.int32
+    elif name == "label" and head["kind"] == CLASSIFICATION and head["num_labels"] == 1:
+      shape, dtype = (batch,), jnp.float32  # regression
+    elif name in ("label", "start_positions", "end_positions"):
+      shape, dtype = (batch,), jnp.int32
+    else:
+      raise UserError(f"task {task.name}: aot does not know the shape of its column {name!r}")
+    columns[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  return columns
+
+
+def _encoder_flops(step, head, length: int, passes: int) -> Optional[float]:
+  """Per-token FLOPs of the encoder, times 3 for forward and backward; a sequence-to-sequence
+  model's output layer is extra, and not counted (None)."""
+  if head["kind"] == SEQ2SEQ:
+    return None
+  return float(passes * encoder_flops_per_token(step.encoder_config, length))
+
+
+def finetune(config, devices, model_shape: str = "") -> Program:
+  task, head, mesh, step = _finetuning_step(config, devices, model_shape)
+  abstract = jax.eval_shape(partial(TrainState.fresh, tx=step.tx), abstract_model_params(step.encoder_config, head))
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, step.state_shardings)
+  batch, length = config.batch_size, config.max_seq_length
+  args = (state, _task_columns(task, head, config, mesh, batch), _rng(mesh))
+  per_token = _encoder_flops(step, head, length, 3)
+  flops = None if per_token is None else per_token * batch * length
+  return Program("finetune", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
+
+
+def evaluate(config, devices, model_shape: str = "") -> Program:
+  task, head, mesh, step = _finetuning_step(config, devices, model_shape)
+  batch, length = config.eval_batch_size, config.max_seq_length
+  predictor = Predictor(step.predict_forward, mesh, step.state_shardings.params, batch)
+  params = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    abstract_model_params(step.encoder_config, head),
+    step.state_shardings.params,
+  )
+  per_token = _encoder_flops(step, head, length, 1)
+  flops = None if per_token is None else per_token * batch * length
+  return Program(
+    "evaluate",
+    predictor.forward,
+    (params, _inputs(mesh, batch, length)),
+    batch * length,
+    flops,
+    "eval_batch_size",
+    batch,
+    mesh,
+  )
+
+
+def largest_batch(fits: Callable[[int], bool], start: int, unit: int, limit: int = 1 << 24) -> int:
+  """The largest multiple of `unit` (the devices the batch splits over, times the accumulation
+  steps) for which `fits(batch)`, to within an eighth: doubling (or halving) from `start`, the
+  config's own batch, until the answer changes, then bisecting three times. 0 when `unit` does not
+  fit. Memory grows with the batch, so the search is monotone. Each `fits` is one compile."""
+  low = max(unit, start // unit * unit)
+  if fits(low):
+    high = low * 2
+    while high <= limit and fits(high):
+      low, high = high, high * 2
+    if high > limit:
+      return low
+  else:
+    high = low
+    low = high // 2 // unit * unit
+    while low >= unit and not fits(low):
+      high, low = low, low // 2 // unit * unit
+    if low < unit:
+      return 0
+  while high - low > max(unit, low // 8):
+    middle = (low + high) // 2 // unit * unit
+    if middle in (low, high):
+      break
+    low, high = (middle, high) if fits(middle) else (low, middle)
+  return low
+
+
+PROGRAMS = {"train": train, "finetune": finetune, "evaluate": evaluate}
+
+
+def is_distillation_config(config) -> bool:
+  return "teacher" in config and "student" in config
+
+
+def default_program(config) -> str:
+  return "train" if is_distillation_config(config) else "finetune"
+
+
+def check_program(name: str, config):
+  if name not in PROGRAMS:
+    raise UserError(f"unknown --program {name!r}: use one of {', '.join(PROGRAMS)}")
+  if (name == "train") != is_distillation_config(config):
+    kind = "a distillation" if is_distillation_config(config) else "a fine-tuning"
+    raise UserError(
+      f"--program {name} does not run {kind} config: use --program "
+      f"{'train' if is_distillation_config(config) else 'finetune or evaluate'}"
+    )

@@ -1,0 +1,96 @@
+"""What a compiled program says about itself: memory per device, FLOPs, bytes accessed, the bytes
+its collectives move, and which attention kernel it runs. Nothing here is a time: no autotuning
+happens ahead of time, and XLA's cost model's "optimal_seconds" is not a measurement."""
+
+import re
+
+import jax
+from jax._src.lib import _jax  # XLA's HLO cost analysis for programs compiled for GPUs
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4}
+_BYTES.update({"f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16})
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# "%x = (f32[8,4]{1,0}, bf16[2]{0}) all-reduce(" or "%y = f32[8]{0} all-gather-done(": the result shape
+# of a synchronous collective or of the "-done" half of an asynchronous one (its "-start" half
+# holds the operands as well, and is not counted).
+_COLLECTIVE_LINE = re.compile(r"=\s+(\(.*?\)|\S+)\s+(" + "|".join(_COLLECTIVES) + r")(-done)?\(")
+_ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
+CUDNN_ATTENTION = "__cudnn$fmha"
+
+
+def memory(compiled) -> dict:
+  """Bytes per device: arguments, outputs, temporaries, and the peak they make together (outputs
+  that alias donated arguments counted once)."""
+  m = compiled.memory_analysis()
+  peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+  return {
+    "argument_bytes_per_device": int(m.argument_size_in_bytes),
+    "output_bytes_per_device": int(m.output_size_in_bytes),
+    "alias_bytes_per_device": int(m.alias_size_in_bytes),
+    "temp_bytes_per_device": int(m.temp_size_in_bytes),
+    "peak_bytes_per_device": int(peak),
+  }
+
+
+def costs(compiled, platform: str) -> dict:
+  """XLA's FLOPs and bytes accessed per device for one call. The GPU compiler gives no cost
+  analysis, so its optimised module is analysed by the CPU client's HLO cost model, where custom
+  calls (cuDNN's attention) count nothing: `attention_kernel` says when that happened."""
+  if platform == "tpu":
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  else:
+    module = compiled.runtime_executable().hlo_modules()[0]
+    analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  return {"flops": float(analysis.get("flops", 0.0)), "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+
+
+def _shape_bytes(shape: str) -> int:
+  total = 0
+  for dtype, dims in _ARRAY.findall(shape):
+    size = _BYTES.get(dtype, 4)
+    for d in filter(None, dims.split(",")):
+      size *= int(d)
+    total += size
+  return total
+
+
+def collective_bytes(hlo_text: str) -> dict:
+  """Bytes each kind of collective produces per device per call, from the optimised HLO."""
+  out = {}
+  for shape, kind, _ in _COLLECTIVE_LINE.findall(hlo_text):
+    out[kind] = out.get(kind, 0) + _shape_bytes(shape)
+  return out
+
+
+def attention_kernel(hlo_text: str) -> dict:
+  """Whether the program's attention runs cuDNN's fused flash kernel, and how many calls do."""
+  calls = hlo_text.count(f'custom_call_target="{CUDNN_ATTENTION}')
+  return {"attention_kernel": "cudnn_flash" if calls else "xla", "cudnn_attention_calls": calls}
+
+
+_CUDNN_CALL = re.compile(
+  r'custom_call_target="__cudnn\$fmha(\w*)".*?operand_layout_constraints=\{\w+\[(\d+),(\d+),(\d+),(\d+)\]'
+)
+
+
+def cudnn_attention_flops(hlo_text: str) -> float:
+  """FLOPs of the cuDNN attention calls, which the HLO cost model counts as nothing: per call on
+  [B, L, H, K] queries (keys of the same length), the forward's two matrix products 4 B H L^2 K;
+  the backward's five (the scores recomputed, then the gradients of values, probabilities,
+  queries and keys) 10 B H L^2 K."""
+  total = 0.0
+  for kind, b, length, heads, k in _CUDNN_CALL.findall(hlo_text):
+    per_product = 2.0 * int(b) * int(heads) * int(length) ** 2 * int(k)
+    total += per_product * (5 if "Backward" in kind else 2)
+  return total
+
+
+def parse_hbm_oom(message: str):
+  """The bytes a TPU program needed, from the compiler's CompileTimeHbmOom message, or None."""
+  found = re.search(r"\(([\d.]+)([GMK])\) exceeds available HBM", message) or re.search(
+    r"[Uu]sed ([\d.]+)([GMK]) of [\d.]+[GMK] hbm", message
+  )
+  if not found:
+    return None
+  return float(found.group(1)) * {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}[found.group(2)]

@@ -1,0 +1,251 @@
+"""`python -m minilm_jax.aot`: each program's own step compiled on this CPU host for a TPU slice and
+for H100s (the `aot` extra: libtpu, jax's CUDA plugin, cuDNN), at tiny shapes; the report's numbers
+against what the compiled program and the analytic count say; refusals in one line."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from conftest import ROOT, program_stderr
+from minilm_jax.aot import programs, report, targets
+from minilm_jax.errors import UserError
+from minilm_jax.models import encoder
+
+# Its module fixture is built once: every test of this module runs on the same xdist worker.
+pytestmark = [
+  pytest.mark.xdist_group("aot"),
+  pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None or importlib.util.find_spec("jax_cuda12_plugin") is None,
+    reason='the aot extra is not installed: pip install -e ".[aot]" (CI installs it)',
+  ),
+]
+
+# MiniLM's paper config (BERT-base teacher from the hub, which aot knows offline), shrunk: a 2x128
+# teacher with 4 heads, a 2x64 student, length 64.
+TINY_TRAIN = [
+  "--config",
+  os.path.join(ROOT, "configs", "minilm_6x384.py"),
+  "--model_shape=2x128x4",
+  "--config.student.num_layers=2",
+  "--config.student.hidden_size=64",
+  "--config.student.num_heads=4",
+  "--config.student.intermediate_size=128",
+  "--config.loss.num_relation_heads=4",
+  "--config.data.max_seq_length=64",
+  "--config.batch_size=16",
+]
+
+
+def run_aot(*args, env=None):
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.aot", *args],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    env={**os.environ, **(env or {})},
+  )
+  return proc.returncode, proc.stdout, program_stderr(proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def train_reports(tmp_path_factory):
+  """The tiny distillation step compiled for a v5e-8 slice and for a host of 8 H100s."""
+  out = {}
+  for target in ("v5e-8", "h100x8"):
+    path = str(tmp_path_factory.mktemp("aot") / f"{target}.json")
+    status, stdout, stderr = run_aot(*TINY_TRAIN, "--target", target, "--json", path)
+    assert status == 0, stderr[-3000:]
+    out[target] = (json.load(open(path)), stdout)
+  return out
+
+
+REQUIRED_FIELDS = (
+  "target",
+  "program",
+  "peak_bytes_per_device",
+  "device_memory_bytes",
+  "fits",
+  "flops_per_step",
+  "analytic_flops_per_step",
+  "bytes_accessed_per_step",
+  "attention_kernel",
+  "tokens_per_step",
+  "compile_s",
+)
+
+
+def test_distillation_step_compiles_for_tpu_and_h100(train_reports):
+  for target, (row, stdout) in train_reports.items():
+    assert all(row.get(k) is not None for k in REQUIRED_FIELDS), row
+    assert row["target"] == target and row["program"] == "train" and row["fits"]
+    assert row["devices"] == 8 and row["mesh"] == {"data": 8, "model": 1}
+    assert row["tokens_per_step"] == 16 * 64
+    # The state (parameters + two Adam moments, replicated) is in the arguments and, donated, aliased by the outputs.
+    assert row["alias_bytes_per_device"] > 0 and row["peak_bytes_per_device"] < row["device_memory_bytes"]
+    # Data parallelism: the gradients are averaged across the 8 devices by an all-reduce.
+    assert row["collective_bytes_per_device"].get("all-reduce", 0) > 0
+    assert "an upper bound, not a measurement" in stdout and "fits" in stdout
+  tpu, gpu = train_reports["v5e-8"][0], train_reports["h100x8"][0]
+  assert tpu["device_memory_bytes"] == 16 * targets.GiB
+  # In bfloat16 on H100s the teacher's attention runs in cuDNN's flash kernel (given lengths, not a
+  # mask); the student, with attention dropout, keeps the explicit path. A TPU runs XLA's.
+  assert gpu["attention_kernel"] == "cudnn_flash" and gpu["cudnn_attention_calls"] >= 1
+  assert gpu["cudnn_attention_flops_added"] > 0
+  assert tpu["attention_kernel"] == "xla" and tpu["cudnn_attention_flops_added"] == 0
+
+
+def test_xla_flops_match_the_analytic_count_at_a_tiny_shape(train_reports):
+  """The analytic count (matrix products of the layers the loss needs, the student's three times)
+  leaves out embeddings, layer norms, softmax and the optimizer: XLA counts them, and at this tiny
+  width they are a large share. So XLA's count must be above the analytic one, and not far above."""
+  for row, _ in train_reports.values():
+    assert 1.0 <= row["flops_over_analytic"] < 3.0, row["flops_over_analytic"]
+
+
+def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):
+  glue = os.path.join(ROOT, "configs", "finetune", "glue.py")
+  common = ["--config", glue, f"--config.init={tiny_teacher}", "--config.max_seq_length=32"]
+  path = str(tmp_path / "finetune.json")
+  status, _, stderr = run_aot(*common, "--config.batch_size=8", "--target", "v4-8", "--json", path)
+  assert status == 0, stderr[-3000:]
+  row = json.load(open(path))
+  assert row["program"] == "finetune" and row["devices"] == 4 and row["fits"] and row["tokens_per_step"] == 8 * 32
+  path = str(tmp_path / "evaluate.json")
+  status, _, stderr = run_aot(
+    *common, "--config.eval_batch_size=16", "--program", "evaluate", "--target", "h100x1", "--json", path
+  )
+  assert status == 0, stderr[-3000:]
+  row = json.load(open(path))
+  # The tiny teacher's config asks for float32: cuDNN's kernel is for half precision, so XLA's.
+  assert row["program"] == "evaluate" and row["devices"] == 1 and row["attention_kernel"] == "xla"
+  assert row["tokens_per_step"] == 16 * 32 and row["global_batch"] == 16
+
+
+@pytest.mark.slow
+def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fits(tmp_path):
+  # Unchunked relations: the chunked loss's scan takes minutes to compile for a TPU on 2 cores.
+  long = [*TINY_TRAIN, "--config.data.max_seq_length=512", "--config.loss.query_chunk=0"]
+  status, _, stderr = run_aot(*long, "--config.batch_size=65536", "--target", "v5e-8")
+  lines = stderr.strip().splitlines()
+  assert status == 2 and len(lines) == 1, stderr[-3000:]
+  assert lines[0].startswith("error: train needs ") and "v5e-8's v5e has 16.00 GiB" in lines[0]
+  assert "optimizer.accumulate_steps" in lines[0] and "batch_size" in lines[0]
+  path = str(tmp_path / "find.json")
+  status, _, stderr = run_aot(*long, "--config.batch_size=8192", "--target", "v5e-8", "--find_batch", "--json", path)
+  assert status == 0, stderr[-3000:]
+  largest = json.load(open(path))["largest_global_batch"]
+  assert 8192 <= largest < 65536 and largest % 8 == 0
+
+
+def test_unknown_target_and_wrong_program_are_one_line():
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v9-8")
+  assert status == 2 and stderr.count("\n") == 1 and "unknown target 'v9-8'" in stderr and "h100x8" in stderr
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v5e-8", "--program", "finetune")
+  assert status == 2 and stderr.count("\n") == 1 and "--program finetune does not run a distillation config" in stderr
+
+
+def test_target_names():
+  assert targets.parse_target("v4-8").num_devices == 4 and targets.parse_target("v4-8").topology == "v4:2x2x1"
+  assert targets.parse_target("v5p-8").topology == "v5:2x2x1"
+  assert targets.parse_target("v5e-8").topology == "v5e:2x4" and targets.parse_target("v5e-8").num_devices == 8
+  assert targets.parse_target("v6e-8").topology == "v6e:2x4"
+  big = targets.parse_target("v5e-256x2")
+  assert big.topology == "v5e:16x16" and big.num_slices == 2 and big.num_devices == 512
+  assert targets.parse_target("h100x8x2").topology == "1x2x8" and targets.parse_target("h100x8x2").num_devices == 16
+  for bad in ("v5e-3", "v4-7", "h100x9", "a100x8", ""):
+    with pytest.raises(UserError, match="unknown target"):
+      targets.parse_target(bad)
+
+
+@pytest.mark.parametrize("name", ["v5p-8", "v6e-8", "v5e-256", "h100x8x2"])
+def test_every_named_target_has_devices(name):
+  target = targets.parse_target(name)
+  devices = targets.compile_devices(target)
+  assert len(devices) == target.num_devices
+  assert {d.platform for d in devices} == {"tpu" if name.startswith("v") else "gpu"}
+
+
+def test_hub_teachers_of_the_paper_configs_are_known_offline():
+  assert programs.pretrained_config("bert-base-uncased", "teacher.path").hidden_size == 768
+  xlmr = programs.pretrained_config("xlm-roberta-base", "teacher.path")
+  assert xlmr.vocab_size == 250002 and xlmr.position_offset == 2
+  with pytest.raises(UserError, match="--model_shape"):
+    programs.pretrained_config("some-org/unknown-model", "teacher.path")
+
+
+def test_largest_batch_search():
+  """Against every capacity: the answer fits, and the next multiple an eighth above it does not."""
+  for capacity in (0, 7, 8, 9, 100, 1000, 4096, 50_000):
+    for start in (8, 64, 4096):
+      calls = []
+
+      def fits(batch, capacity=capacity):
+        calls.append(batch)
+        return batch <= capacity
+
+      found = programs.largest_batch(fits, start, 8)
+      assert found % 8 == 0 and found <= capacity
+      assert found == 0 if capacity < 8 else capacity - found <= max(8, found // 8), (capacity, start, found)
+      assert len(calls) < 20
+
+
+def test_kernel_choice_follows_the_mesh_being_traced():
+  """Inside `shard_map` over a TPU slice's or an H100's compile-only devices, the encoder sees
+  those devices' platform, not the host's CPU; outside any mesh it sees the default backend."""
+  seen = {}
+  for name in ("v5e-8", "h100x1"):
+    devices = targets.compile_devices(targets.parse_target(name))
+    mesh = Mesh(np.asarray(devices), ("data",))
+
+    def body(x, name=name):
+      seen[name] = (encoder.compute_platform(), encoder.fused_attention_implementation(jnp.bfloat16, 64))
+      return x
+
+    jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))).lower(
+      jax.ShapeDtypeStruct((len(devices),), jnp.float32)
+    )
+  assert seen == {"v5e-8": ("tpu", "xla"), "h100x1": ("gpu", "cudnn")}
+  assert encoder.compute_platform() == "cpu"
+
+
+def test_padding_as_lengths_equals_the_padding_mask():
+  """cuDNN's kernel gets right padding as row lengths; jax's XLA kernel takes the same arguments,
+  and on every real query row gives what our [B, Lk] mask gives."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(3, 7, 2, 8)), jnp.float32) for _ in range(3))
+  lengths = jnp.asarray([7, 4, 1])
+  mask = jnp.arange(7)[None, :] < lengths[:, None]
+  by_mask = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None, None, :], implementation="xla")
+  by_lengths = jax.nn.dot_product_attention(
+    q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths, implementation="xla"
+  )
+  real = np.asarray(mask)[:, :, None, None]
+  np.testing.assert_allclose(np.where(real, by_lengths, 0), np.where(real, by_mask, 0), atol=1e-6)
+
+
+def test_collectives_and_hbm_messages_are_read():
+  hlo = """
+  %all-reduce.1 = f32[128,64]{1,0} all-reduce(f32[128,64]{1,0} %p), replica_groups={}
+  %ag-start = (bf16[4,8]{1,0}, bf16[32,8]{1,0}) all-gather-start(bf16[4,8]{1,0} %x)
+  %ag-done = bf16[32,8]{1,0} all-gather-done((bf16[4,8]{1,0}, bf16[32,8]{1,0}) %ag-start)
+  %t = (f32[2]{0}, s32[3]{0}) all-reduce(f32[2]{0} %a, s32[3]{0} %b)
+  """
+  assert report.collective_bytes(hlo) == {"all-reduce": 128 * 64 * 4 + 2 * 4 + 3 * 4, "all-gather": 32 * 8 * 2}
+  oom = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory ... (27.68G) exceeds available HBM (15.75G)"
+  )
+  assert report.parse_hbm_oom(oom) == pytest.approx(27.68 * (1 << 30))
+  call = (
+    'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[8,128,12,64]{3,2,1,0}, '
+    'bf16[8,128,12,64]{3,2,1,0}}\n custom_call_target="__cudnn$fmhaSoftmaxBackward", '
+    "operand_layout_constraints={bf16[8,128,12,64]{3,2,1,0}}"
+  )
+  assert report.cudnn_attention_flops(call) == pytest.approx(14 * 8 * 12 * 128 * 128 * 64)
