@@ -38,9 +38,11 @@ flags.mark_flags_as_required(["config", "target"])
 
 
 class DoesNotFit(Exception):
-  def __init__(self, needed: float, capacity: float):
-    super().__init__(f"{needed} > {capacity}")
-    self.needed, self.capacity = needed, capacity
+  """A TPU compile over the chip's memory; `needed` is the compiler's figure (NaN if unreadable)."""
+
+  def __init__(self, needed: float):
+    super().__init__(f"needs {needed} bytes")
+    self.needed = needed
 
 
 def compile_program(program, target) -> tuple:
@@ -53,7 +55,7 @@ def compile_program(program, target) -> tuple:
     if "RESOURCE_EXHAUSTED" not in message:
       raise
     needed = report.parse_hbm_oom(message)
-    raise DoesNotFit(needed or math.nan, target.usable_memory_bytes) from None
+    raise DoesNotFit(needed or math.nan) from None
   return compiled, time.perf_counter() - start
 
 
@@ -122,7 +124,7 @@ def find_batch(config, target, devices, program, fits_now: bool) -> int:
   return programs.largest_batch(fits, program.global_batch, unit)
 
 
-def _fix(program, target, needed: float) -> str:
+def _fix(program) -> str:
   if program.name == "evaluate":
     return f"lower eval_batch_size (now {program.global_batch}), or use a larger slice"
   return (
@@ -212,7 +214,7 @@ def main(argv):
       f"{program.name} needs {_gib(row['peak_bytes_per_device'])} GiB per device at "
       f"{program.batch_field}={program.global_batch}, and {target.name}'s {chip} has "
       f"{_gib(target.usable_memory_bytes)} GiB{' usable' if target.chip.platform == 'cuda' else ''}: "
-      f"{_fix(program, target, row['peak_bytes_per_device'])}"
+      f"{_fix(program)}"
     )
 
 

@@ -118,8 +118,8 @@ def train(config, devices, model_shape: str = "") -> Program:
   tokenizer = _tokenizer(config.teacher.path)
   masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
   pooling = Pooling(max_seq_length=config.data.max_seq_length)
-  if os.path.isdir(config.teacher.path):
-    pooling = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)[0]
+  if os.path.isdir(config.teacher.path):  # a hub name is never looked up: offline, mean pooling stands in
+    pooling = trainer.teacher_pooling(config)
   step = trainer.build_step(config, teacher_config, mesh, masking, pooling)
   replicated = parallel.replicated(mesh)
   teacher = abstract_params(teacher_config)

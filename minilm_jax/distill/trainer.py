@@ -145,6 +145,26 @@ def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) ->
   return DistillationStep(teacher, student, objective, tx, schedule, train_step, accumulate)
 
 
+def teacher_pooling(config):
+  """The teacher's sentence-embedding pooling: what the embedding objective matches, and what the
+  student's sentence-transformers export repeats. A pipeline the objective cannot reproduce (or a
+  teacher with its own Dense map) is an error only when the objective is used; otherwise the
+  export falls back to mean pooling."""
+  uses = uses_embedding_term(config.loss)
+  try:
+    pooling, dense = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
+  except UserError:
+    if uses:
+      raise
+    return embeddings.Pooling(max_seq_length=config.data.max_seq_length)
+  if dense is not None and uses:
+    raise UserError(
+      f"teacher {config.teacher.path} maps its embeddings through a Dense module, which the embedding "
+      f"objective does not apply: use a teacher without one"
+    )
+  return pooling
+
+
 class Distillation:
   """Everything a run needs, built and validated before any compute; `run()` then trains."""
 
@@ -160,7 +180,7 @@ class Distillation:
     self.tokenizer = tokenizer
     masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
     self.mesh = mesh or parallel.make_mesh()
-    self.step = build_step(config, teacher_config, self.mesh, masking, self._teacher_pooling(config))
+    self.step = build_step(config, teacher_config, self.mesh, masking, teacher_pooling(config))
     self.teacher, self.student, self.objective = self.step.teacher, self.step.student, self.step.objective
     if self.objective.needs.mlm_head and mlm_head is None:
       raise UserError(
@@ -198,26 +218,6 @@ class Distillation:
         self.tokenizer,
         config.data.max_seq_length,
       )
-
-  @staticmethod
-  def _teacher_pooling(config):
-    """The teacher's sentence-embedding pooling: what the embedding objective matches, and what the
-    student's sentence-transformers export repeats. A pipeline the objective cannot reproduce (or a
-    teacher with its own Dense map) is an error only when the objective is used; otherwise the
-    export falls back to mean pooling."""
-    uses = uses_embedding_term(config.loss)
-    try:
-      pooling, dense = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
-    except UserError:
-      if uses:
-        raise
-      return embeddings.Pooling(max_seq_length=config.data.max_seq_length)
-    if dense is not None and uses:
-      raise UserError(
-        f"teacher {config.teacher.path} maps its embeddings through a Dense module, which the embedding "
-        f"objective does not apply: use a teacher without one"
-      )
-    return pooling
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
