@@ -10,6 +10,7 @@ a warm-up (compilation) call; every comparison is a ratio against a reference ru
 """
 
 import json
+import os
 
 from absl import flags
 
@@ -54,14 +55,15 @@ SUITES = {
   ),
 }
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).", lower_bound=1)
 _STEPS = flags.DEFINE_integer(
   "steps",
   20,
   "etd: distillation steps after the starting loss; students: the distillation budget in steps (default 300).",
+  lower_bound=1,
 )
 _EPOCHS = flags.DEFINE_integer(
-  "epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps)."
+  "epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps).", lower_bound=1
 )
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
 _CASE = flags.DEFINE_string(
@@ -83,27 +85,37 @@ _STUDENT = flags.DEFINE_list(
   "distill: student shapes instead of the case's, e.g. 6x384,6x768; "
   "students: the one student shape (default 3x384); generate: the model's (default 6x384).",
 )
-_BATCH = flags.DEFINE_integer("batch", None, "Batch size instead of the case's (inference: default 8; generate: 32).")
+_BATCH = flags.DEFINE_integer(
+  "batch", None, "Batch size instead of the case's (inference: default 8; generate: 32).", lower_bound=1
+)
 _SEQ_LEN = flags.DEFINE_list(
   "seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128)."
 )
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
 _TRAIN_STEPS = flags.DEFINE_integer(
-  "train_steps", 5, "distill: steps per timing window of the train program (it runs two windows); 0 skips it."
+  "train_steps",
+  5,
+  "distill: steps per timing window of the train program (it runs two windows); 0 skips it.",
+  lower_bound=0,
 )
 _MODELS = flags.DEFINE_list("models", None, "students: the models to fine-tune (default: every baseline and recipe).")
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "students: the task's data folder (default: Debian's WordNet).")
 _TARGET_LENGTH = flags.DEFINE_integer(
-  "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's)."
+  "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1
 )
-_BATCHES = flags.DEFINE_integer("batches", 100, "inference: batches averaged over (the paper's protocol: 100).")
+_BATCHES = flags.DEFINE_integer(
+  "batches", 100, "inference: batches averaged over (the paper's protocol: 100).", lower_bound=1
+)
 
 
 def _seq_lens():
   try:
-    return [int(n) for n in _SEQ_LEN.value] if _SEQ_LEN.value else None
+    lengths = [int(n) for n in _SEQ_LEN.value] if _SEQ_LEN.value else None
   except ValueError:
-    raise UserError(f"--seq_len {','.join(_SEQ_LEN.value)}: give whole numbers, e.g. 128,512") from None
+    lengths = [0]
+  if lengths is not None and min(lengths) < 1:
+    raise UserError(f"--seq_len {','.join(_SEQ_LEN.value)}: give positive whole numbers, e.g. 128,512")
+  return lengths
 
 
 def main(argv):
@@ -112,8 +124,9 @@ def main(argv):
   rows = SUITES[argv[1]]()
   print(format_table(rows))
   if _JSON.value:
-    with open(_JSON.value, "w") as f:
+    with open(_JSON.value + ".tmp", "w") as f:  # then renamed: an interrupted write leaves no half file
       json.dump(rows, f, indent=2)
+    os.replace(_JSON.value + ".tmp", _JSON.value)
 
 
 if __name__ == "__main__":

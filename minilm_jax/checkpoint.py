@@ -35,7 +35,8 @@ def _quiet_orbax_failure_reports():
   """A failed asynchronous save (a full disk) is reported by Orbax's threads many times over, with
   tracebacks: hundreds of lines. Every such failure also reaches `RunCheckpoints` (through
   `check_for_errors`, or as the exception of a restore), which reports it as one line, so these are
-  left out: Orbax's ERROR log records; asyncio's reports of write tasks whose exception nobody
+  left out: Orbax's ERROR log records; its warning that a directory we open read-only (to export
+  or evaluate a run) is read-only; asyncio's reports of write tasks whose exception nobody
   retrieved; and, as the save unwinds, the TensorStore callbacks that find the event loop closed
   (Python reports each as unraisable)."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
@@ -43,7 +44,9 @@ def _quiet_orbax_failure_reports():
     return
 
   def not_an_orbax_error(record):
-    return record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
+    if f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return True
+    return record.levelno < logging.ERROR and not record.getMessage().startswith("Given directory is read only")
 
   def not_an_orbax_task(record):
     return not ("exception was never retrieved" in record.getMessage() and "orbax" in record.getMessage())
@@ -113,10 +116,12 @@ class RunCheckpoints:
       pass
     _remove_partial_saves(directory)
     usage = shutil.disk_usage(directory)
+    # The directory's finished steps: the manager's own list can be out of date after a failure.
+    saved = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    kept = f"The checkpoints saved before (steps {saved}) are kept" if saved else "No checkpoint was saved before"
     self._failure = (
       f"saving a checkpoint in {directory} failed ({_storage_reason(error)}); {usage.free / 2**20:.1f} MiB of "
-      f"{usage.total / 2**20:.1f} MiB free there. The checkpoints saved before "
-      f"({list(self.manager.all_steps())}) are kept: free space and rerun the same command to resume"
+      f"{usage.total / 2**20:.1f} MiB free there. {kept}: free space and rerun the same command to resume"
     )
     raise UserError(self._failure) from None
 

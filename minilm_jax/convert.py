@@ -2,6 +2,10 @@
 
   python -m minilm_jax.convert --from-hf <HF dir or hub name> --out <workdir>
   python -m minilm_jax.convert --to-hf --workdir <workdir> [--step N] [--sentence-transformers] --out <HF dir>
+      [--overwrite]
+
+`--out` must be new (or empty); `--overwrite` replaces an earlier export. The files are written
+beside it and take its name when complete, so a failure leaves `--out` as it was.
 
 `--to-hf` of a fine-tuned run writes BertForSequenceClassification / BertForQuestionAnswering;
 `--sentence-transformers` adds the sentence-transformers pipeline of a distilled encoder.
@@ -13,6 +17,7 @@ from absl import flags
 
 from minilm_jax import runs
 from minilm_jax.errors import UserError
+from minilm_jax.outputs import new_directory
 from minilm_jax.program import run_program
 
 _FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
@@ -28,6 +33,7 @@ _STEP = flags.DEFINE_integer("step", None, "With --to-hf: the checkpoint step (d
 _OUT = flags.DEFINE_string(
   "out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf)."
 )
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "With --to-hf: replace what --out holds (an earlier export).")
 
 
 def main(argv):
@@ -35,14 +41,16 @@ def main(argv):
   if bool(_FROM_HF.value) == _TO_HF.value or not _OUT.value:
     raise UserError("use either --from-hf <dir> --out <workdir> or --to-hf --workdir <workdir> --out <dir>")
   if _FROM_HF.value:
-    if _SENTENCE_TRANSFORMERS.value:
-      raise UserError("--sentence-transformers goes with --to-hf: it adds the sentence-transformers files to an export")
-    runs.write_run_from_hf(_FROM_HF.value, _OUT.value)
+    if _SENTENCE_TRANSFORMERS.value or _OVERWRITE.value:
+      raise UserError("--sentence-transformers and --overwrite go with --to-hf: they concern an export")
+    with new_directory(_OUT.value, "--out", overwrite=False) as staging:
+      runs.write_run_from_hf(_FROM_HF.value, staging)
     print(f"wrote run {_OUT.value} from {_FROM_HF.value}", file=sys.stderr)
     return
   if not _WORKDIR.value:
     raise UserError("--to-hf needs --workdir <run to export>")
-  config, head = runs.export_run(_WORKDIR.value, _OUT.value, _STEP.value, _SENTENCE_TRANSFORMERS.value)
+  with new_directory(_OUT.value, "--out", _OVERWRITE.value) as staging:
+    config, head = runs.export_run(_WORKDIR.value, staging, _STEP.value, _SENTENCE_TRANSFORMERS.value)
   kind = (
     "sentence-transformers encoder"
     if _SENTENCE_TRANSFORMERS.value
@@ -54,4 +62,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, kept_on_storage_error="nothing was written to --out")

@@ -258,7 +258,7 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
   `head` ({"kind": "classification", "num_labels": n, "labels": [...]} or {"kind": "span"}), `params`
   are a task model's and the directory loads as BertForSequenceClassification / BertForQuestionAnswering."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save
 
   if head is not None and config.model_type != "bert":
     raise UserError(
@@ -275,7 +275,10 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config_with_head(config, head), f, indent=2)
-  save_file(to_hf_tensors(config, params, head), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+  # Serialised here, written by Python: a full disk is then an OSError (the programs' one line),
+  # where safetensors' own writer raises its SafetensorError.
+  with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
+    f.write(save(to_hf_tensors(config, params, head), metadata={"format": "pt"}))
   if tokenizer is not None:
     tokenizer.save_pretrained(out_dir)
 

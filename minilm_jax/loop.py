@@ -4,6 +4,7 @@ SIGTERM checkpoints; and the checks every training program runs before it starts
 
 import json
 import math
+import os
 import queue
 import signal
 import threading
@@ -139,6 +140,8 @@ def begin_run(config, workdir: str):
   same config."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
+  if os.path.isfile(workdir):
+    raise UserError(f"--workdir {workdir} is a file: name a directory for the run's checkpoints, metrics and results")
   check_ranges(config)
   check_same_config(config_json(config))
   _check_resumable(config, workdir)

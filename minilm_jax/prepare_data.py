@@ -1,11 +1,16 @@
 """Tokenise and pack a distillation config's corpus once, for every process of every run to read:
 
   python -m minilm_jax.prepare_data --config configs/<experiment>.py --out <dir or gs://...> [--shards N]
+      [--overwrite]
+
+A local `--out` must be new (or empty; `--overwrite` replaces an earlier corpus) and is written
+beside it, taking its name when complete; a remote one gets its manifest last.
 
 Uses the config's teacher tokenizer, `data.corpus`, `data.max_seq_length` and `data.num_proc`
 (tokenisation workers). Then train with `--config.data.prepared=<dir>`.
 """
 
+import contextlib
 import sys
 import tempfile
 
@@ -16,6 +21,7 @@ from minilm_jax import runs
 from minilm_jax.data.corpus import load_blocks
 from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
+from minilm_jax.outputs import check_new_directory, new_directory
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,7 +31,12 @@ _OUT = flags.DEFINE_string("out", None, "The new prepared directory (local, or g
 _SHARDS = flags.DEFINE_integer(
   "shards", 8, "Number of shard files (more for large corpora: each holds a slice of the blocks)."
 )
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the prepared corpus a local --out holds.")
 flags.mark_flags_as_required(["config"])
+
+
+def _is_local(path: str) -> bool:
+  return "://" not in path
 
 
 def main(argv):
@@ -37,11 +48,21 @@ def main(argv):
     raise UserError(f"--shards={_SHARDS.value}: give at least 1")
   if c.data.prepared:
     raise UserError("the config already reads a prepared corpus (data.prepared): prepare from its data.corpus instead")
+  if _is_local(_OUT.value):
+    check_new_directory(_OUT.value, "--out", _OVERWRITE.value)
+  elif _OVERWRITE.value:
+    raise UserError(f"--overwrite is for a local --out: remove {_OUT.value} with your storage's tools first")
   tokenizer = runs.load_tokenizer_of(c.teacher.path, "teacher.path")
+  destination = (
+    new_directory(_OUT.value, "--out", _OVERWRITE.value)
+    if _is_local(_OUT.value)
+    else contextlib.nullcontext(_OUT.value)
+  )
   with tempfile.TemporaryDirectory() as cache:  # the datasets cache of this one pass
     blocks = load_blocks(c.data, tokenizer, cache)
     sources = [c.data.corpus] + ([c.data.corpus_config] if c.data.corpus_config else [])
-    manifest = write_prepared(blocks, tokenizer, c.data.max_seq_length, _OUT.value, _SHARDS.value, sources)
+    with destination as out:
+      manifest = write_prepared(blocks, tokenizer, c.data.max_seq_length, out, _SHARDS.value, sources)
   print(
     f"wrote {manifest['blocks']} blocks ({manifest['tokens']} tokens) of {c.data.max_seq_length} in "
     f"{len(manifest['shards'])} shards to {_OUT.value}",
@@ -50,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, kept_on_storage_error="nothing was written to --out")

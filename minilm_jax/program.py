@@ -10,8 +10,10 @@ from minilm_jax.distributed import maybe_initialize
 from minilm_jax.errors import PREEMPTED_EXIT_CODE, STORAGE_ERRNOS, Preempted, UserError
 
 
-def run_program(main):
-  """Runs an absl program: flag and config-override errors and UserErrors become one line on stderr and exit code 2."""
+def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
+  """Runs an absl program: flag and config-override errors and UserErrors become one line on
+  stderr and exit code 2; so does full or read-only storage, with `kept_on_storage_error` saying
+  what the failure left in place."""
   if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in sys.argv[1:]):
     print(flags.FLAGS.main_module_help() or flags.FLAGS.get_help())
     sys.exit(0)
@@ -67,7 +69,7 @@ def run_program(main):
       where = f" writing {e.filename}" if e.filename else ""
       print(
         f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "
-        f"the checkpoints already saved are kept",
+        f"{kept_on_storage_error}",
         file=sys.stderr,
       )
       sys.exit(2)

@@ -146,6 +146,18 @@ def test_bench_bad_shapes_are_one_line_errors():
       distill.run(**kwargs)
 
 
+@pytest.mark.parametrize(
+  "suite, flag",
+  [("inference", "--batch=0"), ("inference", "--batches=0"), ("distill", "--seq_len=0"), ("distill", "--repeats=0")],
+)
+def test_bench_counts_below_one_are_one_line(suite, flag):
+  """Checked when the flags are read, before any model is built (`--batch 0` ran the default batch;
+  `--batches 0` ended in an IndexError)."""
+  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", suite, flag], capture_output=True, text=True)
+  stderr = program_stderr(proc.stderr)
+  assert proc.returncode == 2 and stderr.count("\n") == 1 and flag.split("=")[0] in stderr, proc.stderr[-2000:]
+
+
 def test_bench_unknown_suite_is_one_line_error():
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
   assert proc.returncode == 2 and program_stderr(proc.stderr).strip().startswith("error: name one suite")

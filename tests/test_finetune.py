@@ -149,6 +149,14 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
   np.testing.assert_allclose(np.asarray(end), theirs.end_logits.numpy(), atol=1e-4)
 
 
+def test_doc_stride_not_below_the_length_names_both(tiny_teacher, squad_dir):
+  """The tokenizer's own error (a ValueError, a traceback) is replaced by one line with both fields."""
+  for task in ("squad2", "mlqa"):
+    config = finetune_config(tiny_teacher, task, squad_dir, max_seq_length=24, doc_stride=24)
+    with pytest.raises(UserError, match="doc_stride=24 must be below max_seq_length=24"):
+      get_task(task).prepare("dev", config, hf.load_tokenizer(tiny_teacher))
+
+
 def test_squad1_end_to_end_always_answers(tiny_teacher, squad_dir, tmp_path):
   """SQuAD 1.1 files (the answerable questions of the 2.0 fixture): every question gets a span,
   and the scores are the official 1.1 exact match and F1."""

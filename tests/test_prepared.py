@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_metrics, tiny_config
+from conftest import ROOT, program_stderr, read_metrics, tiny_config
 
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
@@ -45,7 +45,9 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
-  assert again.returncode == 2 and "already holds a prepared corpus" in again.stderr
+  line = program_stderr(again.stderr).strip()
+  assert again.returncode == 2 and "\n" not in line and f"--out {out} already holds 7 files" in line, line
+  assert "--overwrite" in line
   return out
 
 
@@ -106,3 +108,27 @@ def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teach
   (other / "manifest.json").write_text(json.dumps(manifest))
   with pytest.raises(UserError, match="was prepared with another tokenizer \\(vocab_sha256 differ\\)"):
     Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(other)}), str(tmp_path / "c"))
+
+
+def test_a_damaged_or_missing_shard_is_one_line_naming_it(prepared, tiny_teacher, tmp_path):
+  import shutil
+
+  tokenizer = runs.load_tokenizer_of(tiny_teacher)
+  manifest = json.load(open(os.path.join(prepared, "manifest.json")))
+  shard = manifest["shards"][1]["blocks"]
+  for damage, expected in (
+    ("truncate", "is damaged"),
+    ("remove", "is missing"),
+    ("rows", "holds 3 rows of int32, the manifest says"),
+  ):
+    copy = str(tmp_path / damage)
+    shutil.copytree(prepared, copy)
+    path = os.path.join(copy, shard)
+    if damage == "truncate":
+      os.truncate(path, os.path.getsize(path) // 2)
+    elif damage == "remove":
+      os.remove(path)
+    else:
+      np.save(path, np.zeros((3, 32), np.int32))
+    with pytest.raises(UserError, match=f"{shard} {expected}.*prepare the corpus"):
+      PreparedBlocks(copy, tokenizer, 32, str(tmp_path))

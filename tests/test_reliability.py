@@ -287,3 +287,91 @@ def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tm
   )
   _one_line_error(proc, "102 tokens long", "64 positions")
   assert not (tmp_path / "maps.png").exists()
+
+
+def _export(workdir, out, *flags):
+  return _program("--to-hf", "--workdir", workdir, "--out", out, *flags, program="convert")
+
+
+def _leftovers(parent):
+  """What an interrupted or failed write could leave beside its destination."""
+  import os
+
+  return [name for name in os.listdir(parent) if ".partial-" in name or name.endswith(".replaced")]
+
+
+def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_teacher, tmp_path):
+  import hashlib
+  import os
+
+  from minilm_jax import runs
+  from minilm_jax.outputs import check_new_directory
+
+  run, out = str(tmp_path / "run"), str(tmp_path / "export")
+  runs.write_run_from_hf(tiny_teacher, run)
+  assert _export(run, out).returncode == 0
+  weights = os.path.join(out, "model.safetensors")
+  digest = lambda: hashlib.sha256(open(weights, "rb").read()).hexdigest()
+  before, stamp = digest(), os.path.getmtime(weights)
+  # Again over it: refused before any work, nothing touched.
+  _one_line_error(_export(run, out), f"--out {out} already holds", "model.safetensors", "--overwrite")
+  assert os.path.getmtime(weights) == stamp
+  # --overwrite with an export that fails midway (no such step): the earlier export is intact.
+  _one_line_error(_export(run, out, "--overwrite", "--step", "7"), "step")
+  assert digest() == before and os.path.getmtime(weights) == stamp and not _leftovers(str(tmp_path))
+  # --overwrite that succeeds replaces it whole.
+  assert _export(run, out, "--overwrite").returncode == 0
+  assert os.path.getmtime(weights) != stamp and digest() == before and not _leftovers(str(tmp_path))
+  assert os.stat(out).st_mode & 0o755 == 0o755  # what a mkdir gives, not the staging directory's private mode
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(UserError, match="is a file: name a directory"):
+    check_new_directory(str(tmp_path / "a_file"), "--out", overwrite=True)
+
+
+def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teacher, tmp_path, small_disk):
+  import os
+
+  from minilm_jax import runs
+
+  run = str(tmp_path / "run")
+  runs.write_run_from_hf(tiny_teacher, run)
+  with open(os.path.join(small_disk, "filler"), "wb") as f:
+    f.write(b"\0" * (3 * 2**20))  # the tiny teacher's export needs about 4.6 MiB of the 3 left
+  out = os.path.join(small_disk, "export")
+  line = _one_line_error(_export(run, out), "No space left on device", "nothing was written to --out")
+  assert "checkpoint" not in line and sorted(os.listdir(small_disk)) == ["filler"]
+
+
+def test_task_files_that_are_not_text_or_not_utf8_are_one_line_errors(tmp_path):
+  """SQuAD JSON in another encoding, seq2seq line and JSON Lines files that are not text: one line naming the file."""
+  from minilm_jax.tasks import get_task
+
+  latin1 = '{"data": [{"paragraphs": [{"context": "Café", "qas": []}]}]}'.encode("latin-1")
+  (tmp_path / "dev-v2.0.json").write_bytes(latin1)
+  with pytest.raises(UserError, match=r"dev-v2.0.json is not UTF-8 text \(byte \d+\)"):
+    get_task("squad2").load("dev", str(tmp_path))
+  (tmp_path / "dev.json").write_bytes(latin1)
+  with pytest.raises(UserError, match=r"dev.json is not UTF-8 text"):
+    get_task("qg").load("dev", str(tmp_path))
+  (tmp_path / "dev.jsonl").unlink(missing_ok=True)
+  (tmp_path / "dev.source").write_bytes(bytes(range(256)))
+  (tmp_path / "dev.target").write_text("a summary\n")
+  with pytest.raises(UserError, match=r"dev.source is not UTF-8 text"):
+    get_task("cnndm").load("dev", str(tmp_path))
+  (tmp_path / "dev.source").write_bytes(b"text\0with a NUL\n")
+  with pytest.raises(UserError, match=r"dev.source holds NUL bytes"):
+    get_task("cnndm").load("dev", str(tmp_path))
+  for side in ("source", "target"):
+    (tmp_path / f"dev.{side}").unlink()
+  (tmp_path / "dev.jsonl").write_bytes(b'{"source": "a", "target": "\xff"}\n')
+  with pytest.raises(UserError, match=r"dev.jsonl is not UTF-8 text"):
+    get_task("cnndm").load("dev", str(tmp_path))
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  (tmp_path / "a_file").write_text("x")
+  for program, config in (("train", "configs/demo.py"), ("finetune", "configs/finetune/glue.py")):
+    _one_line_error(
+      _program("--config", config, "--workdir", str(tmp_path / "a_file"), program=program),
+      "is a file: name a directory",
+    )

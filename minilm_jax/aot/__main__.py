@@ -17,6 +17,11 @@ import math
 import os
 import time
 
+import contextlib
+import re
+import sys
+import tempfile
+
 import jax
 from absl import flags
 from ml_collections import config_flags
@@ -45,11 +50,34 @@ class DoesNotFit(Exception):
     self.needed = needed
 
 
+# What the GPU compiler logs (from C++, to the process's stderr) for a program over the card:
+# the report, or the one-line refusal, says the same.
+_OVER_CAPACITY_LOG = re.compile(r"^W\d{4} .*hlo_rematerialization\.cc:\d+\] Can't reduce memory use below")
+
+
+@contextlib.contextmanager
+def _without_over_capacity_log():
+  """Holds back file descriptor 2 while XLA compiles, then passes on every line but those."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      kept = [l for l in held.read().decode(errors="replace").splitlines(True) if not _OVER_CAPACITY_LOG.match(l)]
+      sys.stderr.write("".join(kept))
+
+
 def compile_program(program, target) -> tuple:
   """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit."""
   start = time.perf_counter()
   try:
-    compiled = program.step.lower(*program.args).compile()
+    with _without_over_capacity_log():
+      compiled = program.step.lower(*program.args).compile()
   except jax.errors.JaxRuntimeError as e:
     message = str(e)
     if "RESOURCE_EXHAUSTED" not in message:
@@ -93,13 +121,13 @@ def analyse(program, target, compiled, seconds: float) -> dict:
   return row
 
 
-def fits_at(config, target, devices, batch: int) -> bool:
-  program = build(config, devices, batch)
+def peak_at(config, target, devices, batch: int) -> float:
+  """Peak bytes per device of the program at `batch` (the compiler's figure when it refuses)."""
   try:
-    compiled, _ = compile_program(program, target)
-  except DoesNotFit:
-    return False
-  return report.memory(compiled)["peak_bytes_per_device"] <= target.usable_memory_bytes
+    compiled, _ = compile_program(build(config, devices, batch), target)
+  except DoesNotFit as e:
+    return e.needed
+  return report.memory(compiled)["peak_bytes_per_device"]
 
 
 def build(config, devices, batch: int = None):
@@ -111,17 +139,19 @@ def build(config, devices, batch: int = None):
   return programs.PROGRAMS[name](config, devices, _MODEL_SHAPE.value)
 
 
-def find_batch(config, target, devices, program, fits_now: bool) -> int:
-  """The largest global batch that fits (0 when none does); the config's own batch is not compiled again."""
+def find_batch(config, target, devices, program, peak_now: float) -> tuple:
+  """(the largest global batch that fits, 0 when none does; {batch: peak bytes per device} of every
+  batch compiled on the way). The config's own batch is not compiled again."""
   unit = program.mesh.shape["data"] * (config.optimizer.accumulate_steps if program.name != "evaluate" else 1)
-  known = {program.global_batch: fits_now}
+  known = {program.global_batch: peak_now}
 
-  def fits(batch):
+  def peak(batch):
     if batch not in known:
-      known[batch] = fits_at(config, target, devices, batch)
+      known[batch] = peak_at(config, target, devices, batch)
     return known[batch]
 
-  return programs.largest_batch(fits, program.global_batch, unit)
+  largest = programs.largest_batch(peak, program.global_batch, unit, target.usable_memory_bytes)
+  return largest, dict(sorted(known.items()))
 
 
 def _fix(program) -> str:
@@ -180,7 +210,11 @@ def describe(row: dict) -> str:
       ("compile", f"{row['compile_s']} s"),
     ]
   if "largest_global_batch" in row:
-    lines.append(("largest global batch", f"{row['largest_global_batch']} fits (searched to within an eighth)"))
+    searched = ", ".join(f"{batch}: {_gib(peak)}" for batch, peak in row["searched_peak_bytes_per_device"].items())
+    lines += [
+      ("largest global batch", f"{row['largest_global_batch']} fits (searched to within an eighth)"),
+      ("searched", f"GiB per device at each batch compiled: {searched}"),
+    ]
   width = max(len(k) for k, _ in lines)
   return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
@@ -203,7 +237,8 @@ def main(argv):
     row = {"target": target.name, "program": program.name, "fits": False, "peak_bytes_per_device": e.needed}
     row.update(device_memory_bytes=target.chip.memory_bytes, usable_memory_bytes=target.usable_memory_bytes)
   if _FIND_BATCH.value:
-    row["largest_global_batch"] = find_batch(config, target, devices, program, row["fits"])
+    row["largest_global_batch"], searched = find_batch(config, target, devices, program, row["peak_bytes_per_device"])
+    row["searched_peak_bytes_per_device"] = {str(batch): peak for batch, peak in searched.items()}
   print(describe(row))
   if _JSON.value:
     with open(_JSON.value + ".tmp", "w") as f:  # then renamed: an interrupted write leaves no half report

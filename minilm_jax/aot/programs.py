@@ -222,30 +222,48 @@ def evaluate(config, devices, model_shape: str = "") -> Program:
   )
 
 
-def largest_batch(fits: Callable[[int], bool], start: int, unit: int, limit: int = 1 << 24) -> int:
+def largest_batch(peak_at: Callable[[int], float], start: int, unit: int, capacity: float, limit: int = 1 << 24) -> int:
   """The largest multiple of `unit` (the devices the batch splits over, times the accumulation
-  steps) for which `fits(batch)`, to within an eighth: doubling (or halving) from `start`, the
-  config's own batch, until the answer changes, then bisecting three times. 0 when `unit` does not
-  fit. Memory grows with the batch, so the search is monotone. Each `fits` is one compile."""
-  low = max(unit, start // unit * unit)
-  if fits(low):
-    high = low * 2
-    while high <= limit and fits(high):
-      low, high = high, high * 2
-    if high > limit:
-      return low
-  else:
-    high = low
-    low = high // 2 // unit * unit
-    while low >= unit and not fits(low):
-      high, low = low, low // 2 // unit * unit
-    if low < unit:
-      return 0
-  while high - low > max(unit, low // 8):
-    middle = (low + high) // 2 // unit * unit
-    if middle in (low, high):
-      break
-    low, high = (middle, high) if fits(middle) else (low, middle)
+  steps) whose `peak_at(batch)` (bytes per device, one compile each; NaN when the compiler said
+  only "too large") is at most `capacity`, to within an eighth; 0 when `unit` does not fit.
+
+  Memory is close to affine in the batch (the state is fixed, the activations grow with it), so
+  after `start` and its double (or half) each guess is where the line through the last two
+  measured points meets `capacity`, a little below it, kept inside the bracket found so far
+  (bisection where it falls outside or a point has no figure). A compile takes minutes at a
+  paper's shape: this needs three or four where doubling then bisecting took six or more."""
+  measured = {}  # batch -> bytes, for the compiles that gave a figure
+  low, high = 0, None  # the largest batch known to fit, the smallest known not to
+
+  def line_guess():
+    """Where the line through the two measured points nearest `low` meets `capacity` (None: no line)."""
+    if len(measured) < 2:
+      return None
+    (b0, p0), (b1, p1) = sorted(measured.items(), key=lambda kv: abs(kv[0] - low))[:2]
+    if (p1 - p0) * (b1 - b0) <= 0:
+      return None
+    return int((b0 + (capacity - p0) * (b1 - b0) / (p1 - p0)) * 0.98) // unit * unit
+
+  def next_probe():
+    if high is not None and high - low <= max(unit, low // 8):
+      return None
+    upper = limit // unit * unit if high is None else high - unit
+    guess, least = line_guess(), low + max(unit, low // 8 // unit * unit) if low else unit
+    if guess is None or (high is not None and guess >= high):
+      guess = low * 2 if high is None else (low + high) // 2 // unit * unit
+    guess = min(max(guess, least), upper)  # at least an eighth above what fits: closes the bracket
+    return guess if low < guess <= upper else None
+
+  probe = min(max(unit, start // unit * unit), limit // unit * unit)
+  while probe is not None:
+    peak = peak_at(probe)
+    if peak == peak:  # a figure, not NaN
+      measured[probe] = peak
+    if peak <= capacity:
+      low = probe
+    else:
+      high = probe
+    probe = next_probe()
   return low
 
 

@@ -69,6 +69,24 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
   return manifest
 
 
+def _shard(path, directory: str, rows: int) -> np.ndarray:
+  """One shard, memory-mapped; one line naming it when it is missing, cut short or not a shard."""
+  try:
+    array = np.load(path, mmap_mode="r")
+  except FileNotFoundError:
+    raise UserError(f"{path} is missing from the prepared corpus {directory}: prepare the corpus again") from None
+  except ValueError as e:  # numpy's "mmap length is greater than file size", a damaged header, ...
+    raise UserError(
+      f"{path} is damaged ({' '.join(str(e).split())[:80]}): prepare the corpus {directory} again"
+    ) from None
+  if array.shape[0] != rows or array.dtype != np.int32:
+    raise UserError(
+      f"{path} holds {array.shape[0]} rows of {array.dtype}, the manifest says {rows} of int32: "
+      f"prepare the corpus {directory} again"
+    )
+  return array
+
+
 class PreparedBlocks:
   """The blocks of a prepared directory: `len()`, and `blocks[indices]` -> {"input_ids", "lengths"}
   (numpy, in the order of `indices`), what `BatchStream` gathers and `collate_prepared` pads."""
@@ -83,8 +101,8 @@ class PreparedBlocks:
     self.manifest = json.loads((root / MANIFEST).read_text())
     self._check(directory, tokenizer, max_seq_length)
     local = root if os.path.isdir(directory) else self._copy_local(root, cache_dir)
-    self._ids = [np.load(local / s["blocks"], mmap_mode="r") for s in self.manifest["shards"]]
-    self._lengths = [np.load(local / s["lengths"], mmap_mode="r") for s in self.manifest["shards"]]
+    self._ids = [_shard(local / s["blocks"], directory, s["rows"]) for s in self.manifest["shards"]]
+    self._lengths = [_shard(local / s["lengths"], directory, s["rows"]) for s in self.manifest["shards"]]
     self._starts = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
 
   def _check(self, directory: str, tokenizer, max_seq_length: int):

@@ -191,11 +191,20 @@ def check_lengths(config):
     raise UserError(f"seq2seq.label_smoothing={s.label_smoothing} must lie in [0, 1)")
 
 
+def _text_lines(path: str) -> list:
+  """The lines of a UTF-8 text file (one line naming the file when it is not text)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [line.rstrip("\n") for line in f]
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): give one example per line, saved as UTF-8") from None
+  if any("\0" in line for line in lines):
+    raise UserError(f"{path} holds NUL bytes: it is not a text file; give one example per line")
+  return lines
+
+
 def _read_lines(source_path: str, target_path: str) -> datasets.Dataset:
-  with open(source_path, encoding="utf-8") as f:
-    sources = [line.rstrip("\n") for line in f]
-  with open(target_path, encoding="utf-8") as f:
-    targets = [line.rstrip("\n") for line in f]
+  sources, targets = _text_lines(source_path), _text_lines(target_path)
   if len(sources) != len(targets):
     raise UserError(
       f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}: the files must pair line by line"
@@ -214,21 +223,20 @@ def _read_lines(source_path: str, target_path: str) -> datasets.Dataset:
 
 def _read_jsonl(path: str, field_pairs: tuple) -> datasets.Dataset:
   rows = {c: [] for c in _COLUMNS}
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{line_number}: not JSON ({e.msg})") from None
-      fields = next((pair for pair in field_pairs if isinstance(row, dict) and all(k in row for k in pair)), None)
-      if fields is None:
-        raise UserError(f"{path}:{line_number}: needs the fields {' or '.join('/'.join(p) for p in field_pairs)}")
-      rows["id"].append(str(row.get("id", len(rows["id"]))))
-      rows["source"].append(str(row[fields[0]]))
-      rows["source_b"].append(None)
-      rows["target"].append(str(row[fields[1]]))
+  for line_number, line in enumerate(_text_lines(path), start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise UserError(f"{path}:{line_number}: not JSON ({e.msg})") from None
+    fields = next((pair for pair in field_pairs if isinstance(row, dict) and all(k in row for k in pair)), None)
+    if fields is None:
+      raise UserError(f"{path}:{line_number}: needs the fields {' or '.join('/'.join(p) for p in field_pairs)}")
+    rows["id"].append(str(row.get("id", len(rows["id"]))))
+    rows["source"].append(str(row[fields[0]]))
+    rows["source_b"].append(None)
+    rows["target"].append(str(row[fields[1]]))
   if not rows["id"]:
     raise UserError(f"{path} has no examples")
   return datasets.Dataset.from_dict(rows)
@@ -277,6 +285,8 @@ def _squad_questions(path: str, context: str) -> datasets.Dataset:
       for qa in p["qas"]
       if qa.get("answers")
     ]
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): save the SQuAD JSON file as UTF-8") from None
   except (KeyError, TypeError, IndexError, json.JSONDecodeError) as e:
     raise UserError(
       f"{path} is not a SQuAD 1.1 JSON file ({type(e).__name__}: {e}): expected data/paragraphs/qas with answers"

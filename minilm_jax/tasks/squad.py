@@ -43,6 +43,8 @@ def _read_json(path: str, task: str) -> datasets.Dataset:
           rows["context"].append(paragraph["context"])
           rows["answer_texts"].append([a["text"] for a in answers])
           rows["answer_starts"].append([a["answer_start"] for a in answers])
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path} is not UTF-8 text (byte {e.start}): save the SQuAD JSON file as UTF-8") from None
   except (KeyError, TypeError, json.JSONDecodeError) as e:
     raise UserError(
       f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected data/paragraphs/qas"
@@ -155,8 +157,13 @@ class SquadTask:
     )
 
   def prepare(self, split: str, config, tokenizer):
-    examples = self.load(split, config.data_dir)
     max_len, stride = config.max_seq_length, config.doc_stride
+    if not 0 <= stride < max_len:
+      raise UserError(
+        f"doc_stride={stride} must be below max_seq_length={max_len} (windows overlap by doc_stride tokens): "
+        f"lower doc_stride, e.g. to {max_len // 2}"
+      )
+    examples = self.load(split, config.data_dir)
 
     def windows(batch, indices):
       enc = tokenizer(
