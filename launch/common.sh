@@ -25,3 +25,18 @@ require_count() {
     exit 2
   fi
 }
+
+# require_program NAME: exits with one line unless minilm_jax has a program NAME (a module or
+# package that `python -m minilm_jax.NAME` starts through run_program).
+require_program() {
+  local package
+  package="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/minilm_jax"
+  local module="$package/$1.py"
+  [[ -f "$package/$1/__main__.py" ]] && module="$package/$1/__main__.py"
+  if [[ ! "$1" =~ ^[a-z_]+$ ]] || ! grep -qs "^  run_program(main" "$module"; then
+    local known
+    known="$(grep -ls "^  run_program(main" "$package"/*.py "$package"/*/__main__.py | sed -E 's#.*/minilm_jax/##; s#/__main__\.py$##; s#\.py$##' | sort | tr '\n' ' ')"
+    echo "error: PROGRAM=$1 is not a minilm_jax program: use one of ${known% }" >&2
+    exit 2
+  fi
+}

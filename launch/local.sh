@@ -19,6 +19,7 @@ require_count NUM_PROCESSES "$NUM_PROCESSES"
 [[ -z "$CPU_DEVICES" ]] || require_count CPU_DEVICES "$CPU_DEVICES"
 require_count PORT "$PORT"
 require_count INIT_TIMEOUT "$INIT_TIMEOUT"
+require_program "$PROGRAM"
 if [[ -n "$CPU_DEVICES" ]]; then
   export JAX_PLATFORMS=cpu
   export JAX_NUM_CPU_DEVICES="$CPU_DEVICES"  # the distributed CPU client reads this, not the XLA flag

@@ -15,6 +15,7 @@ PROJECT=""
 REPO_DIR=minilm_jax
 PROGRAM=train
 parse_settings "TPU_NAME ZONE PROJECT REPO_DIR PROGRAM" "$@"
+require_program "$PROGRAM"
 if [[ -z "$TPU_NAME" || -z "$ZONE" ]]; then
   echo "error: name the pod slice: TPU_NAME=<name> ZONE=<zone>" >&2
   exit 2

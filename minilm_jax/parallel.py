@@ -59,8 +59,10 @@ def tree_shardings(abstract_tree, mesh: Mesh):
 
 
 def placed(abstract_tree, shardings):
-  """`abstract_tree`'s shapes and dtypes with `shardings`: the target that restores a checkpoint
-  (or builds a state) straight onto a mesh."""
+  """`abstract_tree`'s shapes and dtypes with `shardings` (a tree of them, or one for every leaf):
+  the target that restores a checkpoint (or builds a state, or is compiled for) straight onto a mesh."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    shardings = jax.tree.map(lambda _: shardings, abstract_tree)
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_tree, shardings)
 
 

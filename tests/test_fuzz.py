@@ -6,6 +6,7 @@ The program runs in this process (through the same `program.run_program` that `p
 minilm_jax.train` starts with), so each example costs a flag parse and, when the overrides are
 valid, a one-step run, not a Python and JAX start-up."""
 
+import json
 import os
 import sys
 import tempfile
@@ -193,3 +194,75 @@ def test_malformed_corpus_files_run_or_are_one_line(tiny_teacher, capfd, corpus)
     _assert_ran_or_one_line(
       *_run_train(_tiny_args(tiny_teacher, path, os.path.join(tmp, "w")), capfd), f"corpus {suffix} {content[:80]!r}"
     )
+
+
+# Damage a user's data file could have: random bytes, cut short, empty, another encoding, a line lost.
+def _damaged(valid: bytes, how: str, data) -> bytes:
+  if how == "random":
+    return data.draw(st.binary(max_size=400), label="bytes")
+  if how == "truncate":
+    return valid[: data.draw(st.integers(0, len(valid)), label="cut at")]
+  if how == "empty":
+    return b""
+  if how == "latin-1":
+    return valid.decode("utf-8").encode("latin-1", errors="replace") + "é".encode("latin-1")
+  lines = valid.split(b"\n")
+  del lines[data.draw(st.integers(0, len(lines) - 1), label="line lost")]
+  return b"\n".join(lines)
+
+
+def _reader_files(tmp):
+  """{reader: (task, file name, valid content)}: one small valid file per format we read."""
+  from conftest import WORDNET_EXCERPT
+
+  with open(os.path.join(WORDNET_EXCERPT, "data.noun"), "rb") as f:
+    wordnet = b"".join(f.readlines()[:60])
+  squad = json.dumps(
+    {
+      "data": [
+        {
+          "paragraphs": [
+            {
+              "context": "Café au lait is coffee with milk.",
+              "qas": [
+                {"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 15}]},
+                {"id": "q2", "question": "Why?", "answers": [], "is_impossible": True},
+              ],
+            }
+          ]
+        }
+      ]
+    },
+    ensure_ascii=False,
+  ).encode()
+  return {
+    "wordnet_supersense": ("data.noun", wordnet),
+    "squad2": ("dev-v2.0.json", squad),
+    "qg": ("dev.json", squad),
+    "sst2": ("dev.tsv", "sentence\tlabel\nCafé au lait, s'il vous plaît.\t1\nA plain sentence.\t0\n".encode()),
+    "cnndm": (
+      "dev.jsonl",
+      '{"article": "Café news.", "highlights": "A café."}\n{"source": "b", "target": "c"}\n'.encode(),
+    ),
+  }
+
+
+@pytest.mark.parametrize("task_name", ["wordnet_supersense", "squad2", "qg", "sst2", "cnndm"])
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+@given(how=st.sampled_from(["random", "truncate", "empty", "latin-1", "line lost"]), data=st.data())
+def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how, data):
+  """Every format a task reads, damaged: it loads (damage that leaves a valid file) or raises
+  UserError, one line naming the file; never another exception."""
+  from minilm_jax.errors import UserError
+  from minilm_jax.tasks import get_task
+
+  with tempfile.TemporaryDirectory() as tmp:
+    name, valid = _reader_files(tmp)[task_name]
+    with open(os.path.join(tmp, name), "wb") as f:
+      f.write(_damaged(valid, how, data))
+    try:
+      get_task(task_name).load("dev", tmp)
+      event(f"{how}: loaded")
+    except UserError as e:
+      assert "\n" not in str(e) and name in str(e), str(e)
+      event(f"{how}: one line")

@@ -273,6 +273,15 @@ def test_launcher_settings_that_are_not_counts(setting):
   )
 
 
+def test_launcher_program_that_does_not_exist():
+  proc = subprocess.run(
+    ["bash", "launch/local.sh", "PROGRAM=trian", "--help"], capture_output=True, text=True, cwd=ROOT
+  )
+  line = program_stderr(proc.stderr).strip()
+  assert proc.returncode == 2 and "\n" not in line, proc.stderr
+  assert line.startswith("error: PROGRAM=trian is not a minilm_jax program: use one of aot ") and " train" in line
+
+
 def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path):
   proc = _program(
     "--teacher",

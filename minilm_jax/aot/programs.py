@@ -79,10 +79,6 @@ def pretrained_config(path: str, what: str, model_shape: str = "") -> EncoderCon
   )
 
 
-def _placed(tree, sharding):
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
-
-
 def _rng(mesh):
   key = jax.eval_shape(lambda: jax.random.key(0))
   return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=parallel.replicated(mesh))
@@ -134,9 +130,9 @@ def train(config, devices, model_shape: str = "") -> Program:
     }
   batch, length = config.batch_size, config.data.max_seq_length
   args = (
-    _placed(step.abstract_state(), replicated),
+    parallel.placed(step.abstract_state(), replicated),
     _inputs(mesh, batch, length),
-    _placed(teacher, replicated),
+    parallel.placed(teacher, replicated),
     _rng(mesh),
   )
   flops = None
@@ -191,7 +187,7 @@ def _encoder_flops(step, head, length: int, passes: int) -> Optional[float]:
 def finetune(config, devices, model_shape: str = "") -> Program:
   task, head, mesh, step = _finetuning_step(config, devices, model_shape)
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=step.tx), abstract_model_params(step.encoder_config, head))
-  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, step.state_shardings)
+  state = parallel.placed(abstract, step.state_shardings)
   batch, length = config.batch_size, config.max_seq_length
   args = (state, _task_columns(task, head, config, mesh, batch), _rng(mesh))
   per_token = _encoder_flops(step, head, length, 3)
@@ -203,11 +199,7 @@ def evaluate(config, devices, model_shape: str = "") -> Program:
   task, head, mesh, step = _finetuning_step(config, devices, model_shape)
   batch, length = config.eval_batch_size, config.max_seq_length
   predictor = Predictor(step.predict_forward, mesh, step.state_shardings.params, batch)
-  params = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    abstract_model_params(step.encoder_config, head),
-    step.state_shardings.params,
-  )
+  params = parallel.placed(abstract_model_params(step.encoder_config, head), step.state_shardings.params)
   per_token = _encoder_flops(step, head, length, 1)
   flops = None if per_token is None else per_token * batch * length
   return Program(

@@ -60,8 +60,15 @@ class ClassificationTask:
   def load_file(self, path: str, labelled: bool) -> datasets.Dataset:
     if not os.path.isfile(path):
       raise UserError(f"{self.name}: data file {path} does not exist: set data_dir to the task's GLUE folder")
-    with open(path, encoding="utf-8") as f:
-      rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    try:
+      with open(path, encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except UnicodeDecodeError as e:
+      raise UserError(f"{path} is not UTF-8 text (byte {e.start}): save the {self.name} file as UTF-8") from None
+    except csv.Error as e:  # a NUL byte
+      raise UserError(f"{path} is not a tab-separated text file ({e}): give the task's GLUE file") from None
+    if not rows:
+      raise UserError(f"{path} is empty: give the task's GLUE file (a header line, then one example per line)")
     if self.headerless_columns and labelled:
       header = list(self.headerless_columns)
     else:
