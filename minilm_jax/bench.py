@@ -9,14 +9,12 @@ a warm-up (compilation) call; every comparison is a ratio against a reference ru
   bench inference --batch 32 --seq_len 128
 """
 
-import json
-import os
-
 from absl import flags
 
 from minilm_jax.benchmarks import data, distill, etd, generation, inference, memory, students, task_distill
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError
+from minilm_jax.outputs import write_json
 from minilm_jax.program import run_program
 
 SUITES = {
@@ -124,9 +122,7 @@ def main(argv):
   rows = SUITES[argv[1]]()
   print(format_table(rows))
   if _JSON.value:
-    with open(_JSON.value + ".tmp", "w") as f:  # then renamed: an interrupted write leaves no half file
-      json.dump(rows, f, indent=2)
-    os.replace(_JSON.value + ".tmp", _JSON.value)
+    write_json(_JSON.value, rows)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ beside the destination, which takes the destination's name only once everything 
 a full disk, a kill or a bad input midway leaves the destination exactly as it was."""
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -23,6 +24,14 @@ def check_new_directory(path: str, flag: str, overwrite: bool):
       f"{flag} {path} already holds {len(entries)} files ({shown}): choose a new {flag}, "
       f"or add --overwrite to replace them"
     )
+
+
+def write_json(path: str, value):
+  """`value` as indented JSON at `path`, written to a temporary name then renamed: an interrupted
+  write leaves the earlier file (or none), never half of one."""
+  with open(path + ".tmp", "w") as f:
+    f.write(json.dumps(value, indent=2) + "\n")
+  os.replace(path + ".tmp", path)
 
 
 @contextlib.contextmanager

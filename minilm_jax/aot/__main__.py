@@ -12,15 +12,13 @@ A program that does not fit is one line and exit 2; `--find_batch` reports the l
 batch that fits instead. Needs the `aot` extra (pip install -e ".[aot]").
 """
 
-import json
+import contextlib
 import math
 import os
-import time
-
-import contextlib
 import re
 import sys
 import tempfile
+import time
 
 import jax
 from absl import flags
@@ -29,6 +27,7 @@ from ml_collections import config_flags
 from minilm_jax.aot import programs, report
 from minilm_jax.aot.targets import GiB, compile_devices, parse_target
 from minilm_jax.errors import UserError
+from minilm_jax.outputs import write_json
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
@@ -241,9 +240,7 @@ def main(argv):
     row["searched_peak_bytes_per_device"] = {str(batch): peak for batch, peak in searched.items()}
   print(describe(row))
   if _JSON.value:
-    with open(_JSON.value + ".tmp", "w") as f:  # then renamed: an interrupted write leaves no half report
-      f.write(json.dumps(row, indent=2) + "\n")
-    os.replace(_JSON.value + ".tmp", _JSON.value)
+    write_json(_JSON.value, row)
   if not row["fits"] and not _FIND_BATCH.value:
     raise UserError(
       f"{program.name} needs {_gib(row['peak_bytes_per_device'])} GiB per device at "
