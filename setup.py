@@ -10,6 +10,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["minilm_jax", "minilm_jax.*"]),
+    # WordNet 3.0's noun excerpt (its license in the file's header): the demo's evaluators read it.
+    package_data={"minilm_jax": ["data/wordnet/data.noun"]},
     install_requires=[
         "jax>=0.7",
         "flax>=0.11",

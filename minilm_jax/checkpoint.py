@@ -64,14 +64,32 @@ def _quiet_orbax_failure_reports():
 
 
 class RunCheckpoints:
-  def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False):
+  """A run's checkpoints: the newest `keep` steps, and with `best` = (metric, higher is better) also
+  the step whose saved metrics scored best on that metric (Orbax's preservation policies)."""
+
+  def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False, best=None):
     _quiet_orbax_failure_reports()
     if read_only:
       options = ocp.CheckpointManagerOptions(
         read_only=True, enable_async_checkpointing=False, create=False, save_interval_steps=0
       )
+    elif best:
+      metric, higher = best
+      policies = ocp.checkpoint_managers
+      options = ocp.CheckpointManagerOptions(
+        preservation_policy=policies.AnyPreservationPolicy(
+          [
+            policies.LatestN(n=keep),
+            # BestN sorts ascending and keeps the last n: reversed, the lowest comes last.
+            policies.BestN(
+              get_metric_fn=lambda m: m[metric], reverse=not higher, n=1, keep_checkpoints_without_metrics=False
+            ),
+          ]
+        )
+      )
     else:
       options = ocp.CheckpointManagerOptions(max_to_keep=keep)
+    self._best = best
     self.every, self.read_only, self._failure = every, read_only, None
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)
 
@@ -82,12 +100,19 @@ class RunCheckpoints:
     """Whether the periodic schedule saves `step` (the training loop also saves the last step)."""
     return step % self.every == 0
 
-  def save(self, step: int, state, data_position: dict, meta: dict) -> bool:
-    """Saves `step` now (asynchronously); the caller decides when (`due`, the last step, a preemption)."""
+  def ranks(self, metrics) -> bool:
+    """Whether `metrics` hold the one that picks the best step (so that their step must be saved)."""
+    return bool(self._best and metrics and self._best[0] in metrics)
+
+  def save(self, step: int, state, data_position: dict, meta: dict, metrics: dict = None) -> bool:
+    """Saves `step` now (asynchronously); the caller decides when (`due`, the last step, a preemption).
+    `metrics` (the step's evaluations) rank it for `best`; a step saved without them is kept only
+    while it is among the newest."""
     self.check()
     try:
       return self.manager.save(
         step,
+        metrics={self._best[0]: float(metrics[self._best[0]])} if self.ranks(metrics) else None,
         force=True,
         args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)

@@ -33,7 +33,7 @@ _WORDNET_DIR = flags.DEFINE_string(
   "wordnet_dir",
   "",
   "--embeddings: WordNet 3.0's dict folder (default: Debian's "
-  "/usr/share/wordnet; tests/data/wordnet holds an excerpt).",
+  "/usr/share/wordnet; minilm_jax/data/wordnet holds an excerpt).",
 )
 _MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "--embeddings: tokens per sentence, the same for every model.")
 _BATCH = flags.DEFINE_integer("eval_batch_size", 128, "Global evaluation batch size.")

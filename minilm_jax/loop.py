@@ -95,6 +95,7 @@ _RANGES = {
       "optimizer.rho",
       "augment.n_iter",
       "loss.embedding_weight",
+      "data.heldout_blocks",
     ),
     (0, None),
   ),
@@ -148,7 +149,16 @@ def begin_run(config, workdir: str):
 
 
 # What may change when a run is resumed: its length, logging, checkpointing and device layout.
-_MAY_CHANGE_ON_RESUME = ("num_steps", "epochs", "log_every", "checkpoint.", "mesh.", "eval_batch_size", "data.num_proc")
+_MAY_CHANGE_ON_RESUME = (
+  "num_steps",
+  "epochs",
+  "log_every",
+  "checkpoint.",
+  "mesh.",
+  "eval_batch_size",
+  "data.num_proc",
+  "evaluators.",
+)
 
 
 def _check_resumable(config, workdir: str):
@@ -257,6 +267,7 @@ def train_loop(
   log_every: int,
   desc: str,
   after_step=None,
+  evaluate=None,
 ):
   """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `num_steps`, the batches
   read from `stream` and placed on `mesh` ahead of time (`_Prefetcher`).
@@ -264,20 +275,32 @@ def train_loop(
   Nothing is read back from the devices between log steps: the step skips a non-finite update on
   the device (`train_state.guarded_update`), and the loop checks those flags at every log step,
   before every save and at the end. `after_step(done, state) -> dict` may add metrics (an evaluation
-  at an epoch end). Returns the last state.
+  at an epoch end). `evaluate(step, state) -> dict` (the distillation's evaluators) runs at step 0
+  of a fresh run and after every step, its metrics ({} when none is due) logged at that step and
+  given to the checkpoint saved there (a step that scores the metric that picks the best step is
+  saved). Returns the last state.
   """
   start = int(host_scalars(state.step))
-  if start >= num_steps and checkpoints.latest_step() is None:
-    # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
-    checkpoints.save(start, state, {"next_batch": next_batch}, meta)
-    checkpoints.wait()
-    return state
   writer = MetricWriter(workdir, start)
+  saved_start = False
+  if start == 0 and evaluate is not None and checkpoints.latest_step() is None:
+    scores = evaluate(0, state)
+    writer.write(0, scores)
+    if checkpoints.ranks(scores) or num_steps == 0:
+      checkpoints.save(0, state, {"next_batch": next_batch}, meta, scores)
+      saved_start = True
+  if start >= num_steps:
+    if not saved_start and checkpoints.latest_step() is None:
+      # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
+      checkpoints.save(start, state, {"next_batch": next_batch}, meta)
+    checkpoints.wait()
+    writer.close()
+    return state
   preemption = _Preemption()
   prefetcher = _Prefetcher(
     stream, next_batch, next_batch + max(num_steps - start, 0), partial(parallel.shard_batch, mesh=mesh)
   )
-  real_tokens, window_start, window_steps, pending = 0, time.perf_counter(), 0, []
+  real_tokens, window_start, window_steps, eval_seconds, pending = 0, time.perf_counter(), 0, 0.0, []
   bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
   try:
     for step in range(start, num_steps):
@@ -291,22 +314,28 @@ def train_loop(
       checkpoints.check()
       bar.update(1)
       extra = after_step(done, state) if after_step else {}
+      evaluated = time.perf_counter()
+      scores = evaluate(done, state) if evaluate else {}
+      if scores:  # the step time and throughput leave the evaluation out; it is logged on its own
+        evaluated = time.perf_counter() - evaluated
+        extra.update(scores, eval_time_s=evaluated)
+        eval_seconds += evaluated
       if done % log_every == 0 or done == num_steps or extra:
         metrics = _check_finite(pending, checkpoints)
-        elapsed = time.perf_counter() - window_start
+        elapsed = time.perf_counter() - window_start - eval_seconds
         writer.write(
           done, {**metrics, **extra, "step_time_s": elapsed / window_steps, "tokens_per_s": real_tokens / elapsed}
         )
         bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", lr=f"{float(metrics['lr']):.2e}")
-        real_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+        real_tokens, window_start, window_steps, eval_seconds = 0, time.perf_counter(), 0, 0.0
       if preemption.stop_at(done):
         _check_finite(pending, checkpoints)
         checkpoints.save(done, state, {"next_batch": next_batch}, meta)
         checkpoints.wait()
         raise Preempted(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume")
-      if checkpoints.due(done) or done == num_steps:
+      if checkpoints.due(done) or done == num_steps or (scores and checkpoints.ranks(scores)):
         _check_finite(pending, checkpoints)
-        checkpoints.save(done, state, {"next_batch": next_batch}, meta)
+        checkpoints.save(done, state, {"next_batch": next_batch}, meta, scores)
   finally:
     bar.close()
     prefetcher.close()

@@ -17,9 +17,10 @@ import re  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# WordNet 3.0's noun synsets that the WordNet tasks' splits need (tests/data/wordnet/make_excerpt.py),
-# so the suite runs without `apt-get install wordnet-base` and reads the same rows everywhere.
-WORDNET_EXCERPT = os.path.join(ROOT, "tests", "data", "wordnet")
+# WordNet 3.0's noun synsets that the WordNet tasks' splits need, shipped with the package
+# (minilm_jax/data/wordnet/), so the suite runs without `apt-get install wordnet-base` and reads the
+# same rows everywhere.
+WORDNET_EXCERPT = os.path.join(ROOT, "minilm_jax", "data", "wordnet")
 
 SENTENCES = [
   "The quick brown fox jumps over the lazy dog.",

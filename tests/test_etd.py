@@ -1,5 +1,7 @@
 """ETD: extraction with hidden consistency, layer selection, Taylor importance against finite differences."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,23 +116,25 @@ def test_etd_rand_is_reproducible_from_its_seed():
 
 
 def test_taylor_scores_equal_finite_differences(teacher_params):
-  """I = |a * dL/da| summed over tokens, with dL/da estimated by central differences of the MLM loss
-  under a perturbation of one neuron at one token."""
+  """I = sum over sentences x of |sum_t a_t * dL(x)/da_t| (ETD equations 5-8), L(x) the sentence's
+  own masked-LM loss, with dL(x)/da_t estimated by central differences under a perturbation of one
+  neuron at one token of one sentence."""
   config = TEACHER.replace(num_layers=2)
   params = {k: v for k, v in teacher_params.items() if not k.startswith(("layer_2", "layer_3"))}
   from minilm_jax.models.heads import MaskedLM
 
   model = MaskedLM(config)
-  ids = _ids(4, (1, 5))
+  ids = _ids(4, (2, 5))
   mask = jnp.ones_like(ids)
   variables = model.init(jax.random.key(2), ids, mask)
   mlm = {k: v for k, v in variables["params"].items() if k != "encoder"}
-  masked, weights = importance.mlm_mask(np.asarray(ids), np.ones((1, 5)), {0}, 1, 60, np.random.default_rng(0))
-  weights[0, :2] = 1.0  # make sure some positions are predicted
+  masked, weights = importance.mlm_mask(np.asarray(ids), np.ones((2, 5)), {0}, 1, 60, np.random.default_rng(0))
+  weights[:, :2] = 1.0  # make sure some positions are predicted
+  weights[1, 2:] = 1.0  # and a different number in each sentence: each has its own mean
   batch = {
     "input_ids": np.asarray(ids, np.int32),
-    "attention_mask": np.ones((1, 5), np.int32),
-    "token_type_ids": np.zeros((1, 5), np.int32),
+    "attention_mask": np.ones((2, 5), np.int32),
+    "token_type_ids": np.zeros((2, 5), np.int32),
     "masked_ids": masked,
     "weights": weights,
   }
@@ -147,11 +151,16 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
   )
   activations = activations["intermediates"]["encoder"]
 
-  def loss(p):
+  def loss(p, b):
+    """Sentence b's own loss: the mean cross-entropy of its masked tokens, in numpy."""
     logits = model.apply(
       {"params": full, "perturbations": p}, batch["masked_ids"], batch["attention_mask"], batch["token_type_ids"]
     )
-    return float(importance.mlm_loss(logits, batch["input_ids"], batch["weights"]))
+    logits = np.asarray(logits[b], np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    ce = -log_probs[np.arange(5), batch["input_ids"][b]]
+    return float((ce * batch["weights"][b]).sum() / batch["weights"][b].sum())
 
   eps = 1e-2
   for layer, path, neuron, score in [
@@ -159,23 +168,28 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
     (0, ("ffn",), 11, scores["layers"][0]["ffn"][11]),
     (1, ("attention", "input"), 3, scores["layers"][1]["hidden"][3]),
   ]:
-    estimate = 0.0
-    for t in range(5):
+    estimate, sum_of_abs = 0.0, 0.0
+    for b in range(2):
+      change = 0.0  # the first-order change of sentence b's loss when the neuron is removed
+      for t in range(5):
 
-      def shifted(delta):
-        p = jax.tree.map(lambda x: x, zeros)
-        node = p["encoder"][f"layer_{layer}"]
-        for key in path[:-1]:
+        def shifted(delta):
+          p = jax.tree.map(lambda x: x, zeros)
+          node = p["encoder"][f"layer_{layer}"]
+          for key in path[:-1]:
+            node = node[key]
+          node[path[-1]] = node[path[-1]].at[b, t, neuron].set(delta)
+          return p
+
+        grad = (loss(shifted(eps), b) - loss(shifted(-eps), b)) / (2 * eps)
+        node = activations[f"layer_{layer}"]
+        for key in path:
           node = node[key]
-        node[path[-1]] = node[path[-1]].at[0, t, neuron].set(delta)
-        return p
-
-      grad = (loss(shifted(eps)) - loss(shifted(-eps))) / (2 * eps)
-      node = activations[f"layer_{layer}"]
-      for key in path:
-        node = node[key]
-      estimate += abs(float(node[0][0, t, neuron]) * grad)
+        change += float(node[0][b, t, neuron]) * grad
+        sum_of_abs += abs(float(node[0][b, t, neuron]) * grad)
+      estimate += abs(change)
     np.testing.assert_allclose(score, estimate, rtol=2e-2, atol=1e-6)
+    assert sum_of_abs > estimate * 1.05  # the per-token absolute values would score another number
   # The hidden score of a dimension is the sum of its MHA-input scores over layers.
   np.testing.assert_allclose(scores["hidden"], scores["layers"][0]["hidden"] + scores["layers"][1]["hidden"], rtol=1e-6)
 
@@ -193,6 +207,49 @@ def test_top_indices_keep_the_highest_scores():
   np.testing.assert_array_equal(indices["layers"][0]["heads"][2], np.arange(3, 6))
   per_layer = etd.top_indices(scores, STUDENT, hidden_consistency=False)
   np.testing.assert_array_equal(per_layer["layers"][0]["hidden"], np.arange(12, 24))
+
+
+def test_reverse_keeps_the_least_important_of_the_types_it_names():
+  scores = {
+    "hidden": np.arange(24.0)[::-1],
+    "layers": [
+      {"hidden": np.arange(24.0), "heads": np.tile(np.arange(6.0), (4, 1)), "ffn": np.arange(40.0)} for _ in range(4)
+    ],
+  }
+  top = etd.top_indices(scores, STUDENT)
+  rev_ffn = etd.top_indices(scores, STUDENT, reverse=etd.reversed_types("ffn"))
+  np.testing.assert_array_equal(rev_ffn["layers"][0]["ffn"], np.arange(16))  # the 16 lowest of 40
+  np.testing.assert_array_equal(rev_ffn["hidden"], top["hidden"])
+  np.testing.assert_array_equal(rev_ffn["layers"][0]["heads"], top["layers"][0]["heads"])
+  rev_all = etd.top_indices(scores, STUDENT, reverse=etd.reversed_types("all"))
+  np.testing.assert_array_equal(rev_all["hidden"], np.arange(12, 24))
+  np.testing.assert_array_equal(rev_all["layers"][1]["heads"][0], np.arange(3))
+  assert etd.reversed_types("head, hidden") == {"head", "hidden"} and etd.reversed_types("") == set()
+  with pytest.raises(UserError, match=r"etd.reverse='ffn,attn' names \['attn'\]: use all, or a comma list"):
+    etd.reversed_types("ffn,attn")
+
+
+def test_etd_config_variants_of_table_2(tmp_path):
+  from conftest import ROOT, load_config_module
+
+  module = load_config_module(os.path.join(ROOT, "configs", "ablations", "etd.py"))
+  for kind in ("ffn", "head", "hidden", "all"):
+    c = module.get_config(f"etd_impt_rev_{kind}")
+    assert (c.etd.method, c.etd.reverse) == ("impt", kind)
+    etd.reversed_types(c.etd.reverse)
+  assert module.get_config("etd_impt").etd.reverse == ""
+
+
+def test_first_sentences_are_sentences():
+  from minilm_jax.data.corpus import split_sentences
+
+  text = 'Return the value. See e.g. the docs! "Quoted." Then (3 more)? ok\nNext line.'
+  assert split_sentences(text) == [
+    "Return the value.",
+    "See e.g. the docs!",
+    '"Quoted."',
+    "Then (3 more)? ok\nNext line.",
+  ]
 
 
 def test_mlm_head_loads_from_transformers(tmp_path):

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, output_lines
 
-# Every field of configs/demo.py a user might mistype, with values a user might mistype it to:
-# wrong types, zero, negative, out of the choices, and a few that are valid. Sizes stay small, so
-# that a valid example runs in seconds (a huge model is the machine's limit, not bad input).
+# Every field of a distillation config (configs/embedding_demo.py) a user might mistype, with values
+# a user might mistype it to: wrong types, zero, negative, out of the choices, and a few that are
+# valid. Sizes stay small, so that a valid example runs in seconds (a huge model is the machine's
+# limit, not bad input).
 _NAMES = st.sampled_from(
   [
     "",
@@ -133,7 +134,9 @@ def _tiny_args(teacher, corpus, workdir):
   """A one-step run of a 2x16 student that every example starts from."""
   return [
     "--config",
-    os.path.join(ROOT, "configs", "demo.py"),
+    # The demo's sibling without evaluators: every example runs in seconds (tests/test_evaluators.py
+    # tries the evaluators' fields).
+    os.path.join(ROOT, "configs", "embedding_demo.py"),
     "--workdir",
     workdir,
     f"--config.teacher.path={teacher}",

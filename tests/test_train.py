@@ -210,10 +210,17 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
 
 
 def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
-  """The README's main job, shortened: the real teacher, the harvested corpus, the real program."""
+  """The README's main job, shortened: the real teacher, the harvested corpus, the real program,
+  its evaluators (on small files instead of WordNet's thousands of sentences) and its closing table."""
   workdir = str(tmp_path / "demo")
+  pairs = tmp_path / "pairs.tsv"
+  pairs.write_text("a domestic animal\tthe dog sleeps by the fire\nsomething to drink\ta cup of hot tea\n")
+  for split in ("train", "dev"):
+    (tmp_path / f"{split}.csv").write_text(
+      "text,label\n" + "".join(f"{w} number {i},{w}\n" for i in range(4) for w in ("dog", "tea"))
+    )
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  subprocess.run(
+  proc = subprocess.run(
     [
       sys.executable,
       "-m",
@@ -225,14 +232,31 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
       "--config.num_steps=2",
       "--config.batch_size=4",
       "--config.log_every=1",
+      "--config.data.heldout_blocks=8",
+      "--config.eval_batch_size=4",
+      f"--config.evaluators.wordnet.data={pairs}",
+      "--config.evaluators.supersense.task=custom",
+      f"--config.evaluators.supersense.train={tmp_path / 'train.csv'}",
+      f"--config.evaluators.supersense.dev={tmp_path / 'dev.csv'}",
     ],
     env=env,
     check=True,
     capture_output=True,
+    text=True,
     cwd=str(tmp_path),
   )
   rows = read_metrics(workdir)
-  assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows)
+  assert [r["step"] for r in rows] == [0, 1, 2] and all(np.isfinite(r["loss"]) and r["loss"] > 0 for r in rows[1:])
+  assert {"eval/heldout/loss", "eval/wordnet/mrr@10", "eval/supersense/accuracy"} <= rows[0].keys() & rows[2].keys()
+  table = [line for line in proc.stdout.splitlines() if line]
+  assert table[0].startswith("| model | parameters | sentences/s | heldout/loss |")
+  assert [row.split(" | ")[0] for row in table[2:5]] == [
+    "| teacher",
+    "| start (step 0): the teacher's uniform layers, undistilled",
+    "| student (step 2)",
+  ]
+  assert table[5].startswith("from step 0 to step 2: heldout/loss ")
+  # The newest step, and the best held-out step when it is another one.
   assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
   meta = checkpoint.RunCheckpoints(workdir, read_only=True).read_meta()
   teacher = json.load(open(os.path.join(minilm_dir, "config.json")))

@@ -1,6 +1,7 @@
 """ETD table 1 / table 2 as one batch of runs: a 6x384 student of BERT-base, each initialisation.
 
-  for v in random etd_rand etd_impt etd_wo_hidn_con etd_impt_top etd_impt_bottom; do
+  for v in random etd_rand etd_impt etd_wo_hidn_con etd_impt_top etd_impt_bottom \
+      etd_impt_rev_ffn etd_impt_rev_head etd_impt_rev_hidden etd_impt_rev_all; do
     python -m minilm_jax.train --config configs/ablations/etd.py:$v --workdir workdirs/etd_$v
   done
 
@@ -17,6 +18,9 @@ VARIANTS = {
   "etd_wo_hidn_con": {"init": "etd", "method": "impt", "hidden_consistency": False},
   "etd_impt_top": {"init": "etd", "method": "impt", "layers": "top"},
   "etd_impt_bottom": {"init": "etd", "method": "impt", "layers": "bottom"},
+  # Table 2: keep the least important neurons of one type, or of all three.
+  **{f"etd_impt_rev_{kind}": {"init": "etd", "method": "impt", "reverse": kind} for kind in ("ffn", "head", "hidden")},
+  "etd_impt_rev_all": {"init": "etd", "method": "impt", "reverse": "all"},
 }
 
 
@@ -29,4 +33,5 @@ def get_config(variant="etd_impt"):
   c.etd.method = v.get("method", "rand")
   c.etd.hidden_consistency = v.get("hidden_consistency", True)
   c.etd.layers = v.get("layers", "uniform")
+  c.etd.reverse = v.get("reverse", "")
   return c

@@ -7,6 +7,7 @@ and packing are batched `datasets.map` calls, cached by `datasets`.
 
 import logging
 import os
+import re
 
 import datasets
 import numpy as np
@@ -84,15 +85,28 @@ def root_cause(error: Exception) -> str:
   return f"{type(c).__name__}: {' '.join(str(c).split())[:200]}"
 
 
+# A sentence ends at ., ! or ? (possibly closed by a quote or bracket) followed by white space and
+# an upper-case letter, digit or opening quote: a rule, not a trained splitter (NLTK's punkt needs a
+# download); abbreviations such as "e.g. the" stay inside their sentence.
+_SENTENCE_END = re.compile(r"([.!?][\"')\]]*)\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list:
+  parts = _SENTENCE_END.split(text)  # text, its end, text, its end, ..., the last text
+  sentences = [body + end for body, end in zip(parts[::2], parts[1::2] + [""])]
+  return [s.strip() for s in sentences if s.strip()]
+
+
 def first_sentences(data_config, cache_dir: str, n: int) -> list:
-  """The corpus's first `n` non-empty rows (for ETD-Impt's importance scores)."""
+  """The corpus's first `n` sentences (ETD-Impt scores its neurons over the first 10,000 sentences
+  of the training data), each row (a line or a whole document) split into its sentences."""
   raw = _load_raw(data_config.corpus, data_config.corpus_config, cache_dir)
   sentences = []
   for text in raw[data_config.text_column]:
-    if isinstance(text, str) and text.strip():
-      sentences.append(text)
-      if len(sentences) == n:
-        break
+    if isinstance(text, str):
+      sentences.extend(split_sentences(text))
+      if len(sentences) >= n:
+        return sentences[:n]
   return sentences
 
 
@@ -161,6 +175,32 @@ def pad_blocks(rows: dict, seq_len: int, pad_id: int) -> dict:
 def stack_columns(rows: dict) -> dict:
   """Fixed-length features (already padded) -> one array per column."""
   return {k: np.asarray(v) for k, v in rows.items()}
+
+
+class RowRange:
+  """Rows [start, stop) of a corpus's blocks, indexed as the blocks are (what a `BatchStream` reads)."""
+
+  def __init__(self, rows, start: int, stop: int):
+    self.rows, self.start, self.stop = rows, start, stop
+
+  def __len__(self) -> int:
+    return self.stop - self.start
+
+  def __getitem__(self, indices):
+    return self.rows[np.asarray(indices) + self.start]
+
+
+def split_heldout(blocks, count: int, batch_size: int):
+  """(training rows, held-out rows or None): the corpus's last `count` blocks are held out, the
+  same ones on every process and at every restart; at least one batch of them when any."""
+  if not count:
+    return blocks, None
+  if count < batch_size or count >= len(blocks):
+    raise UserError(
+      f"data.heldout_blocks={count} of the corpus's {len(blocks)} blocks: hold out at least one batch "
+      f"({batch_size}) and leave the rest for training"
+    )
+  return RowRange(blocks, 0, len(blocks) - count), RowRange(blocks, len(blocks) - count, len(blocks))
 
 
 class BatchStream:

@@ -33,6 +33,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.etd.hidden_consistency = True  # False: the ETD-wo-hidn-con ablation
   c.etd.layers = "uniform"  # "uniform", "top" or "bottom"
   c.etd.num_sentences = 10000  # ETD-Impt scores over the corpus's first sentences
+  # ETD-Impt keeps the least important neurons of these types instead (ETD table 2's ablations):
+  # "" (none), "all", or a comma list of ffn, head, hidden.
+  c.etd.reverse = ""
   c.etd.seed = 0
 
   c.loss = ml_collections.ConfigDict()
@@ -62,6 +65,8 @@ def base_config() -> ml_collections.ConfigDict:
   # A directory written by `python -m minilm_jax.prepare_data` (local or gs://...): every process
   # reads its blocks instead of tokenising the corpus itself. Must match the tokenizer and length.
   c.data.prepared = ""
+  # The corpus's last blocks that training never reads, for the `heldout` evaluator (0: train on all).
+  c.data.heldout_blocks = 0
 
   c.optimizer = adamw_config(lr=3e-4, clip_norm=0.0)
   c.optimizer.warmup_steps = 4000  # then linear decay to 0 at num_steps
@@ -73,6 +78,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 5000
   c.checkpoint.keep = 3
+  # "<evaluator>/<metric>": also keep the step where that evaluation scored best (e.g. "heldout/loss").
+  c.checkpoint.best = ""
+
+  # Named evaluators the loop runs at step 0 and every `every` steps (distill/evaluators.py), e.g.
+  # c.evaluators.heldout = dict(kind="heldout", every=1000); empty: the run reports its loss alone.
+  c.evaluators = ml_collections.ConfigDict()
+  c.eval_batch_size = 64  # sentences per evaluation batch, over all devices
 
   c.log_every = 100
   return c

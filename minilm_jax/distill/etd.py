@@ -6,9 +6,11 @@
    every projection's input rows and output columns, every LayerNorm), so residual connections
    still add up the same teacher dimensions; ETD-wo-hidn-con lets each layer pick its own.
 2. ETD-Rand picks indices at random (seeded); ETD-Impt keeps the most important neurons by the
-   first-order Taylor score |a * dL/da| (Michel et al., 2019) summed over the tokens of the first
-   training sentences, L the teacher's masked-LM loss. A hidden dimension's score is the sum over
-   layers of its MHA-input neuron scores.
+   first-order Taylor score |sum_t a_t * dL(x)/da_t| of each of the corpus's first
+   `etd.num_sentences` sentences x, summed over them (`importance.py`), L the teacher's masked-LM
+   loss. A hidden dimension's score is the sum over layers of its MHA-input neuron scores
+   (equation 8). `etd.reverse` keeps the least important neurons of the types it names instead
+   (ETD table 2's rev-ffn, rev-head, rev-hidden and rev-all).
 3. Depth: the student's layers are thin-teacher layers chosen uniformly (every L/M-th), or the
    top or bottom M (the paper's ablations).
 """
@@ -21,8 +23,20 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 
-WIDTH_METHODS = ("rand", "impt", "rand_wo_hidn_con")
+WIDTH_METHODS = ("rand", "impt")
 DEPTH_STRATEGIES = ("uniform", "top", "bottom")
+NEURON_TYPES = ("ffn", "head", "hidden")
+
+
+def reversed_types(reverse: str) -> frozenset:
+  """The neuron types whose least important neurons ETD-Impt keeps: "" (none), "all", or a comma list."""
+  names = {n.strip() for n in reverse.split(",") if n.strip()}
+  if names == {"all"}:
+    return frozenset(NEURON_TYPES)
+  unknown = sorted(names - set(NEURON_TYPES))
+  if unknown:
+    raise UserError(f"etd.reverse={reverse!r} names {unknown}: use all, or a comma list of {', '.join(NEURON_TYPES)}")
+  return frozenset(names)
 
 
 def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uniform") -> list:
@@ -79,16 +93,24 @@ def random_indices(teacher: EncoderConfig, student: EncoderConfig, seed: int, hi
   return {"hidden": shared_hidden, "layers": layers}
 
 
-def top_indices(scores: dict, student: EncoderConfig, hidden_consistency: bool = True) -> dict:
-  """ETD-Impt: the highest-scoring neurons (sorted by position). `scores` as `importance.taylor_scores`
-  returns. Without hidden consistency each layer keeps the top dimensions of its own MHA input."""
-  top = lambda s, k: np.sort(np.argsort(-np.asarray(s), kind="stable")[:k])
-  hidden = top(scores["hidden"], student.hidden_size)
+def top_indices(
+  scores: dict, student: EncoderConfig, hidden_consistency: bool = True, reverse: frozenset = frozenset()
+) -> dict:
+  """ETD-Impt: the highest-scoring neurons (sorted by position); the lowest-scoring for the types in
+  `reverse` (`reversed_types`). `scores` as `importance.taylor_scores` returns. Without hidden
+  consistency each layer keeps the top dimensions of its own MHA input."""
+
+  def top(kind):
+    sign = 1.0 if kind in reverse else -1.0
+    return lambda s, k: np.sort(np.argsort(sign * np.asarray(s), kind="stable")[:k])
+
+  hidden_top, head_top, ffn_top = top("hidden"), top("head"), top("ffn")
+  hidden = hidden_top(scores["hidden"], student.hidden_size)
   layers = [
     {
-      "hidden": hidden if hidden_consistency else top(layer["hidden"], student.hidden_size),
-      "heads": np.stack([top(h, student.head_dim) for h in layer["heads"]]),
-      "ffn": top(layer["ffn"], student.intermediate_size),
+      "hidden": hidden if hidden_consistency else hidden_top(layer["hidden"], student.hidden_size),
+      "heads": np.stack([head_top(h, student.head_dim) for h in layer["heads"]]),
+      "ffn": ffn_top(layer["ffn"], student.intermediate_size),
     }
     for layer in scores["layers"]
   ]
@@ -169,6 +191,9 @@ def initial_student_params(
   """The student's parameters by ETD-Rand or ETD-Impt. `mlm_head` is the teacher's MLM head (None if it
   has none); `sentences_fn(n)` gives the corpus's first n sentences (only ETD-Impt reads them)."""
   check_extractable(teacher, student)
+  reverse = reversed_types(etd_config.reverse)
+  if reverse and etd_config.method != "impt":
+    raise UserError(f"etd.reverse={etd_config.reverse!r} reverses importance ranks: use it with etd.method=impt")
   if etd_config.method == "rand":
     indices = random_indices(teacher, student, etd_config.seed, etd_config.hidden_consistency)
   elif etd_config.method == "impt":
@@ -179,8 +204,8 @@ def initial_student_params(
       )
     batches = scoring_batches(sentences_fn(etd_config.num_sentences), tokenizer, max_len, etd_config.seed)
     indices = top_indices(
-      taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency
+      taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency, reverse
     )
   else:
-    raise UserError(f"unknown etd.method {etd_config.method!r}: use rand or impt")
+    raise UserError(f"unknown etd.method {etd_config.method!r}: use {' or '.join(WIDTH_METHODS)}")
   return extract(teacher_params, teacher, student, indices, etd_config.layers)

@@ -1,8 +1,21 @@
-"""First-order Taylor importance of neurons under the teacher's masked-LM loss (ETD-Impt).
+"""First-order Taylor importance of neurons under the teacher's masked-LM loss (ETD-Impt, ETD
+equations 5-8 after Michel et al., 2019).
 
-For a neuron with activation `a`, `I = |a * dL/da|` summed over the real tokens of the scoring
-sentences (Michel et al., 2019). `dL/da` comes from the encoder's zero "perturbations" (see
-`encoder._probe`), `a` from its sown "intermediates", in one backward pass per batch.
+Removing a neuron changes a sentence's loss L(x) by about `sum_t a_t * dL(x)/da_t` (the first-order
+Taylor term, summed over the sentence's real tokens t); its importance is the absolute value of
+that change, summed over the scoring sentences: `I = sum_x |sum_t a_t(x) * dL(x)/da_t(x)|`
+(Michel et al.'s `E_x |A(x)^T dL(x)/dA(x)|`, not the sum of per-token absolute values, which
+counts a neuron whose effects cancel within a sentence as important). L(x) is the sentence's own
+masked-LM loss, the mean cross-entropy of its masked tokens, so each sentence's gradient is its
+own. `dL/da` comes from the encoder's zero "perturbations" (see `encoder._probe`), `a` from its
+sown "intermediates", in one backward pass per batch.
+
+A head neuron (dimension j of head h) is scored by its context output, the value that W_O reads:
+extracting it removes column j of that head's W_Q, W_K, W_V and row j of W_O together, and the
+context output is the one activation that exists once per such neuron (its Q and K dimensions act
+only through the attention weights, which mix all of the head's dimensions), so the first-order
+change of the loss when the neuron goes is what its output carries. The paper's text lost its
+equations; this is our reading (../shared/DESIGN.md).
 """
 
 import jax
@@ -43,7 +56,9 @@ def _neuron_grads(model, params, perturbations, batch):
       batch["token_type_ids"],
       mutable=["intermediates"],
     )
-    return mlm_loss(logits, batch["input_ids"], batch["weights"]), state["intermediates"]
+    # The sum of every sentence's own loss: its tokens' gradients are those of its L(x) alone.
+    per_sentence = jax.vmap(mlm_loss)(logits[:, None], batch["input_ids"][:, None], batch["weights"][:, None])
+    return jnp.sum(per_sentence), state["intermediates"]
 
   grads, activations = jax.grad(loss, has_aux=True)(perturbations)
   return jax.tree.map(lambda t: t[0], activations, is_leaf=lambda t: isinstance(t, tuple)), grads
@@ -67,7 +82,7 @@ def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
     )
     activations, grads = _neuron_grads(model, params, zeros, batch)
     real = batch["attention_mask"].astype(jnp.float32)[..., None]
-    return jax.tree.map(lambda a, g: jnp.sum(jnp.abs(a * g) * real, axis=(0, 1)), activations, grads)
+    return jax.tree.map(lambda a, g: jnp.sum(jnp.abs(jnp.sum(a * g * real, axis=1)), axis=0), activations, grads)
 
   total = None
   for batch in batches:

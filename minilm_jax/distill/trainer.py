@@ -18,9 +18,9 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from minilm_jax import checkpoint, embeddings, parallel, runs
-from minilm_jax.data.corpus import BatchStream, first_sentences
+from minilm_jax.data.corpus import BatchStream, first_sentences, split_heldout
 from minilm_jax.data.prepared import corpus_blocks
-from minilm_jax.distill import etd, losses
+from minilm_jax.distill import etd, evaluators, losses
 from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
@@ -107,6 +107,21 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective,
   return jax.jit(step, donate_argnums=0)
 
 
+def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh, seed: int):
+  """`heldout_step(params, batch, teacher_params) -> {"loss", "loss_<term>"...}`: the train step's loss
+  terms, deterministic (no dropout; the masking objectives' masks from `seed`), averaged over the mesh."""
+
+  def per_device(params, batch, teacher_params):
+    rng = jax.random.fold_in(jax.random.key(seed), jax.lax.axis_index(parallel.DATA))
+    inputs = objective.inputs(rng, batch, teacher.config.vocab_size)
+    teacher_out = objective.outputs(teacher, teacher_params, inputs, objective.teacher_layers_needed)
+    terms = objective.student_terms(student, params, teacher_out, inputs)
+    return jax.lax.pmean({"loss": sum(terms.values()), **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
+
+  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P()), out_specs=P())
+  return jax.jit(step)
+
+
 @dataclasses.dataclass(frozen=True)
 class DistillationStep:
   """The models, objective, optimizer and jitted step of a distillation config on a mesh: what the
@@ -170,6 +185,7 @@ class Distillation:
 
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
+    evaluators.check_specs(config)
     self.config, self.workdir = config, workdir
     if config.student.init not in ("random", "etd"):
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
@@ -191,6 +207,7 @@ class Distillation:
     step_teacher = {**teacher_params, "mlm_head": mlm_head} if self.objective.needs.mlm_head else teacher_params
     self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
     blocks, collate = corpus_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
+    blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
     self.stream = BatchStream(
       blocks,
       config.batch_size,
@@ -200,12 +217,35 @@ class Distillation:
       jax.process_count(),
       f"corpus {config.data.corpus}",
     )
+    self.heldout, heldout_stream, heldout_step = None, None, None
+    if heldout is not None:
+      self.heldout = {"blocks": len(heldout), "first_block": heldout.start}
+      heldout_stream = BatchStream(
+        heldout, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(), "held-out blocks"
+      )
+      heldout_step = make_heldout_step(self.teacher, self.student, self.objective, self.mesh, config.seed)
+    self.evaluators = evaluators.Evaluators(
+      config,
+      evaluators.Context(
+        config,
+        self.mesh,
+        self.tokenizer,
+        self.student,
+        self.objective.pooling,
+        self.teacher,
+        self.teacher_params,
+        heldout_stream,
+        heldout_step,
+      ),
+    )
     self.tx, self.train_step = self.step.tx, self.step.train_step
     # Parameters this objective leaves as initialised (an export names them): traced, not computed.
     self.untrained = untrained_student_parameters(
       self.teacher, self.student, self.objective, self.teacher_params, self.step.abstract_state().params
     )
-    self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+    self.checkpoints = checkpoint.RunCheckpoints(
+      workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
+    )
     self.student_params = None
     if config.student.init == "etd" and self.checkpoints.latest_step() is None:
       self.student_params = etd.initial_student_params(
@@ -234,6 +274,7 @@ class Distillation:
       "encoder": self.student.config.to_dict(),
       "config": json.loads(self.config.to_json()),
       "untrained": self.untrained,
+      "heldout": self.heldout,  # the corpus blocks training never reads
       "sentence_embedding": {
         **self.objective.pooling.to_dict(),
         "dense": self.objective.projection_shapes().get("embedding"),
@@ -249,7 +290,7 @@ class Distillation:
     def step_fn(state, batch):
       return self.train_step(state, batch, self.teacher_params, dropout_rng)
 
-    return train_loop(
+    state = train_loop(
       state,
       next_batch,
       step_fn=step_fn,
@@ -261,4 +302,17 @@ class Distillation:
       workdir=self.workdir,
       log_every=self.config.log_every,
       desc="distill",
+      evaluate=(lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None,
     )
+    if self.evaluators:
+      speed = self.evaluators.speed(state.params)  # on every process: the encoders run on the whole mesh
+      if jax.process_index() == 0:  # the one that wrote metrics.jsonl
+        sizes = {"teacher": parameter_count(self.teacher_params), "student": parameter_count(state.params)}
+        print("\n" + evaluators.summary(self.config, self.workdir, speed, sizes), flush=True)  # below the bars
+    return state
+
+
+def parameter_count(params) -> int:
+  """The encoder's parameters: what the objective learns besides (maps, masked-LM heads) left out."""
+  encoder = {k: v for k, v in params.items() if k not in ("projection", "mlm_head")}
+  return sum(int(x.size) for x in jax.tree.leaves(encoder))

@@ -48,6 +48,30 @@ def wordnet_retrieval(data_dir: str = "", split: str = "dev") -> RetrievalSet:
   return RetrievalSet(queries, documents, relevant)
 
 
+def read_retrieval_pairs(path: str, what: str) -> RetrievalSet:
+  """A user's retrieval set: a UTF-8 TSV of `query<TAB>relevant document` lines (a query on several
+  lines has several relevant documents); the documents are every line's second field."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [line.rstrip("\n") for line in f if line.strip()]
+  except FileNotFoundError:
+    raise UserError(f"{what}={path!r} does not exist: give a TSV of query<TAB>relevant document lines") from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"{what}={path!r} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+  queries, documents, relevant = {}, {}, []
+  for number, line in enumerate(lines, start=1):
+    fields = line.split("\t")
+    if len(fields) != 2 or not all(f.strip() for f in fields):
+      raise UserError(f"{path}:{number}: expected query<TAB>relevant document, got {line[:60]!r}")
+    query, document = fields
+    if query not in queries:
+      queries[query] = len(queries)
+      relevant.append([])
+    documents.setdefault(document, len(documents))
+    relevant[queries[query]].append(documents[document])
+  return RetrievalSet(list(queries), list(documents), relevant)
+
+
 def retrieval_scores(query_NxD, document_MxD, relevant) -> dict:
   """recall@1, recall@10 and MRR@10 of cosine-similarity ranking."""
   sims = _unit(query_NxD) @ _unit(document_MxD).T
@@ -110,15 +134,19 @@ class SentenceModel:
     self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
 
   def encode(self, texts: list, desc: str = "encode") -> np.ndarray:
-    enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_seq_length, padding="max_length")
-    features = datasets.Dataset.from_dict(
-      {
-        "input_ids": enc["input_ids"],
-        "attention_mask": enc["attention_mask"],
-        "token_type_ids": enc.get("token_type_ids", [[0] * self.max_seq_length for _ in texts]),
-      }
-    )
-    return self.predict(self.params, features, desc=desc)
+    return self.predict(self.params, sentence_features(self.tokenizer, texts, self.max_seq_length), desc=desc)
+
+
+def sentence_features(tokenizer, texts: list, length: int) -> datasets.Dataset:
+  """The encoder inputs of `texts`, each truncated or padded to `length` tokens (one compiled shape)."""
+  enc = tokenizer(list(texts), truncation=True, max_length=length, padding="max_length")
+  return datasets.Dataset.from_dict(
+    {
+      "input_ids": enc["input_ids"],
+      "attention_mask": enc["attention_mask"],
+      "token_type_ids": enc.get("token_type_ids", [[0] * length for _ in texts]),
+    }
+  )
 
 
 def evaluate_embeddings(

@@ -1,5 +1,6 @@
-"""Writes `data.noun` here: the excerpt of WordNet 3.0's noun database that the tests read, so the
-suite needs no `apt-get install wordnet-base`. Run it where the full database is installed:
+"""Writes `minilm_jax/data/wordnet/data.noun`: the excerpt of WordNet 3.0's noun database that ships
+with the package (`minilm_jax.tasks.wordnet.EXCERPT_DIR`), which the tests and the demo's evaluators
+read, so neither needs `apt-get install wordnet-base`. Run it where the full database is installed:
 
     python tests/data/wordnet/make_excerpt.py /usr/share/wordnet
 
@@ -20,7 +21,6 @@ import zlib
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 from minilm_jax.tasks import wordnet  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 PER_LEXFILE = {"train": 400, "dev": 200}
 PAIRS_WANTED = {"train": 1100, "dev": 550}  # synsets with a negative; each gives two examples
 
@@ -66,7 +66,7 @@ def main(source: str):
   keep = select(wordnet.read_synsets(source))
   with (
     open(os.path.join(source, "data.noun"), encoding="utf-8") as f,
-    open(os.path.join(HERE, "data.noun"), "w", encoding="utf-8") as out,
+    open(os.path.join(wordnet.EXCERPT_DIR, "data.noun"), "w", encoding="utf-8") as out,
   ):
     for line in f:
       if line.startswith("  "):

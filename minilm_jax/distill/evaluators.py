@@ -1,0 +1,414 @@
+"""What a distillation run measures while it trains: evaluators named in the config, each with its
+kind, its data and how often it runs (big_vision's pattern), called by the training loop on the
+mesh at step 0 (the student it starts from) and every `every` steps, logged beside the loss as
+`eval/<name>/<metric>` (metrics.jsonl and TensorBoard), the teacher's own score once per process as
+`eval/<name>/teacher/<metric>`:
+
+  c.evaluators.heldout = dict(kind="heldout", every=100)
+  c.evaluators.wordnet = dict(kind="retrieval", every=100, data="wordnet", data_dir=...)
+  c.evaluators.sts = dict(kind="sts", every=100, file="sts-dev.tsv")
+  c.evaluators.supersense = dict(kind="probe", every=100, task="wordnet_supersense", data_dir=...)
+  c.checkpoint.best = "heldout/loss"  # keep the best step beside the newest ones
+
+Kinds (each one registered function, `KINDS`):
+- `heldout`: every loss term of the objective on the corpus's last `data.heldout_blocks` blocks,
+  which training never reads (deterministic dropout off; the teacher is its own target, so it has no score).
+- `retrieval`: recall@1, recall@10 and MRR@10 of cosine ranking, and the mean cosine of unrelated
+  queries (`finetuning/embedding_eval.py`), on WordNet (`data="wordnet"`, definitions -> example
+  sentences) or on the user's TSV of `query<TAB>relevant document` lines.
+- `sts`: Spearman's correlation of the cosine with the gold scores of an STS-B-format TSV.
+- `probe`: dev accuracy of a logistic regression (scikit-learn) on the frozen, pooled embeddings
+  of a one-sentence classification task's training split: a named task, or `task="custom"` with
+  `train`/`dev` files.
+
+Embeddings are the student's sentence embeddings as its export computes them (the teacher's
+pooling, the learnt map to the teacher's width when there is one). Every evaluator compiles once
+(fixed batch and length) and then only runs.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Optional
+
+import jax
+import ml_collections
+import numpy as np
+
+from minilm_jax import embeddings, parallel, runs
+from minilm_jax.data.corpus import BatchStream
+from minilm_jax.distributed import host_scalars
+from minilm_jax.errors import UserError
+from minilm_jax.finetuning import embedding_eval
+from minilm_jax.finetuning.steps import Predictor
+from minilm_jax.models.encoder import Encoder
+from minilm_jax.tasks import custom, get_task, glue
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  build: Callable  # (name, spec, context) -> Evaluator
+  fields: dict  # the kind's own fields and their defaults (besides kind and every)
+  metrics: tuple  # what it reports; "loss*" stands for every loss term
+  lower_is_better: tuple = ()
+
+
+KINDS = {}
+
+
+def register(kind: str, fields: dict, metrics: tuple, lower_is_better: tuple = ()):
+  def add(build):
+    KINDS[kind] = Kind(build, fields, metrics, lower_is_better)
+    return build
+
+  return add
+
+
+@dataclasses.dataclass
+class Evaluator:
+  name: str
+  every: int
+  student: Callable  # params -> {metric: value}
+  teacher: Optional[Callable] = None  # () -> {metric: value}
+  texts: tuple = ()  # sentences it embeds: what the speed measurement encodes
+
+
+@dataclasses.dataclass
+class Context:
+  """What the evaluators of one run share: built once by the distillation program."""
+
+  config: ml_collections.ConfigDict
+  mesh: object
+  tokenizer: object
+  student: Encoder
+  student_pooling: embeddings.Pooling
+  teacher: Encoder
+  teacher_params: dict
+  heldout_stream: Optional[BatchStream]
+  heldout_step: Optional[Callable]  # (params, batch, teacher_params) -> {loss terms}
+  _student_encoders: dict = dataclasses.field(default_factory=dict)
+  _teacher_encoders: dict = dataclasses.field(default_factory=dict)
+
+  def length(self, spec) -> int:
+    return spec.max_seq_length or self.config.data.max_seq_length
+
+  def student_encoder(self, length: int) -> "SentenceEncoder":
+    if length not in self._student_encoders:
+      self._student_encoders[length] = SentenceEncoder(
+        self.student, self.student_pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length, learnt=True
+      )
+    return self._student_encoders[length]
+
+  def teacher_encoder(self, length: int) -> "SentenceEncoder":
+    if length not in self._teacher_encoders:
+      pooling, dense = runs.sentence_pipeline_of(self.config.teacher.path, length)
+      encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length)
+      params = {"encoder": self.teacher_params, **({"dense": dense} if dense is not None else {})}
+      encoder.params = jax.device_put(params, parallel.replicated(self.mesh))
+      self._teacher_encoders[length] = encoder
+    return self._teacher_encoders[length]
+
+
+class SentenceEncoder:
+  """Sentence embeddings of texts at one length and batch (one compiled shape). The student's
+  (`learnt`) come from its train state's parameters: the encoder's, and the map to the teacher's
+  width that the embedding objective learns; the teacher's from `params` = {"encoder", "dense"}."""
+
+  def __init__(self, model: Encoder, pooling, tokenizer, mesh, batch_size: int, length: int, learnt: bool = False):
+    self.tokenizer, self.length, self.params = tokenizer, length, None
+    pooling = dataclasses.replace(pooling, max_seq_length=length)
+
+    def forward(params, batch):
+      if learnt:
+        encoder, dense = params, params.get("projection", {}).get("embedding", {}).get("kernel")
+      else:
+        encoder, dense = params["encoder"], params.get("dense")
+      out = model.apply({"params": encoder}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+      return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], pooling, dense)
+
+    self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
+
+  def __call__(self, texts, params=None, desc="embed") -> np.ndarray:
+    features = embedding_eval.sentence_features(self.tokenizer, texts, self.length)
+    return self.predict(self.params if params is None else params, features, desc=desc)
+
+
+def evaluator(kind: str, every: int, **fields) -> ml_collections.ConfigDict:
+  """A config's evaluator entry with every field of its kind (so each can be overridden on the
+  command line): `c.evaluators.wordnet = evaluator("retrieval", 100, data_dir=...)`."""
+  if kind not in KINDS:
+    raise UserError(f"evaluator kind {kind!r} is unknown: choose one of {', '.join(sorted(KINDS))}")
+  return ml_collections.ConfigDict({"kind": kind, "every": every, **KINDS[kind].fields, **fields})
+
+
+def check_specs(config):
+  """One line for the first evaluator (or `checkpoint.best`) the config gets wrong, before any work."""
+  kinds = ", ".join(sorted(KINDS))
+  for name, spec in config.evaluators.items():
+    if not isinstance(spec, ml_collections.ConfigDict) or "kind" not in spec:
+      raise UserError(f"evaluators.{name} has no kind: give it kind= one of {kinds}")
+    if spec.kind not in KINDS:
+      raise UserError(f"evaluators.{name}.kind={spec.kind!r} is unknown: choose one of {kinds}")
+    if not isinstance(spec.get("every"), int) or spec.every < 1:
+      raise UserError(f"evaluators.{name}.every={spec.get('every')!r}: evaluate every 1 or more steps")
+    if spec.kind == "heldout" and config.data.heldout_blocks < config.batch_size:
+      raise UserError(
+        f"evaluators.{name} (heldout) needs blocks held out of training: set data.heldout_blocks to at least "
+        f"one batch ({config.batch_size})"
+      )
+    fields = KINDS[spec.kind].fields
+    unknown = sorted(set(spec.keys()) - {"kind", "every"} - set(fields))
+    if unknown:
+      raise UserError(
+        f"evaluators.{name} has fields {unknown} that kind {spec.kind} does not read: "
+        f"it reads {', '.join(['every', *fields])}"
+      )
+    for field in ("file", "train", "dev", "data", "data_dir"):
+      path = spec.get(field)
+      if not path or (field == "data" and path == "wordnet"):
+        continue
+      if not (os.path.isdir if field == "data_dir" else os.path.isfile)(path):
+        raise UserError(f"evaluators.{name}.{field}={path!r} does not exist: fix the path")
+  best = config.checkpoint.best
+  if best:
+    name, _, metric = best.partition("/")
+    if name not in config.evaluators:
+      raise UserError(
+        f"checkpoint.best={best!r} names no evaluator: use <evaluator>/<metric> with one of "
+        f"{sorted(config.evaluators) or 'the evaluators you add to the config'}"
+      )
+    known = KINDS[config.evaluators[name].kind].metrics
+    if not any(metric == m or (m.endswith("*") and metric.startswith(m[:-1])) for m in known):
+      raise UserError(f"checkpoint.best={best!r}: evaluator {name} reports {', '.join(known)}")
+
+
+def with_defaults(spec) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({**KINDS[spec.kind].fields, **spec.to_dict()})
+
+
+def best_direction(config) -> Optional[tuple]:
+  """(metric key in the logged metrics, whether higher is better) of `checkpoint.best`, or None."""
+  if not config.checkpoint.best:
+    return None
+  name, _, metric = config.checkpoint.best.partition("/")
+  kind = KINDS[config.evaluators[name].kind]
+  lower = any(metric == m or (m.endswith("*") and metric.startswith(m[:-1])) for m in kind.lower_is_better)
+  return f"eval/{name}/{metric}", not lower
+
+
+_SPEED_SENTENCES = 512
+
+
+class Evaluators:
+  """The run's evaluators: `__call__(step, params)` runs those due at `step` (every `every` steps and
+  the last) and returns their metrics (with the teacher's the first time each runs in this process)."""
+
+  def __init__(self, config, context: Context):
+    self.items = [
+      KINDS[spec.kind].build(name, with_defaults(spec), context) for name, spec in config.evaluators.items()
+    ]
+    self.context, self.num_steps = context, config.num_steps
+    self._teacher_done = set()
+
+  def __bool__(self):
+    return bool(self.items)
+
+  def __call__(self, step: int, params) -> dict:
+    out = {}
+    for e in self.items:
+      if step % e.every and step != self.num_steps:
+        continue
+      out.update({f"eval/{e.name}/{k}": v for k, v in e.student(params).items()})
+      if e.teacher is not None and e.name not in self._teacher_done:
+        out.update({f"eval/{e.name}/teacher/{k}": v for k, v in e.teacher().items()})
+        self._teacher_done.add(e.name)
+    return out
+
+  def speed(self, params) -> dict:
+    """Sentences per second of the student and the teacher on the first embedding evaluator's
+    texts (after a warm-up call): {} when no evaluator embeds sentences."""
+    texts = next((e.texts for e in self.items if e.texts), ())[:_SPEED_SENTENCES]
+    if not texts:
+      return {}
+    length = self.context.config.data.max_seq_length
+    out = {}
+    for who, encoder, p in (
+      ("student", self.context.student_encoder(length), params),
+      ("teacher", self.context.teacher_encoder(length), None),
+    ):
+      encoder(texts[: self.context.config.eval_batch_size], p)
+      start = time.perf_counter()
+      encoder(texts, p)
+      out[who] = len(texts) / (time.perf_counter() - start)
+    return out
+
+
+@register("heldout", {}, ("loss*",), lower_is_better=("loss*",))
+def heldout(name, spec, context: Context) -> Evaluator:
+  stream, mesh = context.heldout_stream, context.mesh
+
+  def student(params):
+    totals = None
+    for b in range(stream.batches_per_epoch):
+      terms = context.heldout_step(params, parallel.shard_batch(stream.batch(b), mesh), context.teacher_params)
+      totals = terms if totals is None else jax.tree.map(lambda a, x: a + x, totals, terms)
+    return {k: float(v) / stream.batches_per_epoch for k, v in host_scalars(totals).items()}
+
+  return Evaluator(name, spec.every, student)
+
+
+def _embedding_evaluator(name, spec, context: Context, texts: list, score) -> Evaluator:
+  """An evaluator of embeddings: `score(embed)` with `embed(texts) -> [N, D]`, for the student and
+  for the teacher; `texts` are every sentence it embeds (the speed measurement's)."""
+  length = context.length(spec)
+  student_encoder, teacher_encoder = context.student_encoder(length), context.teacher_encoder(length)
+  return Evaluator(
+    name,
+    spec.every,
+    student=lambda params: score(lambda t: student_encoder(t, params, f"eval/{name}")),
+    teacher=lambda: score(lambda t: teacher_encoder(t, desc=f"eval/{name}/teacher")),
+    texts=tuple(texts),
+  )
+
+
+_RETRIEVAL_METRICS = ("recall@1", "recall@10", "mrr@10", "unrelated_cosine")
+
+
+@register(
+  "retrieval",
+  {"data": "wordnet", "data_dir": "", "split": "dev", "max_seq_length": 0},
+  _RETRIEVAL_METRICS,
+  lower_is_better=("unrelated_cosine",),
+)
+def retrieval(name, spec, context: Context) -> Evaluator:
+  if spec.data == "wordnet":
+    data = embedding_eval.wordnet_retrieval(spec.data_dir, spec.split)
+  else:
+    data = embedding_eval.read_retrieval_pairs(spec.data, f"evaluators.{name}.data")
+  if not data.queries:
+    raise UserError(f"evaluators.{name}: {spec.data} gives no queries: give it query/document pairs")
+
+  def score(embed):
+    queries = embed(data.queries)
+    return {
+      **embedding_eval.retrieval_scores(queries, embed(data.documents), data.relevant),
+      "unrelated_cosine": embedding_eval.unrelated_cosine(queries),
+    }
+
+  return _embedding_evaluator(name, spec, context, data.queries + data.documents, score)
+
+
+@register("sts", {"file": "", "max_seq_length": 0}, ("spearman",))
+def sts(name, spec, context: Context) -> Evaluator:
+  if not spec.file:
+    raise UserError(f"evaluators.{name} (sts) needs file= an STS-B-format TSV (sentence1, sentence2, score)")
+  pairs = glue.TASKS["stsb"].load_file(spec.file, labelled=True)
+  a, b, gold = list(pairs["text_a"]), list(pairs["text_b"]), np.asarray(pairs["label"])
+
+  def score(embed):
+    return {"spearman": embedding_eval.sts_spearman(embed(a), embed(b), gold)}
+
+  return _embedding_evaluator(name, spec, context, a + b, score)
+
+
+@register(
+  "probe",
+  {
+    "task": "wordnet_supersense",
+    "data_dir": "",
+    "train": "",
+    "dev": "",
+    "text_column": "text",
+    "label_column": "label",
+    "max_seq_length": 0,
+  },
+  ("accuracy",),
+)
+def probe(name, spec, context: Context) -> Evaluator:
+  if spec.task == "custom":
+    task = custom.custom_task(
+      ml_collections.ConfigDict(
+        {
+          "train": spec.train,
+          "dev": spec.dev,
+          "text_columns": spec.text_column,
+          "label_column": spec.label_column,
+          "labels": "",
+          "regression": False,
+          "metrics": "",
+        }
+      )
+    )
+  else:
+    task = get_task(spec.task)
+  if getattr(task, "labels", None) is None or len(task.text_columns) != 1:
+    raise UserError(
+      f"evaluators.{name}.task={spec.task}: a probe classifies single sentences; choose a one-sentence "
+      f"classification task (wordnet_supersense, sst2, cola) or task=custom"
+    )
+  train, dev = task.load("train", spec.data_dir), task.load("dev", spec.data_dir)
+  train_texts, dev_texts = list(train["text_a"]), list(dev["text_a"])
+  train_y, dev_y = np.asarray(train["label"]), np.asarray(dev["label"])
+
+  def score(embed):
+    return {"accuracy": probe_accuracy(embed(train_texts), train_y, embed(dev_texts), dev_y)}
+
+  return _embedding_evaluator(name, spec, context, train_texts + dev_texts, score)
+
+
+def probe_accuracy(train_NxD, train_y, dev_MxD, dev_y) -> float:
+  """Dev accuracy of scikit-learn's logistic regression (default L2, lbfgs) fitted on frozen embeddings."""
+  from sklearn.linear_model import LogisticRegression
+
+  classifier = LogisticRegression(max_iter=2000).fit(np.asarray(train_NxD, np.float64), train_y)
+  return float(np.mean(classifier.predict(np.asarray(dev_MxD, np.float64)) == dev_y))
+
+
+def summary(config, workdir: str, speed: dict, sizes: dict) -> str:
+  """The run's evaluations as one table, read from its metrics.jsonl: the teacher, the student it
+  started from (step 0), the last evaluated step and (with `checkpoint.best`) the best one; their
+  sizes and sentences/s; and the change of each score from the start to the last step."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  evaluated = [r for r in rows if any(k.startswith("eval/") for k in r)]
+  if not evaluated:
+    return ""
+  # Scores, not the heldout's separate loss terms (those are in metrics.jsonl).
+  columns = []
+  for r in evaluated:
+    for k in r:
+      name = k.split("/")
+      if k.startswith("eval/") and name[2] != "teacher" and not name[-1].startswith("loss_") and k not in columns:
+        columns.append(k)
+  teacher = {}
+  for r in evaluated:
+    teacher.update({k.replace("/teacher/", "/"): v for k, v in r.items() if "/teacher/" in k})
+  start = evaluated[0] if evaluated[0]["step"] == 0 else None
+  last = evaluated[-1]
+  lines = []
+  s = config.student
+  init = "random init" if s.init == "random" else f"the teacher's {config.etd.layers} layers, undistilled"
+  table = [("teacher", sizes["teacher"], speed.get("teacher"), teacher)]
+  if start is not None:
+    table.append((f"start (step 0): {init}", sizes["student"], speed.get("student"), start))
+  if last is not start:
+    table.append((f"student (step {last['step']})", sizes["student"], speed.get("student"), last))
+  best = best_direction(config)
+  if best:
+    metric, higher = best
+    ranked = [r for r in evaluated if metric in r]
+    top = (max if higher else min)(ranked, key=lambda r: r[metric])
+    if top is not last and top is not start:
+      table.append((f"best {metric[5:]} (step {top['step']})", sizes["student"], speed.get("student"), top))
+  header = ["model", "parameters", "sentences/s"] + [c[5:] for c in columns]
+  lines.append("| " + " | ".join(header) + " |")
+  lines.append("|" + " --- |" * len(header))
+  for label, size, rate, scores in table:
+    cells = [label, f"{size / 1e6:.1f}M", f"{rate:,.0f}" if rate else "-"]
+    cells += [f"{scores[c]:.4f}" if c in scores else "-" for c in columns]
+    lines.append("| " + " | ".join(cells) + " |")
+  if start is not None and last is not start:
+    changes = [f"{c[5:]} {start[c]:.4f} -> {last[c]:.4f}" for c in columns if c in start and c in last]
+    lines.append(f"from step 0 to step {last['step']}: " + "; ".join(changes))
+  return "\n".join(lines)
