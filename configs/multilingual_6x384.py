@@ -1,7 +1,15 @@
-"""Multilingual MiniLM 6x384 from xlm-roberta-base (section 4.1: batch 512, lr 6e-4, 400k steps)."""
+"""Multilingual MiniLM 6x384 w/ TA (section 5.3; tables 11 and 13, row "MiniLM (w/ TA)"): distilled
+from the 12x384 multilingual student as its teacher assistant, not straight from xlm-roberta-base
+(section 4.1: batch 512, lr 6e-4, 400k steps). The chain:
+
+  python -m minilm_jax.train --config configs/multilingual_12x384.py --workdir workdirs/multilingual_12x384
+  python -m minilm_jax.train --config configs/multilingual_6x384.py --workdir workdirs/multilingual_6x384
+
+The assistant's workdir is this run's teacher (its weights, XLM-R's tokenizer and vocabulary).
+"""
 
 from minilm_jax.distill.config import multilingual, paper_config
 
 
 def get_config():
-  return multilingual(paper_config("xlm-roberta-base", 6, 384, batch_size=512, lr=6e-4))
+  return multilingual(paper_config("workdirs/multilingual_12x384", 6, 384, batch_size=512, lr=6e-4))

@@ -167,6 +167,23 @@ def test_every_config_builds(path, variant):
   assert config.teacher.path and config.batch_size > 0 and config.num_steps > 0
 
 
+def test_teacher_assistant_chains_name_the_configs_that_train_their_assistants():
+  """A config whose teacher is `workdirs/<name>` (MiniLM section 3.3, and section 5.3's multilingual
+  6x384) distils from the run of `configs/<name>.py`: that config exists, its student has the
+  teacher's depth-12 and the student's width, and the same model type and vocabulary."""
+  chains = 0
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
+    config = load_config_module(path).get_config()
+    if not config.teacher.path.startswith("workdirs/"):
+      continue
+    chains += 1
+    assistant = load_config_module(os.path.join(ROOT, "configs", config.teacher.path[9:] + ".py")).get_config()
+    s, a = config.student, assistant.student
+    assert (a.num_layers, a.hidden_size, a.model_type, a.vocab_size) == (12, s.hidden_size, s.model_type, s.vocab_size)
+    assert assistant.teacher.path in ("bert-base-uncased", "xlm-roberta-base")
+  assert chains == 2  # minilm_6x384_from_ta.py and multilingual_6x384.py
+
+
 def _one_line_error(cmd, env):
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
