@@ -3,6 +3,9 @@
   python -m minilm_jax.evaluate --runs <workdir>[,<workdir>...] --out <dir> [--all_steps] [--data_dir <dir>]
   python -m minilm_jax.evaluate --embeddings <run or model dir>[,...] --out <dir> [--sts <STS-B tsv>]
 
+An `--out` that holds files is refused unless `--overwrite`, which replaces them only once the new
+results are complete.
+
 `--runs`: fine-tuning and task-distillation runs on their tasks. Writes `<out>/metrics.json` (one
 row per run, checkpoint, task and split), predictions, and GLUE test-set submission files
 (`<out>/<run>/step_<n>/SST-2.tsv`, ...) when the data folder has test files.
@@ -10,9 +13,12 @@ row per run, checkpoint, task and split), predictions, and GLUE test-set submiss
 by one protocol (WordNet retrieval, STS): `<out>/embeddings.json`.
 """
 
+import contextlib
+
+import jax
 from absl import flags
 
-from minilm_jax import parallel
+from minilm_jax import outputs, parallel
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError
 from minilm_jax.program import run_program
@@ -24,6 +30,9 @@ _EMBEDDINGS = flags.DEFINE_list(
   "embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose sentence embeddings to evaluate."
 )
 _OUT = flags.DEFINE_string("out", None, "Directory for metrics.json, predictions and submission files.")
+_OVERWRITE = flags.DEFINE_bool(
+  "overwrite", False, "Replace the results already in --out (once the new ones are complete)."
+)
 _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Evaluate every kept checkpoint, not only the latest.")
 _DATA_DIR = flags.DEFINE_string(
   "data_dir", "", "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order)."
@@ -47,20 +56,24 @@ def main(argv):
       "name the runs, or the models whose embeddings to evaluate, and an output folder: "
       "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>"
     )
-  if _EMBEDDINGS.value:
-    rows = evaluate_embeddings(
-      _EMBEDDINGS.value,
-      _OUT.value,
-      _STS.value,
-      _WORDNET_DIR.value,
-      _BATCH.value,
-      _MAX_LEN.value,
-      parallel.make_mesh(-1, 1),
-    )
-  else:
-    rows = evaluate_runs(
-      _RUNS.value, _OUT.value, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value, parallel.make_mesh(-1, _MODEL.value)
-    )
+  outputs.check_new_directory(_OUT.value, "--out", _OVERWRITE.value)  # before any work
+  # Process 0 writes the results, into a hidden directory that becomes --out once they are complete.
+  writing = jax.process_index() == 0
+  with outputs.new_directory(_OUT.value, "--out", _OVERWRITE.value) if writing else contextlib.nullcontext() as out:
+    if _EMBEDDINGS.value:
+      rows = evaluate_embeddings(
+        _EMBEDDINGS.value,
+        out,
+        _STS.value,
+        _WORDNET_DIR.value,
+        _BATCH.value,
+        _MAX_LEN.value,
+        parallel.make_mesh(-1, 1),
+      )
+    else:
+      rows = evaluate_runs(
+        _RUNS.value, out, _ALL_STEPS.value, _DATA_DIR.value, _BATCH.value, parallel.make_mesh(-1, _MODEL.value)
+      )
   print(format_table(rows))
 
 

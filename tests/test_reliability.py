@@ -2,6 +2,7 @@
 saved is lost."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -384,3 +385,20 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
       _program("--config", config, "--workdir", str(tmp_path / "a_file"), program=program),
       "is a file: name a directory",
     )
+
+
+def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path):
+  """`evaluate --out` holding earlier results is refused in one line before any work; with
+  --overwrite the new results replace them only once complete."""
+  from conftest import WORDNET_EXCERPT
+
+  out = tmp_path / "results"
+  out.mkdir()
+  (out / "embeddings.json").write_text('{"earlier": true}')
+  args = ["--embeddings", tiny_teacher, "--out", str(out), "--wordnet_dir", WORDNET_EXCERPT, "--max_seq_length", "16"]
+  _one_line_error(_program(*args, program="evaluate"), f"--out {out} already holds 1 files", "--overwrite")
+  assert (out / "embeddings.json").read_text() == '{"earlier": true}'
+  proc = _program(*args, "--overwrite", program="evaluate")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert os.listdir(out) == ["embeddings.json"] and json.load(open(out / "embeddings.json"))["rows"][0]["model"]
+  assert [p for p in os.listdir(tmp_path) if p.startswith(".results")] == []  # no staging directory left

@@ -179,7 +179,7 @@ def evaluate_embeddings(
         model.encode(pairs["text_a"], "sts"), model.encode(pairs["text_b"], "sts"), pairs["label"]
       )
     rows.append(row)
-  if jax.process_index() == 0:
+  if out_dir:  # None: another process of a multi-process evaluation writes the results
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "embeddings.json"), "w") as f:
       json.dump(

@@ -107,7 +107,8 @@ def evaluate_runs(
   workdirs, out_dir: str, all_steps: bool = False, data_dir: str = "", batch_size: int = 128, mesh=None
 ):
   """Evaluates every run (all its checkpoints, or the latest); returns the metric rows and writes
-  `metrics.json`, predictions and submission files under `out_dir`."""
+  `metrics.json`, predictions and submission files under `out_dir` (None: writes nothing, the
+  other processes of a multi-process evaluation)."""
   mesh = mesh or parallel.make_mesh()
   jobs, configs = [], {}
   for workdir in workdirs:  # every run checked before any is evaluated
@@ -126,8 +127,9 @@ def evaluate_runs(
     config, multi_task = configs[workdir]
     params, evaluations = _read_checkpoint(workdir, step, config, multi_task, mesh, batch_size, workdir not in prepared)
     evaluations = prepared.setdefault(workdir, evaluations)
-    target = os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")
-    os.makedirs(target, exist_ok=True)
+    target = out_dir and os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")
+    if target:
+      os.makedirs(target, exist_ok=True)
     for e in evaluations:
       task = e.task
       for split, (features, examples) in e.data.items():
@@ -135,11 +137,12 @@ def evaluate_runs(
         if split in task.eval_splits:
           scores, predictions = task.evaluate(outputs, features, examples, config)
           rows.append({"run": workdir, "task": task.name, "step": step, "split": split, **scores})
-          write_predictions(task, predictions, examples, os.path.join(target, f"{e.prefix}{split}_predictions"))
-        else:
+          if target:
+            write_predictions(task, predictions, examples, os.path.join(target, f"{e.prefix}{split}_predictions"))
+        elif target:
           name = task.submission_names[task.test_splits.index(split)]
           task.write_submission(task.predict(outputs), examples, os.path.join(target, f"{name}.tsv"))
-  if jax.process_index() == 0:
+  if out_dir:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "metrics.json"), "w") as f:
       json.dump(rows, f, indent=2)
