@@ -155,6 +155,19 @@ def test_doc_stride_not_below_the_length_names_both(tiny_teacher, squad_dir):
     config = finetune_config(tiny_teacher, task, squad_dir, max_seq_length=24, doc_stride=24)
     with pytest.raises(UserError, match="doc_stride=24 must be below max_seq_length=24"):
       get_task(task).prepare("dev", config, hf.load_tokenizer(tiny_teacher))
+  # Below the length, but the longest question leaves no more passage per window than the stride
+  # (the tokenizer would panic, a Rust PanicException that is not even an Exception).
+  config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=18)
+  with pytest.raises(
+    UserError,
+    match=r"a question of \d+ tokens leaves \d+ passage tokens per window at "
+    r"max_seq_length=24, not more than doc_stride=18: lower doc_stride below \d+",
+  ):
+    get_task("squad2").prepare("dev", config, hf.load_tokenizer(tiny_teacher))
+  # A stride below that room: the windows are made.
+  config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=4)
+  features, _ = get_task("squad2").prepare("dev", config, hf.load_tokenizer(tiny_teacher))
+  assert len(features) > 0
 
 
 def test_squad1_end_to_end_always_answers(tiny_teacher, squad_dir, tmp_path):

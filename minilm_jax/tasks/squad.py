@@ -165,9 +165,22 @@ class SquadTask:
       )
     examples = self.load(split, config.data_dir)
 
+    specials = tokenizer.num_special_tokens_to_add(pair=True)
+
     def windows(batch, indices):
+      questions = [q.lstrip() for q in batch["question"]]
+      # The tokenizer panics (not an exception) when a question leaves a window no more passage
+      # tokens than the stride: find the longest question first.
+      longest = max(len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"])
+      room = max_len - longest - specials
+      if room <= stride:
+        raise UserError(
+          f"{self.name} {split}: a question of {longest} tokens leaves {max(room, 0)} passage tokens per "
+          f"window at max_seq_length={max_len}, not more than doc_stride={stride}: lower doc_stride below "
+          f"{max(room, 1)} or raise max_seq_length"
+        )
       enc = tokenizer(
-        [q.lstrip() for q in batch["question"]],
+        questions,
         batch["context"],
         truncation="only_second",
         max_length=max_len,
