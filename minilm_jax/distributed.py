@@ -33,6 +33,8 @@ def maybe_initialize():
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator and index not in (None, "0"):
     _wait_for_coordinator(coordinator, timeout, index, num)
+  if coordinator and index == "0":
+    _check_port_free(coordinator)
   try:
     jax.distributed.initialize(
       coordinator_address=coordinator,
@@ -46,6 +48,22 @@ def maybe_initialize():
       f"process {index} of {num}) within {timeout}s: {type(e).__name__}: "
       f"{' '.join(str(e).split())[:200]}; check that every process was started and the address is reachable"
     ) from None
+
+
+def _check_port_free(address: str):
+  """Process 0 serves the coordinator at `address`: a port already taken (another run, or a process
+  left over from one) would crash the runtime with a segmentation fault, so it is one line here."""
+  host, _, port = address.rpartition(":")
+  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+    # As the runtime's server binds: a port whose last run's connections linger in TIME_WAIT is free.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind((host.strip("[]"), int(port)))
+    except OSError as e:
+      raise UserError(
+        f"the coordinator's address {address} is taken ({e.strerror}): another run, or a process left over "
+        f"from one, listens there; stop it or choose another port (launch/local.sh PORT=..., or MINILM_COORDINATOR)"
+      ) from None
 
 
 def _wait_for_coordinator(address: str, timeout: int, index, num):

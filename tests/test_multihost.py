@@ -168,6 +168,21 @@ def test_unreachable_coordinator_is_a_bounded_wait_then_one_line(tiny_teacher, t
   assert len(lines) == 1 and "could not join the distributed run" in lines[0]
 
 
+def test_a_coordinator_port_already_taken_is_one_line(tiny_teacher, tiny_corpus, tmp_path):
+  """Process 0 would serve the coordinator on a port another program listens on: the runtime
+  crashed with a segmentation fault; it is one line naming the address and what to do."""
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    proc = _one_process_of_two(tiny_teacher, tiny_corpus, str(tmp_path / "w"), 0, port, timeout="5")
+    _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 2, err[-2000:]
+  lines = [l for l in err.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and f"the coordinator's address 127.0.0.1:{port} is taken" in lines[0], err[-2000:]
+  assert "PORT=" in lines[0] and not os.path.exists(tmp_path / "w")
+
+
 def test_launch_scripts_pass_bash_n_and_shellcheck():
   scripts = sorted(glob.glob(os.path.join(LAUNCH, "*")))
   assert {os.path.basename(s) for s in scripts} >= {"local.sh", "tpu_pod.sh", "slurm_gpu.sbatch", "common.sh"}
