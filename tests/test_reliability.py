@@ -402,3 +402,23 @@ def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert os.listdir(out) == ["embeddings.json"] and json.load(open(out / "embeddings.json"))["rows"][0]["model"]
   assert [p for p in os.listdir(tmp_path) if p.startswith(".results")] == []  # no staging directory left
+
+
+def test_a_damaged_parquet_task_file_is_one_line_not_two(tiny_teacher, tmp_path):
+  """`datasets` logged "Failed to read schema ..." at ERROR before our one line said the same."""
+  bad = tmp_path / "train.parquet"
+  bad.write_bytes(b"PAR1" + b"\x07" * 40 + b"PAR1")
+  _one_line_error(
+    _program(
+      "--config",
+      "configs/finetune/glue.py",
+      "--workdir",
+      str(tmp_path / "w"),
+      "--config.task=custom",
+      f"--config.init={tiny_teacher}",
+      f"--config.data.train={bad}",
+      f"--config.data.dev={bad}",
+      program="finetune",
+    ),
+    f"data.train='{bad}' could not be read",
+  )

@@ -5,6 +5,7 @@ a document are packed into one block until the next would overflow `max_seq_leng
 and packing are batched `datasets.map` calls, cached by `datasets`.
 """
 
+import contextlib
 import logging
 import os
 import re
@@ -42,14 +43,22 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   if kind == "json":
     for f in files:
       _check_json_start(f)
-  # The failure comes back as one UserError; `datasets` would also log it (at ERROR) on the way.
+  with datasets_errors_unlogged():
+    try:
+      return datasets.load_dataset(kind, data_files=files, split="train")
+    except Exception as e:
+      raise UserError(f"could not read corpus {corpus}: {root_cause(e)}: fix or remove the file") from None
+
+
+@contextlib.contextmanager
+def datasets_errors_unlogged():
+  """A file `datasets` cannot read comes back to the caller as one UserError; `datasets` would also
+  log the failure (at ERROR: "Failed to read schema from ...") on the way, a second line."""
   datasets_logger = logging.getLogger("datasets")
   level = datasets_logger.level
   datasets_logger.setLevel(logging.CRITICAL)
   try:
-    return datasets.load_dataset(kind, data_files=files, split="train")
-  except Exception as e:
-    raise UserError(f"could not read corpus {corpus}: {root_cause(e)}: fix or remove the file") from None
+    yield
   finally:
     datasets_logger.setLevel(level)
 

@@ -9,7 +9,7 @@ import os
 
 import datasets
 
-from minilm_jax.data.corpus import root_cause
+from minilm_jax.data.corpus import datasets_errors_unlogged, root_cause
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.tasks.metrics import METRICS
@@ -32,10 +32,11 @@ def read_table(path: str, what: str) -> datasets.Dataset:
   if not os.path.isfile(path):
     raise UserError(f"{what}={path!r} does not exist: fix the path")
   builder, options = _READERS[suffix]
-  try:
-    return datasets.load_dataset(builder, data_files=path, split="train", **options)
-  except Exception as e:  # a malformed file: `datasets` wraps the parser's error
-    raise UserError(f"{what}={path!r} could not be read ({root_cause(e)}): fix the file") from None
+  with datasets_errors_unlogged():
+    try:
+      return datasets.load_dataset(builder, data_files=path, split="train", **options)
+    except Exception as e:  # a malformed file: `datasets` wraps the parser's error
+      raise UserError(f"{what}={path!r} could not be read ({root_cause(e)}): fix the file") from None
 
 
 @dataclasses.dataclass(frozen=True)
