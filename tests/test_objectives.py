@@ -122,6 +122,35 @@ def test_baseline_objectives_match_numpy(name):
     assert terms["hidden_mse"] == pytest.approx(_np_mse(s["hidden"] @ w, t["hidden"], MASK), rel=1e-5)
 
 
+def test_layerwise_tinybert_matches_numpy():
+  """TinyBERT's general distillation (its equations 7-9) written out in numpy: the embedding layer
+  through W_e, then attention scores and hidden states (through one W_h) at teacher layer m * L / M."""
+  rng = np.random.default_rng(4)
+  teacher = [_layer(rng, 4, 6) for _ in range(4)]
+  student = [_layer(rng, 4, 3) for _ in range(2)]
+  t_emb, s_emb = (rng.standard_normal((2, 6, width)).astype(np.float32) for width in (24, 12))
+  objective = _objective("tinybert_layerwise", layer_pairs(4, 2, "all"))
+  assert objective.projection_shapes() == {"embeddings": (12, 24), "hidden": (12, 24)}
+  projection = {
+    k: {"kernel": jnp.asarray(rng.standard_normal((12, 24)).astype(np.float32))} for k in ("embeddings", "hidden")
+  }
+  terms = objective(
+    Outputs([_lo(t) for t in teacher], None, jnp.asarray(t_emb)),
+    Outputs([_lo(s) for s in student], None, jnp.asarray(s_emb)),
+    {"attention_mask": jnp.asarray(MASK)},
+    projection,
+  )
+  w_e, w_h = (np.asarray(projection[k]["kernel"]) for k in ("embeddings", "hidden"))
+  expected = {"embeddings_mse": _np_mse(s_emb @ w_e, t_emb, MASK)}
+  for m in (1, 2):  # student layer m (1-based) learns from teacher layer m * 4 / 2
+    s, t = student[m - 1], teacher[m * 2 - 1]
+    expected[f"attention_mse@{m - 1}"] = _np_score_mse(t, s, MASK)
+    expected[f"hidden_mse@{m - 1}"] = _np_mse(s["hidden"] @ w_h, t["hidden"], MASK)
+  assert set(terms) == set(expected)
+  for name, value in expected.items():
+    assert float(terms[name]) == pytest.approx(value, rel=1e-5), name
+
+
 def test_same_width_needs_no_projection():
   assert _objective("hidden_mse", [(0, 0)], student_width=24).projection_shapes() == {}
 
@@ -142,7 +171,13 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
 
 @pytest.mark.parametrize(
   "objective,layer_map",
-  [("layer_to_layer", "all"), ("value_mse", "last"), ("hidden_mse", "last"), ("tinybert", "last")],
+  [
+    ("layer_to_layer", "all"),
+    ("value_mse", "last"),
+    ("hidden_mse", "last"),
+    ("tinybert", "last"),
+    ("tinybert_layerwise", "last"),
+  ],
 )
 def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, objective, layer_map):
   config = tiny_config(

@@ -1,6 +1,7 @@
 """MiniLM table 3/5/6 and supplementary tables 7/8 as one batch of runs: a 3x384 student of BERT-base.
 
-for v in minilm mlm_kd tinybert layer_last_two layer_first_and_last layer_all value_mse hidden_mse no_value_relation; do
+for v in minilm mlm_kd tinybert tinybert_last_layer layer_last_two layer_first_and_last layer_all value_mse \
+    hidden_mse no_value_relation; do
   python -m minilm_jax.train --config configs/ablations/minilm_objectives.py:$v --workdir workdirs/abl_$v
 done
 """
@@ -13,7 +14,10 @@ VARIANTS = {
   "no_value_relation": {"relations": "qk"},  # table 5: attention transfer alone
   "value_mse": {"objective": "value_mse"},  # table 6
   "hidden_mse": {"objective": "hidden_mse"},  # supplementary table 7
-  "tinybert": {"objective": "tinybert"},  # TinyBERT's last-layer objective
+  # Table 3's TinyBERT: its layer-wise general distillation (embeddings, attention scores and
+  # hidden states at every layer of the uniform mapping).
+  "tinybert": {"objective": "tinybert_layerwise"},
+  "tinybert_last_layer": {"objective": "tinybert"},  # the last-layer form ETD distils with
   "layer_last_two": {"objective": "layer_to_layer", "layer_map": "last_two"},  # supplementary table 8
   "layer_first_and_last": {"objective": "layer_to_layer", "layer_map": "first_and_last"},
   "layer_all": {"objective": "layer_to_layer", "layer_map": "all"},
