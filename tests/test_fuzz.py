@@ -208,7 +208,8 @@ def _damaged(valid: bytes, how: str, data) -> bytes:
   if how == "empty":
     return b""
   if how == "latin-1":
-    return valid.decode("utf-8").encode("latin-1", errors="replace") + "é".encode("latin-1")
+    text = valid.decode("utf-8", errors="replace")  # (a Parquet file is not text: its bytes, mangled)
+    return text.encode("latin-1", errors="replace") + "é".encode("latin-1")
   lines = valid.split(b"\n")
   del lines[data.draw(st.integers(0, len(lines) - 1), label="line lost")]
   return b"\n".join(lines)
@@ -238,7 +239,19 @@ def _reader_files(tmp):
     },
     ensure_ascii=False,
   ).encode()
+  import io
+
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  rows = [("Café au lait, s'il vous plaît.", "yes"), ("A plain sentence.", "no"), ("Another one.", "no")]
+  parquet = io.BytesIO()
+  pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), parquet)
   return {
+    "custom_csv": ("dev.csv", ("text,label\n" + "".join(f'"{t}",{y}\n' for t, y in rows)).encode()),
+    "custom_tsv": ("dev.tsv", ("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows)).encode()),
+    "custom_jsonl": ("dev.jsonl", "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows).encode()),
+    "custom_parquet": ("dev.parquet", parquet.getvalue()),
     "wordnet_supersense": ("data.noun", wordnet),
     "squad2": ("dev-v2.0.json", squad),
     "qg": ("dev.json", squad),
@@ -250,7 +263,10 @@ def _reader_files(tmp):
   }
 
 
-@pytest.mark.parametrize("task_name", ["wordnet_supersense", "squad2", "qg", "sst2", "cnndm"])
+@pytest.mark.parametrize(
+  "task_name",
+  ["wordnet_supersense", "squad2", "qg", "sst2", "cnndm", "custom_csv", "custom_tsv", "custom_jsonl", "custom_parquet"],
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
 @given(how=st.sampled_from(["random", "truncate", "empty", "latin-1", "line lost"]), data=st.data())
 def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how, data):
@@ -259,12 +275,21 @@ def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how,
   from minilm_jax.errors import UserError
   from minilm_jax.tasks import get_task
 
+  import ml_collections
+
+  from minilm_jax.tasks.custom import custom_task
+
   with tempfile.TemporaryDirectory() as tmp:
     name, valid = _reader_files(tmp)[task_name]
-    with open(os.path.join(tmp, name), "wb") as f:
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as f:
       f.write(_damaged(valid, how, data))
     try:
-      get_task(task_name).load("dev", tmp)
+      if task_name.startswith("custom_"):  # the user's own file, as task=custom's training and dev file
+        fields = dict(train=path, dev=path, text_columns="text", label_column="label", labels="", regression=False)
+        custom_task(ml_collections.ConfigDict({**fields, "metrics": ""})).load("dev")
+      else:
+        get_task(task_name).load("dev", tmp)
       event(f"{how}: loaded")
     except UserError as e:
       assert "\n" not in str(e) and name in str(e), str(e)

@@ -88,8 +88,9 @@ def custom_task(data) -> CustomTask:
       labels = tuple(sorted({str(v) for v in train[data.label_column]}, key=_numbers_first))
     if len(labels) < 2:
       raise UserError(
-        f"the custom task has {len(labels)} class ({list(labels)}): a classifier needs at least 2; "
-        f"set data.regression=True for scores"
+        f"the custom task has {len(labels)} class ({list(labels)}"
+        + (f", the label values of {data.train}" if not data.labels else "")
+        + "): a classifier needs at least 2; set data.regression=True for scores"
       )
   return CustomTask(
     "custom",
