@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 
 import jax
 import orbax.checkpoint as ocp
@@ -49,7 +50,13 @@ def _quiet_orbax_failure_reports():
     return record.levelno < logging.ERROR and not record.getMessage().startswith("Given directory is read only")
 
   def not_an_orbax_task(record):
-    return not ("exception was never retrieved" in record.getMessage() and "orbax" in record.getMessage())
+    """A task's report names its coroutine (Orbax's) in the message; a future's only in its traceback."""
+    if "exception was never retrieved" not in record.getMessage():
+      return True
+    where = record.getMessage()
+    if record.exc_info and record.exc_info[2] is not None:
+      where += "".join(traceback.format_tb(record.exc_info[2]))
+    return f"{os.sep}orbax{os.sep}" not in where and "orbax" not in record.getMessage()
 
   not_an_orbax_error._minilm_jax = True
   absl_logger.addFilter(not_an_orbax_error)
