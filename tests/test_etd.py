@@ -194,13 +194,18 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
   np.testing.assert_allclose(scores["hidden"], scores["layers"][0]["hidden"] + scores["layers"][1]["hidden"], rtol=1e-6)
 
 
-def test_top_indices_keep_the_highest_scores():
-  scores = {
+def _ranked_scores():
+  """Scores in known order: hidden falling with position, every other type rising."""
+  return {
     "hidden": np.arange(24.0)[::-1],
     "layers": [
       {"hidden": np.arange(24.0), "heads": np.tile(np.arange(6.0), (4, 1)), "ffn": np.arange(40.0)} for _ in range(4)
     ],
   }
+
+
+def test_top_indices_keep_the_highest_scores():
+  scores = _ranked_scores()
   indices = etd.top_indices(scores, STUDENT)
   np.testing.assert_array_equal(indices["hidden"], np.arange(12))
   np.testing.assert_array_equal(indices["layers"][0]["ffn"], np.arange(24, 40))
@@ -210,12 +215,7 @@ def test_top_indices_keep_the_highest_scores():
 
 
 def test_reverse_keeps_the_least_important_of_the_types_it_names():
-  scores = {
-    "hidden": np.arange(24.0)[::-1],
-    "layers": [
-      {"hidden": np.arange(24.0), "heads": np.tile(np.arange(6.0), (4, 1)), "ffn": np.arange(40.0)} for _ in range(4)
-    ],
-  }
+  scores = _ranked_scores()
   top = etd.top_indices(scores, STUDENT)
   rev_ffn = etd.top_indices(scores, STUDENT, reverse=etd.reversed_types("ffn"))
   np.testing.assert_array_equal(rev_ffn["layers"][0]["ffn"], np.arange(16))  # the 16 lowest of 40

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import SENTENCES, tiny_config
+from conftest import SENTENCES, apply_overrides, tiny_config
 from scipy import stats
 
 from minilm_jax import parallel, runs
@@ -68,13 +68,7 @@ def _config(teacher, corpus, tmp_path, **overrides):
   c.evaluators.pairs = evaluators.evaluator("retrieval", 2, data=retrieval, max_seq_length=16)
   c.evaluators.sts = evaluators.evaluator("sts", 2, file=sts, max_seq_length=16)
   c.evaluators.topic = evaluators.evaluator("probe", 2, task="custom", train=probe_train, dev=probe_dev)
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return apply_overrides(c, overrides)
 
 
 def _torch_embeddings(model_dir, texts, length):
