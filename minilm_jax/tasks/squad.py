@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from minilm_jax.data.corpus import map_fingerprint
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SPAN
 
@@ -216,6 +217,7 @@ class SquadTask:
       with_indices=True,
       remove_columns=examples.column_names,
       desc=f"{self.name} {split} windows",
+      new_fingerprint=map_fingerprint(examples),
     )
     return features, examples
 
