@@ -44,6 +44,15 @@ TINY_TRAIN = [
 ]
 
 
+# One layer each: the refusal and the batch search depend on the step's memory, not its depth, and
+# each H100 compile of it takes half the time.
+ONE_LAYER = [
+  *(a for a in TINY_TRAIN if not a.startswith(("--model_shape", "--config.student.num_layers"))),
+  "--model_shape=1x128x4",
+  "--config.student.num_layers=1",
+]
+
+
 def run_aot(*args, env=None):
   proc = subprocess.run(
     [sys.executable, "-m", "minilm_jax.aot", *args],
@@ -133,7 +142,7 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   """On one H100 (a GPU compile does not check capacity: the program compares the compiled peak
   with the memory JAX would preallocate). A TPU compile near its capacity takes minutes on 2 cores;
   the TPU compiler's own refusal is read by `report.parse_hbm_oom` (test below)."""
-  status, _, stderr = run_aot(*TINY_TRAIN, "--config.batch_size=1048576", "--target", "h100x1")
+  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=1048576", "--target", "h100x1")
   lines = stderr.strip().splitlines()
   assert status == 2 and len(lines) == 1, stderr[-3000:]
   assert lines[0].startswith("error: train needs ") and "h100x1's h100 has 59.74 GiB usable" in lines[0]
@@ -143,7 +152,7 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   small = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.02"}
   path = str(tmp_path / "find.json")
   status, _, stderr = run_aot(
-    *TINY_TRAIN, "--config.batch_size=512", "--target", "h100x1", "--find_batch", "--json", path, env=small
+    *ONE_LAYER, "--config.batch_size=512", "--target", "h100x1", "--find_batch", "--json", path, env=small
   )
   assert status == 0, stderr[-3000:]
   row = json.load(open(path))

@@ -38,6 +38,7 @@ def seq2seq_config(init, task, data_dir, **overrides):
   c.batch_size, c.eval_batch_size, c.epochs = 8, 8, 2
   c.optimizer.lr, c.log_every, c.checkpoint.every = 1e-3, 1, 1000
   c.seq2seq.beam_size = 2
+  c.mesh.data = 2  # as test_finetune's configs: 2 of the 8 fake devices
   return apply_overrides(c, overrides)
 
 
