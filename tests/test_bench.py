@@ -236,6 +236,7 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus):
     corpus=tiny_corpus,
     relation_heads=4,
     models=models,
+    mesh=parallel.make_mesh(2),  # 2 of the 8 fake devices: the 2 cores run 4x fewer replicas
   )
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 0, 2 * 8 * 32, 2 * 8 * 32]

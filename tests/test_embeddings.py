@@ -175,12 +175,12 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
   ]
 
-  ours = embedding_eval.SentenceModel(workdir, parallel.make_mesh(), 8, 64).encode(SENTENCES)
+  ours = embedding_eval.SentenceEncoder.load(workdir, parallel.make_mesh(), 8, 64)(SENTENCES)
   theirs = SentenceTransformer(out, device="cpu").encode(SENTENCES)
   assert ours.shape == (len(SENTENCES), 384)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
   np.testing.assert_allclose(
-    embedding_eval.SentenceModel(out, parallel.make_mesh(), 8, 64).encode(SENTENCES), theirs, atol=1e-5
+    embedding_eval.SentenceEncoder.load(out, parallel.make_mesh(), 8, 64)(SENTENCES), theirs, atol=1e-5
   )
 
   sts = tmp_path / "sts.tsv"

@@ -80,3 +80,14 @@ def test_every_package_folder_is_a_package():
   """setup.py's find_packages installs only folders with an __init__.py."""
   folders = {os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)}
   assert not [f for f in folders if not os.path.exists(os.path.join(f, "__init__.py"))]
+
+
+@pytest.mark.xdist_group("lint")
+def test_xdist_groups_reach_the_scheduler(request):
+  """Under the README's command (pytest-xdist, `--dist loadgroup`) a grouped test's id carries its
+  group, which is what keeps a group's tests, and the module fixture they share, on one worker. A
+  pytest that stores ids where pytest-xdist cannot append the group (9.2 with xdist 3.8) makes every
+  group silently void: each worker then builds its own copy of every shared fixture."""
+  if not getattr(request.config.option, "loadgroup", False):  # set in xdist's workers under loadgroup
+    pytest.skip("not under pytest-xdist's loadgroup scheduling")
+  assert request.node.nodeid.endswith("@lint"), request.node.nodeid

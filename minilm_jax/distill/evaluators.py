@@ -41,7 +41,7 @@ from minilm_jax.data.corpus import BatchStream
 from minilm_jax.distributed import host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import embedding_eval
-from minilm_jax.finetuning.steps import Predictor
+from minilm_jax.finetuning.embedding_eval import SentenceEncoder
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.tasks import custom, get_task, glue
 
@@ -93,45 +93,19 @@ class Context:
   def length(self, spec) -> int:
     return spec.max_seq_length or self.config.data.max_seq_length
 
-  def student_encoder(self, length: int) -> "SentenceEncoder":
+  def student_encoder(self, length: int) -> SentenceEncoder:
     if length not in self._student_encoders:
       self._student_encoders[length] = SentenceEncoder(
         self.student, self.student_pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length, learnt=True
       )
     return self._student_encoders[length]
 
-  def teacher_encoder(self, length: int) -> "SentenceEncoder":
+  def teacher_encoder(self, length: int) -> SentenceEncoder:
     if length not in self._teacher_encoders:
       pooling, dense = runs.sentence_pipeline_of(self.config.teacher.path, length)
       encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length)
-      params = {"encoder": self.teacher_params, **({"dense": dense} if dense is not None else {})}
-      encoder.params = jax.device_put(params, parallel.replicated(self.mesh))
-      self._teacher_encoders[length] = encoder
+      self._teacher_encoders[length] = encoder.use(self.teacher_params, dense)
     return self._teacher_encoders[length]
-
-
-class SentenceEncoder:
-  """Sentence embeddings of texts at one length and batch (one compiled shape). The student's
-  (`learnt`) come from its train state's parameters: the encoder's, and the map to the teacher's
-  width that the embedding objective learns; the teacher's from `params` = {"encoder", "dense"}."""
-
-  def __init__(self, model: Encoder, pooling, tokenizer, mesh, batch_size: int, length: int, learnt: bool = False):
-    self.tokenizer, self.length, self.params = tokenizer, length, None
-    pooling = dataclasses.replace(pooling, max_seq_length=length)
-
-    def forward(params, batch):
-      if learnt:
-        encoder, dense = params, params.get("projection", {}).get("embedding", {}).get("kernel")
-      else:
-        encoder, dense = params["encoder"], params.get("dense")
-      out = model.apply({"params": encoder}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-      return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], pooling, dense)
-
-    self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
-
-  def __call__(self, texts, params=None, desc="embed") -> np.ndarray:
-    features = embedding_eval.sentence_features(self.tokenizer, texts, self.length)
-    return self.predict(self.params if params is None else params, features, desc=desc)
 
 
 def evaluator(kind: str, every: int, **fields) -> ml_collections.ConfigDict:

@@ -108,33 +108,46 @@ def _unit(x):
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-class SentenceModel:
-  """A model's sentence embeddings, computed as sentence-transformers computes them
-  (`embeddings.sentence_embeddings`): a run (its teacher's pooling, its learnt Dense map; a
-  fine-tuned run's encoder), or a Hugging Face / sentence-transformers directory."""
+class SentenceEncoder:
+  """Sentence embeddings of texts at one length and batch (one compiled shape), computed as
+  sentence-transformers computes them (`embeddings.sentence_embeddings`). Its parameters are a
+  model's own, {"encoder", "dense"} (`load`, `use`), or, with `learnt`, a distillation student's
+  train-state parameters: the encoder's, and the map to the teacher's width that the embedding
+  objective learns (passed at each call, as they change)."""
 
-  def __init__(self, path: str, mesh, batch_size: int, max_seq_length: int):
-    config, params, self.tokenizer = runs.load_encoder(path, what="--embeddings")[:3]  # a fine-tuned run: its encoder
-    self.pooling, dense = runs.sentence_pipeline_of(path, max_seq_length)
-    if max_seq_length > config.max_position_embeddings:
-      raise UserError(f"--max_seq_length={max_seq_length} exceeds {path}'s {config.max_position_embeddings} positions")
-    self.max_seq_length = max_seq_length
-    self.params = {"encoder": params, **({"dense": dense} if dense is not None else {})}
-    encoder = Encoder(config)
+  def __init__(self, model: Encoder, pooling, tokenizer, mesh, batch_size: int, length: int, learnt: bool = False):
+    self.tokenizer, self.length, self.mesh, self.params = tokenizer, length, mesh, None
+    self.pooling = pooling = dataclasses.replace(pooling, max_seq_length=length)
 
     def forward(params, batch):
-      out = encoder.apply(
-        {"params": params["encoder"]}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
-      )
-      return embeddings.sentence_embeddings(
-        out.last_hidden_state, batch["attention_mask"], self.pooling, params.get("dense")
-      )
+      if learnt:
+        encoder, dense = params, params.get("projection", {}).get("embedding", {}).get("kernel")
+      else:
+        encoder, dense = params["encoder"], params.get("dense")
+      out = model.apply({"params": encoder}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+      return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], pooling, dense)
 
-    self.params = jax.device_put(self.params, parallel.replicated(mesh))
     self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
 
-  def encode(self, texts: list, desc: str = "encode") -> np.ndarray:
-    return self.predict(self.params, sentence_features(self.tokenizer, texts, self.max_seq_length), desc=desc)
+  @classmethod
+  def load(cls, path: str, mesh, batch_size: int, length: int) -> "SentenceEncoder":
+    """A run's encoder (a fine-tuned run's; its teacher's pooling, its learnt Dense map) or a
+    Hugging Face / sentence-transformers directory's, with its pooling and Dense layer."""
+    config, params, tokenizer = runs.load_encoder(path, what="--embeddings")[:3]
+    pooling, dense = runs.sentence_pipeline_of(path, length)
+    if length > config.max_position_embeddings:
+      raise UserError(f"--max_seq_length={length} exceeds {path}'s {config.max_position_embeddings} positions")
+    return cls(Encoder(config), pooling, tokenizer, mesh, batch_size, length).use(params, dense)
+
+  def use(self, encoder_params, dense) -> "SentenceEncoder":
+    """Embeds with these parameters from now on: an encoder's, and its Dense map (None: no map)."""
+    params = {"encoder": encoder_params, **({"dense": dense} if dense is not None else {})}
+    self.params = jax.device_put(params, parallel.replicated(self.mesh))
+    return self
+
+  def __call__(self, texts, params=None, desc="embed") -> np.ndarray:
+    features = sentence_features(self.tokenizer, texts, self.length)
+    return self.predict(self.params if params is None else params, features, desc=desc)
 
 
 def sentence_features(tokenizer, texts: list, length: int) -> datasets.Dataset:
@@ -165,18 +178,18 @@ def evaluate_embeddings(
   pairs = glue.TASKS["stsb"].load_file(sts, labelled=True) if sts else None
   rows = []
   for path in models:
-    model = SentenceModel(path, mesh, batch_size, max_seq_length)
-    queries = model.encode(retrieval.queries, "queries")
+    model = SentenceEncoder.load(path, mesh, batch_size, max_seq_length)
+    queries = model(retrieval.queries, desc="queries")
     row = {
       "model": path,
       "pooling": model.pooling.mode,
       "normalize": model.pooling.normalize,
-      **retrieval_scores(queries, model.encode(retrieval.documents, "documents"), retrieval.relevant),
+      **retrieval_scores(queries, model(retrieval.documents, desc="documents"), retrieval.relevant),
       "unrelated_cosine": unrelated_cosine(queries),
     }
     if pairs is not None:
       row["sts_spearman"] = sts_spearman(
-        model.encode(pairs["text_a"], "sts"), model.encode(pairs["text_b"], "sts"), pairs["label"]
+        model(pairs["text_a"], desc="sts"), model(pairs["text_b"], desc="sts"), pairs["label"]
       )
     rows.append(row)
   if out_dir:  # None: another process of a multi-process evaluation writes the results
