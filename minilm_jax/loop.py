@@ -96,6 +96,7 @@ _RANGES = {
       "augment.n_iter",
       "loss.embedding_weight",
       "data.heldout_blocks",
+      "student.max_words",  # 0: every word of the vectors file
     ),
     (0, None),
   ),

@@ -7,7 +7,8 @@ Logit MSE on the training set augmented 10x (masking and POS-guided replacement,
 AdaDelta (lr 1.0, rho 0.95), batch 50; BiLSTM 150 units, Dense+ReLU 200. Sentence-pair tasks:
 `--config.student.kind=siamese_bilstm`; small tasks (STS-B, MRPC): `--config.augment.size_factor=40
 --config.augment.n_iter=78`. Ablations: `--config.objective=soft_ce --config.temperature=...`,
-`--config.objective=hard` (gold labels, no augmentation).
+`--config.objective=hard` (gold labels, no augmentation). The thesis's word2vec start (section
+3.4.1, multichannel): `--config.student.word_vectors=GoogleNews-vectors-negative300.bin` (a local file).
 """
 
 from minilm_jax.finetuning.config import task_distillation_config

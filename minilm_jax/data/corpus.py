@@ -84,6 +84,19 @@ def map_fingerprint(dataset: datasets.Dataset) -> str | None:
   return None if dataset.cache_files else datasets.fingerprint.generate_random_fingerprint()
 
 
+def map_batches(dataset: datasets.Dataset, fn, desc: str, **map_kwargs) -> datasets.Dataset:
+  """`dataset.map(fn, batched=True)` whose output replaces every column (tokenising, windowing,
+  packing), with the fingerprint `map_fingerprint` chooses."""
+  return dataset.map(
+    fn,
+    batched=True,
+    remove_columns=dataset.column_names,
+    desc=desc,
+    new_fingerprint=map_fingerprint(dataset),
+    **map_kwargs,
+  )
+
+
 def root_cause(error: Exception) -> str:
   """What went wrong underneath `datasets`' generic DatasetGenerationError: the first cause that
   says more than "an error occurred" (a JSON parse error with its row, a byte that is not UTF-8,
@@ -167,14 +180,12 @@ def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return {"input_ids": [[cls_id] + b + [sep_id] for b in pack_blocks(ids, block_len)]}
 
-  blocks = raw.map(
+  blocks = map_batches(
+    raw,
     tokenize_and_pack,
-    batched=True,
+    "tokenise and pack",
     batch_size=1000,
-    remove_columns=raw.column_names,
     num_proc=data_config.num_proc if data_config.num_proc > 1 else None,
-    desc="tokenise and pack",
-    new_fingerprint=map_fingerprint(raw),
   )
   return blocks
 

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from minilm_jax import checkpoint, parallel, runs
-from minilm_jax.data import augment
+from minilm_jax.data import augment, word_vectors
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run
 from minilm_jax.models import layout
@@ -27,7 +27,14 @@ from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
 from minilm_jax.finetuning.steps import Predictor, task_forward
 from minilm_jax.distill.logit_losses import check_objective
-from minilm_jax.finetuning.multitask import MultiTaskRun, is_pair, parse_tasks, read_multitask_run, task_features
+from minilm_jax.finetuning.multitask import (
+  MultiTaskRun,
+  is_pair,
+  parse_tasks,
+  read_multitask_run,
+  task_data_dirs,
+  task_features,
+)
 
 
 def task_optimizer(opt):
@@ -128,14 +135,21 @@ class TaskDistillation(MultiTaskRun):
           f"use one of {', '.join(SINGLE_KINDS)}"
         )
     teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
-    if not teacher_runs:
+    target = "label" if config.objective == "hard" else "teacher_logits"
+    vectors = config.student.word_vectors
+    if not teacher_runs and (target == "teacher_logits" or not vectors):
       raise UserError(
         "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
-        "(its tokenizer is also the student's vocabulary)"
+        "(its tokenizer is also the student's vocabulary, unless student.word_vectors gives one)"
       )
-    target = "label" if config.objective == "hard" else "teacher_logits"
     self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
-    tokenizer = runs.load_tokenizer_of(teacher_runs[0])
+    data_dirs = task_data_dirs(tasks, config.data_dir)
+    self.train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
+    self._embedding_table = None
+    if vectors:
+      tokenizer = self._word_tokenizer(config.student, tasks, config.seed)
+    else:
+      tokenizer = runs.load_tokenizer_of(teacher_runs[0])
     self.cache_dir = config.cache_dir or os.path.join(workdir, "cache")
     self.tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
     self.encoder_config, self._init_body = None, None
@@ -156,11 +170,31 @@ class TaskDistillation(MultiTaskRun):
       desc=f"distill {config.tasks} -> {kind}",
     )
 
+  def _word_tokenizer(self, student, tasks, seed: int):
+    """The word-level tokenizer of `student.word_vectors` over the tasks' training words; keeps the
+    embedding table it gives the words for `_init_params`."""
+    if student.kind not in KINDS or KINDS[student.kind] == "joint":
+      raise UserError(
+        f"student.word_vectors is for the LSTM students, and student.kind={student.kind!r} reads "
+        f"its teacher's WordPiece tokens: use bilstm, siamese_bilstm or biattentive, or leave word_vectors empty"
+      )
+    texts = (
+      text for t in tasks for c in ("text_a", "text_b")[: 1 + is_pair(t)] for text in self.train_examples[t.name][c]
+    )
+    tokenizer, vectors, dim = word_vectors.vocabulary(student.word_vectors, student.max_words, texts)
+    if dim != student.embed_dim:
+      raise UserError(
+        f"student.embed_dim={student.embed_dim} but the vectors of student.word_vectors={student.word_vectors} "
+        f"have {dim} values: set --config.student.embed_dim={dim}"
+      )
+    self._embedding_table = word_vectors.embedding_matrix(tokenizer, vectors, dim, seed)
+    return tokenizer
+
   def _training_rows(self, task) -> datasets.Dataset:
     """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented
     unless augmentation is off."""
     c = self.config
-    examples = task.load("train", self.data_dirs[task.name], "")
+    examples = self.train_examples[task.name]
     if self.tag is not None:
       a = c.augment
       examples = augment.augment(
@@ -186,6 +220,10 @@ class TaskDistillation(MultiTaskRun):
     params = self.model.init(rng, self.dummy_batch())["params"]
     if self._init_body is not None:  # the Transformer starts from an encoder's first layers
       params = {**params, "body": self._init_body}
+    if self._embedding_table is not None:  # the LSTMs start from the word vectors, in every channel
+      table = jnp.asarray(self._embedding_table)
+      body = {name: {"embedding": table} if "embedding" in name else p for name, p in params["body"].items()}
+      params = {**params, "body": body}
     return params
 
   def _optimizer(self, num_steps):

@@ -131,6 +131,12 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.student.num_layers = 3  # transformer: the first layers of `init`
   c.student.dropout = 0.1  # transformer
   c.student.init = ""  # transformer: a run or HF dir to take the layers from; empty: the first teacher's encoder
+  # The LSTMs' words (thesis section 3.4.1): a local word2vec (.bin, or text) or GloVe text file;
+  # empty: the first teacher's WordPiece vocabulary, embeddings learnt from scratch. See
+  # data/word_vectors.py for the vocabulary it builds. embed_dim must be the file's dimension.
+  c.student.word_vectors = ""
+  c.student.multichannel = True  # with word_vectors: a frozen copy of the vectors beside the tuned one (Kim 2014)
+  c.student.max_words = 100_000  # with word_vectors: the file's most frequent words kept, plus the training words
 
   c.augment = ml_collections.ConfigDict()
   c.augment.enabled = True  # thesis section 3.3; not used by the "hard" objective

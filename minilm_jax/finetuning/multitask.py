@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from minilm_jax import checkpoint, parallel, runs
-from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_fingerprint, stack_columns
+from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.loop import begin_run
@@ -91,13 +91,7 @@ def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_
       out[ids], out[mask] = enc["input_ids"], enc["attention_mask"]
     return out
 
-  return examples.map(
-    tokenize,
-    batched=True,
-    remove_columns=examples.column_names,
-    desc=f"tokenise {task.name}",
-    new_fingerprint=map_fingerprint(examples),
-  )
+  return map_batches(examples, tokenize, f"tokenise {task.name}")
 
 
 class MultiTaskRun:

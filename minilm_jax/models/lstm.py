@@ -8,6 +8,9 @@ task head (`students.TaskHead`) turns into logits.
   -> a second BiLSTM over `[X, X - C, X * C]` -> max, mean and self-attentive pooling of each
   sentence. A single sentence is paired with itself, as the thesis does.
 
+Both embed words with `word_embedding`: one trained table, or with `multichannel` (Kim 2014, which
+the thesis follows with word2vec) a second, frozen copy of the pre-trained vectors beside it.
+
 Padding is handled by sequence lengths (an LSTM's state is read after the last real token) and
 masks (attention and pooling ignore padded positions). Batches carry sentence a as `input_ids` /
 `attention_mask` and sentence b as `input_ids_b` / `attention_mask_b`, without special tokens.
@@ -37,6 +40,19 @@ class BiLSTM(nn.Module):
     return jnp.concatenate([out_forward, out_backward], -1), jnp.concatenate([h_forward, h_backward], -1)
 
 
+def word_embedding(vocab_size: int, embed_dim: int, multichannel: bool):
+  """ids [B, L] -> [B, L, E] from the trained table "embedding", or [B, L, 2E] with `multichannel`:
+  the trained table and the frozen "static_embedding" (no gradient reaches it, so every optimiser
+  leaves it as initialised) side by side. Kim's CNN applies each filter to both channels and adds
+  the results; concatenating them before the LSTM's input weights is the same sum of one linear map
+  per channel. Called in a body's compact method: the tables are the body's own parameters."""
+  tuned = nn.Embed(vocab_size, embed_dim, name="embedding")
+  if not multichannel:
+    return tuned
+  static = nn.Embed(vocab_size, embed_dim, name="static_embedding")
+  return lambda ids: jnp.concatenate([tuned(ids), jax.lax.stop_gradient(static(ids))], -1)
+
+
 def _sentences(batch):
   """(ids, mask) of sentence a, and of sentence b (a again for a single-sentence batch)."""
   a = (batch["input_ids"], batch["attention_mask"])
@@ -48,10 +64,11 @@ class BiLSTMBody(nn.Module):
   embed_dim: int = 300
   hidden: int = 150  # 150 or 300 in the thesis
   pair: bool = False
+  multichannel: bool = False
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
-    embed = nn.Embed(self.vocab_size, self.embed_dim, name="embedding")
+    embed = word_embedding(self.vocab_size, self.embed_dim, self.multichannel)
     encoder = BiLSTM(self.hidden, name="bilstm")
     encode = lambda ids, mask: encoder(embed(ids), mask.sum(-1))[1]
     (ids_a, mask_a), (ids_b, mask_b) = _sentences(batch)
@@ -70,10 +87,11 @@ class BiAttentiveBody(nn.Module):
   vocab_size: int
   embed_dim: int = 300
   hidden: int = 256  # the thesis's MKD-LSTM
+  multichannel: bool = False
 
   @nn.compact
   def __call__(self, batch, deterministic: bool = True):
-    embed = nn.Embed(self.vocab_size, self.embed_dim, name="embedding")
+    embed = word_embedding(self.vocab_size, self.embed_dim, self.multichannel)
     ffn = nn.Dense(self.hidden, name="input_ffn")
     encoder, integrator = BiLSTM(self.hidden, name="bilstm"), BiLSTM(self.hidden, name="integrate")
     (ids_x, mask_x), (ids_y, mask_y) = _sentences(batch)

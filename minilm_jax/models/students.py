@@ -72,10 +72,12 @@ class MultiTaskModel(nn.Module):
 def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig = None) -> MultiTaskModel:
   """The student of a config's `student` block; `encoder_config` is the teacher's (Transformer kind)."""
   kind = student.kind
+  # Runs written before word vectors existed have no `word_vectors` in their student block.
+  multichannel = bool(student.get("word_vectors")) and student.get("multichannel", False)
   if kind == "bilstm" or kind == "siamese_bilstm":
-    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, pair=kind == "siamese_bilstm")
+    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, kind == "siamese_bilstm", multichannel)
   elif kind == "biattentive":
-    body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden)
+    body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden, multichannel)
   elif kind == "transformer":
     body = EncoderBody(
       encoder_config.replace(

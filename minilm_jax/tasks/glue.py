@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minilm_jax.data.corpus import map_fingerprint
+from minilm_jax.data.corpus import map_batches
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import CLASSIFICATION
 from minilm_jax.tasks.metrics import METRICS
@@ -142,13 +142,7 @@ class ClassificationTask:
       out["token_type_ids"] = enc.get("token_type_ids", [[0] * max_len for _ in batch["label"]])
       return out
 
-    return dataset.map(
-      tokenize,
-      batched=True,
-      remove_columns=dataset.column_names,
-      desc=f"tokenise {self.name}",
-      new_fingerprint=map_fingerprint(dataset),
-    )
+    return map_batches(dataset, tokenize, f"tokenise {self.name}")
 
   # --- model side -------------------------------------------------------------------------------
 

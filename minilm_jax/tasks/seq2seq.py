@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minilm_jax.data.corpus import map_fingerprint
+from minilm_jax.data.corpus import map_batches
 from minilm_jax.errors import UserError
 from minilm_jax.models.generation import DecodeSettings
 from minilm_jax.models.heads import SEQ2SEQ
@@ -126,13 +126,7 @@ class Seq2SeqTask:
         out["labels"].append(target + [end] + [-1] * fill)
       return out
 
-    return examples.map(
-      encode,
-      batched=True,
-      remove_columns=examples.column_names,
-      desc=f"tokenise {self.name}",
-      new_fingerprint=map_fingerprint(examples),
-    )
+    return map_batches(examples, encode, f"tokenise {self.name}")
 
   # --- model side -------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minilm_jax.data.corpus import map_fingerprint
+from minilm_jax.data.corpus import map_batches
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SPAN
 
@@ -211,14 +211,7 @@ class SquadTask:
         out["offsets"].append(offsets)
       return dict(out)
 
-    features = examples.map(
-      windows,
-      batched=True,
-      with_indices=True,
-      remove_columns=examples.column_names,
-      desc=f"{self.name} {split} windows",
-      new_fingerprint=map_fingerprint(examples),
-    )
+    features = map_batches(examples, windows, f"{self.name} {split} windows", with_indices=True)
     return features, examples
 
   def loss(self, outputs, batch):

@@ -1,0 +1,173 @@
+"""The thesis's word vectors (section 3.4.1) for the LSTM students: the three file formats read to the
+same vectors, the word-level tokenizer, and a distillation run whose frozen channel stays as loaded
+(a small vectors file written here, the real WordNet task)."""
+
+import os
+import re
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, WORDNET_EXCERPT
+
+from minilm_jax import hf, runs
+from minilm_jax.data import word_vectors
+from minilm_jax.distill.task_specific import TaskDistillation
+from minilm_jax.errors import UserError
+from minilm_jax.finetuning.config import task_distillation_config
+from minilm_jax.finetuning.evaluation import evaluate_runs
+
+DIM = 8
+WORDS = ["the", "of", "a", "plant", "family", "Araceae", "genus", "tropical", "flowers", "Fedora", "zygote"]
+
+
+def _vectors(words=WORDS):
+  rng = np.random.default_rng(0)
+  return {w: rng.normal(size=DIM).astype(np.float32) for w in words}
+
+
+def write_binary(path, vectors):
+  """word2vec's C tool's format: header line, then word, space, float32s, newline."""
+  with open(path, "wb") as f:
+    f.write(f"{len(vectors)} {DIM}\n".encode())
+    for word, vector in vectors.items():
+      f.write(word.encode() + b" " + struct.pack(f"<{DIM}f", *vector) + b"\n")
+
+
+def write_text(path, vectors, header=True):
+  """word2vec text (header) or GloVe (no header); repr of float32 round-trips exactly."""
+  with open(path, "w") as f:
+    if header:
+      f.write(f"{len(vectors)} {DIM}\n")
+    for word, vector in vectors.items():
+      f.write(word + " " + " ".join(repr(float(v)) for v in vector) + "\n")
+
+
+@pytest.fixture
+def vector_files(tmp_path):
+  vectors = _vectors()
+  files = {"bin": tmp_path / "w2v.bin", "text": tmp_path / "w2v.txt", "glove": tmp_path / "glove.txt"}
+  write_binary(files["bin"], vectors)
+  write_text(files["text"], vectors)
+  write_text(files["glove"], vectors, header=False)
+  return vectors, {k: str(v) for k, v in files.items()}
+
+
+def test_every_format_reads_the_vectors_written(vector_files):
+  vectors, files = vector_files
+  for path in files.values():
+    read, cased = word_vectors.read_word_vectors(path, 0)
+    assert cased  # "Araceae", "Fedora"
+    assert list(read) == WORDS
+    for word in WORDS:
+      np.testing.assert_array_equal(read[word], vectors[word])
+  # The first `max_words`, then words asked for that come later in the file.
+  assert list(word_vectors.read_word_vectors(files["bin"], 3, {"zygote", "absent"})[0]) == WORDS[:3] + ["zygote"]
+
+
+def test_vocabulary_and_tokenizer(vector_files, tmp_path):
+  vectors, files = vector_files
+  tokenizer, kept, dim = word_vectors.vocabulary(files["text"], 4, ["A plant, of Araceae!", "unseen words"])
+  assert dim == DIM
+  # The file's first 4 words, its vectors of training words, then training words it lacks.
+  assert set(kept) == {"the", "of", "a", "plant", "Araceae"}
+  vocab = tokenizer.get_vocab()
+  assert [vocab[t] for t in ("[PAD]", "[UNK]", "[MASK]")] == [0, 1, 2]
+  assert {"A", ",", "!", "unseen", "words"} <= vocab.keys() and "genus" not in vocab  # cased file: cased words
+  enc = tokenizer("a plant [MASK] genus", add_special_tokens=False)["input_ids"]
+  assert enc == [vocab["a"], vocab["plant"], vocab["[MASK]"], vocab["[UNK]"]]
+  table = word_vectors.embedding_matrix(tokenizer, kept, dim, seed=0)
+  np.testing.assert_array_equal(table[vocab["Araceae"]], vectors["Araceae"])
+  assert not table[0].any() and np.abs(table[vocab["unseen"]]).max() <= 0.25
+  # Saved and reloaded as any run's tokenizer, it splits alike.
+  tokenizer.save_pretrained(tmp_path / "tok")
+  again = hf.load_tokenizer(str(tmp_path / "tok"))
+  assert again("a plant [MASK] genus", add_special_tokens=False)["input_ids"] == enc
+  # A lower-cased file (GloVe 6B) lower-cases the text.
+  write_text(tmp_path / "lower.txt", _vectors([w.lower() for w in WORDS]), header=False)
+  lower, _, _ = word_vectors.vocabulary(str(tmp_path / "lower.txt"), 0, ["Araceae Plant"])
+  assert lower("ARACEAE", add_special_tokens=False)["input_ids"] == [lower.get_vocab()["araceae"]]
+
+
+@pytest.mark.parametrize(
+  "name, content, message",
+  [
+    ("empty.txt", b"", "line 1: the file is empty"),
+    ("short.txt", b"2 3\nthe 0.1 0.2 0.3\nof 0.1 0.2\n", "line 3: 2 values where the file's vectors have 3"),
+    ("nan.txt", b"the 0.1 nan 0.3\n", "not finite"),
+    ("word.txt", b"the 0.1 x 0.3\n", "line 1 ('the'): a value that is not a number"),
+    ("latin1.txt", b"caf\xe9 0.1 0.2\n", "line 1: a word that is not UTF-8"),
+    ("noheader.bin", b"the \x00\x00\x00\x00", "line 1: expected the header 'count dim'"),
+    ("cut.bin", b"2 1\nthe \x00\x00\x80\x3f\nof \x00\x00", "record 2: the file ends inside a vector"),
+    ("few.bin", b"3 1\nthe \x00\x00\x80\x3f", "record 2: the file ends before the header's count"),
+  ],
+)
+def test_damaged_vectors_files_are_one_line(tmp_path, name, content, message):
+  path = tmp_path / name
+  path.write_bytes(content)
+  with pytest.raises(UserError, match=re.escape(message)) as e:
+    word_vectors.read_word_vectors(str(path), 0)
+  assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def _student_config(vectors_path, **student):
+  c = task_distillation_config()
+  c.tasks, c.teacher, c.objective = "wordnet_supersense", "", "hard"  # gold labels: no teacher needed
+  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_EXCERPT, 32, 1, 40, 20
+  c.student.word_vectors, c.student.embed_dim, c.student.hidden, c.student.fc = vectors_path, DIM, 8, 16
+  for k, v in student.items():
+    setattr(c.student, k, v)
+  c.mesh.data = 2
+  return c
+
+
+@pytest.mark.slow
+def test_multichannel_student_keeps_its_static_channel(tmp_path, vector_files):
+  vectors, files = vector_files
+  c = _student_config(files["bin"])
+  run = TaskDistillation(c, str(tmp_path / "run"))
+  vocab = run.tokenizer.get_vocab()
+  start = run.initial_state()[0].params["body"]
+  for channel in ("embedding", "static_embedding"):
+    np.testing.assert_array_equal(np.asarray(start[channel]["embedding"])[vocab["plant"]], vectors["plant"])
+  state, results = run.run()
+  body = state.params["body"]
+  assert 0 <= results["wordnet_supersense/dev/accuracy"] <= 1
+  np.testing.assert_array_equal(body["static_embedding"]["embedding"], start["static_embedding"]["embedding"])
+  assert not np.array_equal(body["embedding"]["embedding"], start["embedding"]["embedding"])
+  # The run's own tokenizer and student come back for evaluation, with the run's dev score.
+  assert runs.load_tokenizer_of(str(tmp_path / "run")).get_vocab() == vocab
+  (row,) = evaluate_runs([str(tmp_path / "run")], str(tmp_path / "eval"))
+  assert row["accuracy"] == pytest.approx(results["wordnet_supersense/dev/accuracy"])
+
+
+def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_files):
+  _, files = vector_files
+  with pytest.raises(UserError, match=f"student.embed_dim=300 but the vectors .* have {DIM} values"):
+    TaskDistillation(_student_config(files["glove"], embed_dim=300), str(tmp_path / "a"))
+  with pytest.raises(UserError, match="student.word_vectors is for the LSTM students"):
+    TaskDistillation(_student_config(files["glove"], kind="transformer"), str(tmp_path / "b"))
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.distill_task",
+      "--config",
+      "configs/task/distilled_bilstm.py",
+      "--workdir",
+      str(tmp_path / "c"),
+      "--config.tasks=wordnet_supersense",
+      "--config.objective=hard",
+      f"--config.data_dir={WORDNET_EXCERPT}",
+      f"--config.student.word_vectors={os.path.join(tmp_path, 'missing.bin')}",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+    f"error: word vectors file {tmp_path / 'missing.bin'} does not exist: fix student.word_vectors"
+  )
