@@ -1,5 +1,5 @@
 """Benchmarks: `python -m minilm_jax.bench <suite> [--json FILE] [flags]`, the suite one of distill,
-inference, memory, etd, task_distill, data, students, generate.
+inference, memory, etd, task_distill, student_speed, data, students, generate.
 
 Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
 a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
@@ -7,11 +7,22 @@ a warm-up (compilation) call; every comparison is a ratio against a reference ru
   bench distill --case paper --dtype bfloat16          # BERT-base shape -> 6x384 and 6x768, batch 256, lengths 128/512
   bench distill --teacher 12x768 --student 6x384 --batch 64 --seq_len 128,512 --peers eager
   bench inference --batch 32 --seq_len 128
+  bench student_speed --batch 512 --batches 132 --teacher 24x1024   # thesis table 3.2's protocol on SST-2
 """
 
 from absl import flags
 
-from minilm_jax.benchmarks import data, distill, etd, generation, inference, memory, students, task_distill
+from minilm_jax.benchmarks import (
+  data,
+  distill,
+  etd,
+  generation,
+  inference,
+  memory,
+  student_speed,
+  students,
+  task_distill,
+)
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError
 from minilm_jax.outputs import write_json
@@ -33,6 +44,9 @@ SUITES = {
   "memory": lambda: memory.run(),
   "etd": lambda: etd.run(_STEPS.value),
   "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
+  "student_speed": lambda: student_speed.run(
+    _BATCH.value or 128, _BATCHES.value, (_seq_lens() or [128])[0], _TEACHER.value or "12x768"
+  ),
   "data": lambda: data.run(_seq_lens() or (128, 512)),
   "students": lambda: students.run(
     "" if _TEACHER.value in (None, "demo") else _TEACHER.value,
@@ -75,7 +89,7 @@ _TEACHER = flags.DEFINE_string(
   None,
   "distill: the teacher instead of the case's: 'demo', a shape such as "
   "12x768 (random weights), or a Hugging Face directory; students: a Hugging Face "
-  "directory or run (default: the demo's all-MiniLM-L6-v2).",
+  "directory or run (default: the demo's all-MiniLM-L6-v2); student_speed: a shape (default 12x768).",
 )
 _STUDENT = flags.DEFINE_list(
   "student",
@@ -84,7 +98,10 @@ _STUDENT = flags.DEFINE_list(
   "students: the one student shape (default 3x384); generate: the model's (default 6x384).",
 )
 _BATCH = flags.DEFINE_integer(
-  "batch", None, "Batch size instead of the case's (inference: default 8; generate: 32).", lower_bound=1
+  "batch",
+  None,
+  "Batch size instead of the case's (inference: default 8; generate: 32; student_speed: 128).",
+  lower_bound=1,
 )
 _SEQ_LEN = flags.DEFINE_list(
   "seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128)."
@@ -102,7 +119,11 @@ _TARGET_LENGTH = flags.DEFINE_integer(
   "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1
 )
 _BATCHES = flags.DEFINE_integer(
-  "batches", 100, "inference: batches averaged over (the paper's protocol: 100).", lower_bound=1
+  "batches",
+  100,
+  "inference: batches averaged over (the paper's protocol: 100); student_speed: batches timed in total "
+  "(the thesis's table 4.4: 100).",
+  lower_bound=1,
 )
 
 

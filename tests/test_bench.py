@@ -119,6 +119,36 @@ def test_bench_inference_averages_its_batches():
   assert rows[0]["flop_ratio"] == 1.0 and rows[-1]["flop_ratio"] > 10 and all(r["seconds"] > 0 for r in rows)
 
 
+def test_bench_student_speed_through_the_program(tmp_path):
+  """The thesis's tables 3.2 and 4.4 as `bench student_speed` runs them, at a tiny teacher and batch."""
+  out = tmp_path / "speed.json"
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.bench", "student_speed", "--batch=2", "--batches=2", "--seq_len=8"]
+    + ["--teacher=2x32", f"--json={out}"],
+    capture_output=True,
+    text=True,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.load(open(out))
+  assert [(r["model"], r["inputs"]) for r in rows] == [
+    ("teacher 2x32", "sentences"),
+    ("distilled BiLSTM", "sentences"),
+    ("teacher 2x32", "pairs"),
+    ("distilled BiLSTM (siamese)", "pairs"),
+    ("MKD-LSTM (bi-attentive)", "pairs"),
+    ("MKD-Transformer (3 layers)", "pairs"),
+  ]
+  assert all(r["seconds"] > 0 and (r["batch"], r["batches"], r["seq_len"]) == (2, 2, 8) for r in rows)
+  assert [r["speedup_over_teacher"] for r in rows if r["model"].startswith("teacher")] == [1.0, 1.0]
+  # The thesis's BiLSTM (300-wide inputs, 150 units, Dense+ReLU 200, 2 labels) counted by hand from
+  # Flax's LSTM cell: per direction 4 input kernels 300x150 and 4 hidden kernels 150x150 with biases.
+  lstm = 2 * (4 * 300 * 150 + 4 * (150 * 150 + 150))
+  head = 300 * 200 + 200 + 200 * 2 + 2
+  assert rows[1]["params_M_without_embeddings"] == pytest.approx((lstm + head) / 1e6)
+  assert rows[1]["params_M"] == pytest.approx((lstm + head + 30522 * 300) / 1e6)
+  assert "434x" in rows[1]["thesis"] and "2.93 s" in rows[4]["thesis"]
+
+
 def test_bench_generate_rows_at_a_tiny_size():
   rows = generation.run("2x96", batch=2, source_length=8, target_length=4, repeats=1)
   assert [(r["decoder"].split(",")[0], r["beams"]) for r in rows] == [

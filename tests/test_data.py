@@ -45,7 +45,30 @@ def test_json_corpus_with_another_column(minilm, tmp_path):
   with pytest.raises(UserError, match="has no column 'text'"):
     load_blocks(config, tokenizer, str(tmp_path))
   config.text_column = "body"
+  # Each JSON row is a document: two blocks, though both would fit in one.
+  assert len(load_blocks(config, tokenizer, str(tmp_path))) == 2
+  config.rows = "lines"  # rows of one document
   assert len(load_blocks(config, tokenizer, str(tmp_path))) == 1
+  config.rows = "paragraphs"
+  with pytest.raises(UserError, match="data.rows='paragraphs': choose one of auto, lines, documents"):
+    load_blocks(config, tokenizer, str(tmp_path))
+
+
+def test_documents_are_packed_by_whole_sentences_and_kept_apart(minilm, tmp_path):
+  """A corpus of whole documents (as the hub's Wikipedia): blocks end at sentence ends, none holds
+  two documents, and every sentence is in a block once, in order."""
+  *_, tokenizer = minilm
+  first = ["The cat sat on the mat.", "It was a warm day in May.", "Nobody asked why!"]
+  second = ["A second document starts here.", "It is short."]
+  path = tmp_path / "docs.parquet"
+  datasets.Dataset.from_dict({"text": [" ".join(first), " ".join(second)]}).to_parquet(str(path))
+  blocks = load_blocks(_config(str(path), max_len=19), tokenizer, str(tmp_path))["input_ids"]
+  ids = lambda sentence: tokenizer(sentence, add_special_tokens=False)["input_ids"]
+  cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+  # Whole sentences, greedily, up to 17 tokens between [CLS] and [SEP]: as BERT's blocks of a document.
+  expected = [ids(first[0]) + ids(first[1]), ids(first[2]), ids(second[0]) + ids(second[1])]
+  assert [len(e) for e in expected] == [15, 4, 10]  # the first two sentences fit, the third does not
+  assert blocks == [[cls] + e + [sep] for e in expected]
 
 
 def _stream(n=100, batch=8, seed=3, process_index=0, process_count=1):

@@ -1,7 +1,9 @@
 """Pre-training corpus -> BERT-style blocks `[CLS] s1 s2 ... [SEP]` -> a deterministic, resumable batch stream.
 
-Rows of the corpus are sentences (or paragraphs); an empty row ends a document. Consecutive rows of
-a document are packed into one block until the next would overflow `max_seq_length`. Tokenisation
+Rows of a text corpus are sentences (or paragraphs) and an empty row ends a document, as in BERT's
+pre-training files; rows of other corpora (JSON, Parquet, the hub's Wikipedia) are whole documents,
+split into sentences (`data.rows`). Consecutive sentences of a document are packed into one block
+until the next would overflow `max_seq_length`; no block holds two documents. Tokenisation
 and packing are batched `datasets.map` calls, cached by `datasets`.
 """
 
@@ -162,8 +164,38 @@ def pack_blocks(token_rows, block_len: int):
   return blocks
 
 
+ROW_KINDS = ("auto", "lines", "documents")
+
+
+def rows_are_documents(data_config) -> bool:
+  """Whether each row of the corpus is a whole document (`data.rows`; "auto": every corpus but text files)."""
+  rows = data_config.get("rows", "auto")
+  if rows not in ROW_KINDS:
+    raise UserError(f"data.rows={rows!r}: choose one of {', '.join(ROW_KINDS)}")
+  if rows != "auto":
+    return rows == "documents"
+  files = [f.strip() for f in data_config.corpus.split(",") if f.strip()]
+  return data_config.corpus != "demo" and not all(_is_text_file(f) for f in files)
+
+
+def _is_text_file(path: str) -> bool:
+  """Read as text by `_load_raw`: a .txt/.text file, or a local file of an extension it does not know."""
+  extension = os.path.splitext(path)[1]
+  return _BUILDERS.get(extension) == "text" or (extension not in _BUILDERS and os.path.isfile(path))
+
+
+def document_sentences(texts) -> list:
+  """Rows that are documents -> rows of sentences, an empty row after each document."""
+  rows = []
+  for text in texts:
+    rows.extend(split_sentences(text))
+    rows.append("")
+  return rows
+
+
 def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
   """The corpus as a dataset with one column `input_ids`: packed blocks with [CLS] ... [SEP]."""
+  documents = rows_are_documents(data_config)
   raw = _load_raw(data_config.corpus, data_config.corpus_config, cache_dir)
   column = data_config.text_column
   if column not in raw.column_names:
@@ -177,6 +209,8 @@ def load_blocks(data_config, tokenizer, cache_dir: str) -> datasets.Dataset:
 
   def tokenize_and_pack(batch):
     texts = [t if isinstance(t, str) else "" for t in batch[column]]
+    if documents:
+      texts = document_sentences(texts)
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return {"input_ids": [[cls_id] + b + [sep_id] for b in pack_blocks(ids, block_len)]}
 

@@ -60,6 +60,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.corpus = "demo"
   c.data.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
   c.data.text_column = "text"
+  # What a row of the corpus is. "lines": a sentence or paragraph, an empty row ending the document
+  # (BERT's pre-training text files: one sentence per line, a blank line between documents).
+  # "documents": a whole document (a Wikipedia article of the hub's dataset), split into its
+  # sentences. "auto": lines for .txt files, documents otherwise. Either way blocks hold whole
+  # sentences of one document (a sentence longer than a block is cut).
+  c.data.rows = "auto"
   c.data.max_seq_length = 512
   c.data.num_proc = 1  # tokenisation processes
   # A directory written by `python -m minilm_jax.prepare_data` (local or gs://...): every process
