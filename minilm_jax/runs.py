@@ -197,8 +197,13 @@ def _write_seq2seq_layout(out_dir: str, config: dict, head: dict):
     "attention_mask": "a [batch, 1, total, total] boolean mask: a source token sees the real source tokens; a target "
     "token sees the real source tokens and the real target tokens up to itself "
     "(minilm_jax.models.heads.seq2seq_mask)",
-    "prediction": "the first target token from the source's last real token ([SEP]), each next token from the one "
-    "before it; [SEP] ends the output",
+    "prediction": (
+      "UniLM's masked targets: the target block holds the tokens chosen so far and a [MASK] after them; the "
+      "[MASK]'s output predicts the next token, which then replaces it; [SEP] ends the output"
+      if head.get("masked_targets")
+      else "the first target token from the source's last real token ([SEP]), each next token from the one "
+      "before it; [SEP] ends the output"
+    ),
     "decoding": {
       k: config["seq2seq"][k] for k in ("beam_size", "length_penalty", "min_target_length", "no_repeat_ngram")
     },

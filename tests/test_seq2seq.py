@@ -24,6 +24,7 @@ from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.tasks import get_task
+from minilm_jax.tasks.seq2seq import mask_targets
 
 HAS_WORDNET = all(
   os.path.isfile(os.path.join("/usr/share/wordnet", f)) for f in ("data.verb", "index.noun", "verb.exc")
@@ -103,6 +104,112 @@ def test_model_predictions_depend_only_on_what_the_mask_allows():
     moved = model.apply({"params": params}, **changed)
     np.testing.assert_allclose(moved[:, : j + 1], logits[:, : j + 1], atol=1e-6)
     assert np.abs(moved[:, j + 1 :] - logits[:, j + 1 :]).max() > 1e-4 or j == 3
+
+
+# --- UniLM's masked targets ------------------------------------------------------------------------
+
+
+def test_the_masked_and_one_pass_forms_read_one_encoder_pass_at_different_positions():
+  """The same parameters and inputs: the masked form's prediction at target position j is the
+  one-pass form's prediction slot j + 1 (the output at target position j). Only which output
+  predicts which token differs."""
+  model, params = tiny_seq2seq(target_length=4)
+  masked = Seq2SeqLM(model.config, 4, masked_targets=True)
+  batch = blocks(np.random.default_rng(2), 3, 6, 4)
+  one_pass = np.asarray(model.apply({"params": params}, **batch))
+  ours = np.asarray(masked.apply({"params": params}, **batch))
+  assert ours.shape == (3, 4, 50)
+  np.testing.assert_allclose(ours, one_pass[:, 1:], atol=1e-6)
+
+
+def _one_pass_batch(rng, batch, source_length, target_length, pad=0):
+  """What `Seq2SeqTask.features` gives: targets t_1..t_n in the block, labels t_1..t_n [SEP] -1..."""
+  b = blocks(rng, batch, source_length, target_length)
+  target_real = np.asarray(b["attention_mask"][:, source_length:]).sum(1)
+  targets = np.asarray(b["input_ids"][:, source_length:])
+  labels = np.full((batch, target_length + 1), -1)
+  for i, n in enumerate(target_real):
+    labels[i, :n] = targets[i, :n]
+    labels[i, n] = 4  # the end token
+  return {**b, "labels": jnp.asarray(labels)}
+
+
+def test_mask_targets_changes_only_chosen_target_tokens_as_unilm_does():
+  rng = np.random.default_rng(3)
+  source_length, target_length, mask_id, vocab = 5, 8, 3, 50
+  batch = _one_pass_batch(rng, 4000, source_length, target_length)
+  out = mask_targets(batch, jax.random.key(0), 0.5, pad_id=0, mask_id=mask_id, vocab_size=vocab)
+  ids, labels, fed = np.asarray(out["input_ids"]), np.asarray(out["labels"]), np.asarray(batch["labels"])
+  np.testing.assert_array_equal(ids[:, :source_length], np.asarray(batch["input_ids"])[:, :source_length])
+  np.testing.assert_array_equal(
+    np.asarray(out["attention_mask"])[:, :source_length], batch["attention_mask"][:, :source_length]
+  )
+  targets = fed[:, :target_length]  # t_1 .. t_n [SEP]: the end token is an input too
+  real = targets >= 0
+  np.testing.assert_array_equal(np.asarray(out["attention_mask"])[:, source_length:], real)
+  chosen = labels >= 0
+  assert labels.shape == (4000, target_length) and not (chosen & ~real).any()
+  np.testing.assert_array_equal(labels[chosen], targets[chosen])
+  # UniLM's count: max(1, round(0.5 * (n + 1))) of the n tokens and the end.
+  np.testing.assert_array_equal(chosen.sum(1), np.maximum(1, np.round(real.sum(1) * 0.5)))
+  block = ids[:, source_length:]
+  np.testing.assert_array_equal(block[real & ~chosen], targets[real & ~chosen])  # the rest as they were
+  assert (block[~real] == 0).all()
+  as_mask = (block[chosen] == mask_id).mean()
+  kept = (block[chosen] == targets[chosen]).mean()
+  assert abs(as_mask - 0.8) < 0.015 and 0.085 < kept < 0.125  # 10 % kept, plus random draws of itself
+  # Every position of the end is chosen as often as any other (about half of the time here).
+  ends = targets == 4
+  assert abs(chosen[ends].mean() - chosen[real & ~ends].mean()) < 0.05
+
+
+def test_masked_decoding_equals_its_full_recompute():
+  """Greedy decoding of the masked form (two cached positions a step) against running the whole
+  model on [source | chosen tokens, [MASK]] at every step and reading the [MASK]'s prediction."""
+  source_length, target_length, mask_id, end_id = 6, 5, 3, 4
+  model, params = tiny_seq2seq(target_length=target_length)
+  params = jax.tree.map(lambda x: x * 4 if x.ndim == 2 else x, params)  # sharper distributions: fewer ties
+  masked = Seq2SeqLM(model.config, target_length, masked_targets=True)
+  batch = blocks(np.random.default_rng(4), 3, source_length, target_length)
+  banned = (0, 1, 2, mask_id)
+  settings = DecodeSettings(beam_size=1, max_length=target_length, end_id=end_id, banned_ids=banned, mask_id=mask_id)
+  decoded = jax.jit(lambda p, b: generate(masked, p, b, settings))(params, batch)
+  for b in range(3):
+    ids = np.asarray(batch["input_ids"][b, :source_length]).tolist()
+    mask = np.asarray(batch["attention_mask"][b, :source_length]).tolist()
+    generated = []
+    for _ in range(target_length - 1):  # the end token must fit in the block: at most 4 tokens
+      fill = target_length - len(generated) - 1
+      full = {
+        "input_ids": jnp.asarray([ids + generated + [mask_id] + [0] * fill]),
+        "attention_mask": jnp.asarray([mask + [1] * (len(generated) + 1) + [0] * fill]),
+        "token_type_ids": jnp.asarray([[0] * source_length + [1] * target_length]),
+      }
+      logits = np.array(masked.apply({"params": params}, **full))[0, len(generated)]
+      logits[list(banned)] = -np.inf
+      generated.append(int(np.argmax(logits)))
+      if generated[-1] == end_id:
+        break
+    assert np.asarray(decoded["tokens"][b, : len(generated)]).tolist() == generated
+    assert int(decoded["lengths"][b]) == (len(generated) - 1 if generated[-1] == end_id else len(generated))
+
+
+def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_teacher, summary_dir, tmp_path):
+  """`--config.seq2seq.mask_prob=0.7` through the program: the run records the form, and its batch
+  evaluation decodes it the same way (its own score again)."""
+  run = str(tmp_path / "masked")
+  config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=3, **{"seq2seq.mask_prob": 0.7})
+  _, results = FineTuning(config, run).run()
+  assert runs.read_meta(run)["head"] == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
+  (row,) = evaluate_runs([run], str(tmp_path / "eval"), batch_size=8)
+  assert row["rouge1"] == pytest.approx(results["dev/rouge1"], abs=1e-6)
+  runs.export_run(run, str(tmp_path / "hf"))
+  layout = json.load(open(tmp_path / "hf" / "seq2seq.json"))
+  assert layout["prediction"].startswith("UniLM's masked targets")
+  with pytest.raises(UserError, match="seq2seq.mask_prob=1.5 must lie in"):
+    FineTuning(
+      seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, **{"seq2seq.mask_prob": 1.5}), str(tmp_path / "x")
+    )
 
 
 # --- decoding against transformers ---------------------------------------------------------------------

@@ -62,6 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.seq2seq = ml_collections.ConfigDict()
   c.seq2seq.target_length = 48  # target tokens trained on and the longest output decoded, the end not counted
   c.seq2seq.label_smoothing = 0.1
+  # 0: every target token predicted in one pass from the token before it. > 0: UniLM's masked
+  # targets (UniLM's 0.7): that share of the target tokens replaced by [MASK] and predicted, and
+  # UniLM's decoding (models/heads.py Seq2SeqLM, tasks/seq2seq.py mask_targets).
+  c.seq2seq.mask_prob = 0.0
   c.seq2seq.beam_size = 5  # 1: greedy
   c.seq2seq.length_penalty = 1.0  # hypotheses scored by sum(log p) / length ** length_penalty
   c.seq2seq.min_target_length = 0

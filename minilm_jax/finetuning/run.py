@@ -22,6 +22,7 @@ from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
 from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model
 from minilm_jax.tasks import get_task, selection_metric
+from minilm_jax.tasks.seq2seq import mask_targets
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
 
@@ -37,6 +38,9 @@ class FineTuningStep:
   state_shardings: TrainState
   train_step: Callable  # (state, batch, rng) -> (state, metrics)
   predict_forward: Callable  # (params, batch) -> outputs (a seq2seq task's: beam search), not jitted
+
+
+_MASKING_STREAM = 1  # folded into the step's dropout key: the masked targets' own random stream
 
 
 def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderConfig:
@@ -65,6 +69,18 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   if head["kind"] == SEQ2SEQ:
     task_loss_of = partial(task.loss, label_smoothing=config.seq2seq.label_smoothing)
   loss_of = lambda params, batch, rngs: task_loss_of(apply_model(model, params, batch, False, rngs), batch)
+  if head.get("masked_targets"):  # UniLM's form: a fresh choice of masked target tokens every step
+    one_pass_loss_of = loss_of
+    mask = partial(
+      mask_targets,
+      mask_prob=config.seq2seq.mask_prob,
+      pad_id=tokenizer.pad_token_id,
+      mask_id=tokenizer.mask_token_id,
+      vocab_size=encoder_config.vocab_size,
+    )
+    loss_of = lambda params, batch, rngs: one_pass_loss_of(
+      params, mask(batch, jax.random.fold_in(rngs["dropout"], _MASKING_STREAM)), rngs
+    )
   accumulate = config.optimizer.accumulate_steps
   check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
   train_step = make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate)

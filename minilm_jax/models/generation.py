@@ -11,6 +11,7 @@ the result exactly that of running every step.
 """
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ class DecodeSettings:
   no_repeat_ngram: int = 0  # > 0: no n-gram of this size occurs twice in an output
   end_id: int = 102  # BERT's [SEP]
   banned_ids: tuple = ()  # never generated (padding, [CLS], [MASK], ...)
+  mask_id: int = 103  # BERT's [MASK]: what a model with masked targets predicts each token from
 
 
 def _blocked_ngrams(seqs_NxT, step, n: int, vocab: int):
@@ -134,12 +136,17 @@ def generate(model, params, batch, settings: DecodeSettings):
   source_length = batch["input_ids"].shape[1] - model.target_length
   source = [batch[k][:, :source_length] for k in ("input_ids", "attention_mask", "token_type_ids")]
   first_logits, keys, values = model.apply({"params": params}, *source, method=type(model).encode_source)
+  if model.masked_targets:
+    # The first token from a [MASK] after the source; the end token must fit in the target block.
+    settings = dataclasses.replace(settings, max_length=min(settings.max_length, model.target_length - 1))
+    decode = partial(model.apply, method=type(model).decode_masked, mask_id=settings.mask_id)
+    first_logits, keys, values = decode({"params": params}, None, keys, values, source[1], 0)
+  else:
+    decode = partial(model.apply, method=type(model).decode_step)
 
   def step_fn(tokens, state, step):
     keys, values, source_mask = state
-    logits, keys, values = model.apply(
-      {"params": params}, tokens, keys, values, source_mask, step, method=type(model).decode_step
-    )
+    logits, keys, values = decode({"params": params}, tokens, keys, values, source_mask, step)
     return logits, (keys, values, source_mask)
 
   tokens, lengths, _ = beam_search(first_logits, step_fn, (keys, values, source[1]), settings)

@@ -110,10 +110,19 @@ class Seq2SeqLM(nn.Module):
   ([SEP]), t_(i+1) from t_i, and [SEP] (the end) from t_n. `__call__` returns those
   `target_length` + 1 predictions' logits [B, target_length + 1, vocab], float32.
   `encode_source` and `decode_step` are the same computation one token at a time, for decoding.
+
+  With `masked_targets`, UniLM's form (Dong et al. 2019, section 2.4): the target block holds t_1 ..
+  t_n [SEP] with some tokens replaced by [MASK] (`tasks.seq2seq.mask_targets`), and each target
+  position predicts its own token from its own output; `__call__` returns [B, target_length,
+  vocab]. Decoding (`decode_masked`) appends a [MASK] after the tokens chosen so far and predicts
+  it, then writes the chosen token where the [MASK] was: two positions a step, as UniLM's decoder.
+  The encoder pass under the same mask is shared by both forms; they differ in which positions'
+  outputs predict which tokens, and in what the target block is fed.
   """
 
   config: EncoderConfig
   target_length: int
+  masked_targets: bool = False
 
   def setup(self):
     self.encoder = Encoder(self.config)
@@ -136,6 +145,8 @@ class Seq2SeqLM(nn.Module):
       deterministic,
       position_ids_BxL=real_positions(attention_mask, self.config),
     )
+    if self.masked_targets:  # each target position's own prediction
+      return self._logits(out.last_hidden_state[:, source_length:])
     source_last = attention_mask[:, :source_length].sum(axis=1) - 1
     slots = jnp.concatenate(
       [
@@ -161,22 +172,37 @@ class Seq2SeqLM(nn.Module):
   def decode_step(self, tokens_N, keys, values, source_mask, step):
     """Feeds target token `step` (0-based) of each sequence: (logits [N, vocab] of the token after
     it, the keys and values with its own written in)."""
-    source_length = source_mask.shape[1]
+    return self._feed(tokens_N[:, None], keys, values, source_mask, step)
+
+  def decode_masked(self, tokens_N, keys, values, source_mask, step, mask_id: int):
+    """UniLM's decoding step (`masked_targets`): writes the chosen target token `step` where its
+    [MASK] was and a new [MASK] at `step` + 1: (logits [N, vocab] of that [MASK], the caches).
+    `tokens_N` None: the first step, a [MASK] at target position 0 alone."""
+    if tokens_N is None:
+      masks = jnp.full((source_mask.shape[0], 1), mask_id, jnp.int32)
+      return self._feed(masks, keys, values, source_mask, 0)
+    fed = jnp.stack([tokens_N, jnp.full_like(tokens_N, mask_id)], axis=1)
+    return self._feed(fed, keys, values, source_mask, step)
+
+  def _feed(self, tokens_NxQ, keys, values, source_mask, first):
+    """Feeds Q target tokens at target positions `first` .. `first` + Q - 1, each attending to the
+    real source, the target before it and itself: (logits [N, vocab] of the last, the caches with
+    the tokens' keys and values written in)."""
+    source_length, num_new = source_mask.shape[1], tokens_NxQ.shape[1]
+    at = first + jnp.arange(num_new)  # the new tokens' target positions
+    target_keys = jnp.arange(self.target_length)[None, :] <= at[:, None]  # [Q, target_length]
     key_mask = jnp.concatenate(
       [
-        source_mask.astype(bool),
-        jnp.broadcast_to(jnp.arange(self.target_length) <= step, (tokens_N.shape[0], self.target_length)),
+        jnp.broadcast_to(source_mask.astype(bool)[:, None, :], (source_mask.shape[0], num_new, source_length)),
+        jnp.broadcast_to(target_keys[None], (source_mask.shape[0], num_new, self.target_length)),
       ],
-      axis=1,
+      axis=2,
     )
-    positions = source_mask.sum(axis=1, keepdims=True) + step + self.config.position_offset
-    tokens = tokens_N[:, None]
-    cache = KVCache(keys=keys, values=values, index=source_length + step)
-    out = self.encoder(
-      tokens, key_mask[:, None, :], self._target_segment(tokens), position_ids_BxL=positions, cache=cache
-    )
+    positions = source_mask.sum(axis=1, keepdims=True) + at[None, :] + self.config.position_offset
+    cache = KVCache(keys=keys, values=values, index=source_length + first)
+    out = self.encoder(tokens_NxQ, key_mask, self._target_segment(tokens_NxQ), position_ids_BxL=positions, cache=cache)
     keys, values = tuple(layer.k for layer in out.layers), tuple(layer.v for layer in out.layers)
-    return self._logits(out.last_hidden_state[:, 0]), keys, values
+    return self._logits(out.last_hidden_state[:, -1]), keys, values
 
 
 def task_model(config: EncoderConfig, head: dict) -> nn.Module:
@@ -185,7 +211,7 @@ def task_model(config: EncoderConfig, head: dict) -> nn.Module:
   if head["kind"] == CLASSIFICATION:
     return SequenceClassifier(config, head["num_labels"])
   if head["kind"] == SEQ2SEQ:
-    return Seq2SeqLM(config, head["target_length"])
+    return Seq2SeqLM(config, head["target_length"], head.get("masked_targets", False))
   return SpanExtractor(config)
 
 

@@ -13,11 +13,12 @@ or `<split>.jsonl` (`source` and `target` fields, or the task's own names: `docu
 `article`/`highlights`); question generation also takes SQuAD 1.1's JSON (`<split>.json`,
 `train-v1.1.json`/`dev-v1.1.json`). Without `data_dir`, the Hugging Face hub when online.
 
-Training predicts every target token in one pass (see `Seq2SeqLM`), with label smoothing. UniLM
-instead masks a share of the target tokens and predicts them from [MASK] inputs, which keeps
-fine-tuning close to its masked-LM pre-training; a distilled student has no masked-LM training to
-stay close to, and the one-pass form trains on every target token of every example and decodes
-with one cached position per token.
+Training predicts every target token in one pass (see `Seq2SeqLM`), with label smoothing: the
+default. UniLM instead masks a share of the target tokens and predicts them from [MASK] inputs
+(`seq2seq.mask_prob` > 0; UniLM's 0.7; `mask_targets`), which keeps fine-tuning close to masked-LM
+pre-training, and decodes by predicting a [MASK] appended after the tokens chosen so far. A
+distilled student has no masked-LM training to stay close to, and the one-pass form trains on every
+target token of every example and decodes with one cached position per token; both are here.
 """
 
 import dataclasses
@@ -63,7 +64,10 @@ class Seq2SeqTask:
   def head(self, config=None) -> dict:
     if config is None:
       raise UserError(f"{self.name} is a sequence-to-sequence task: its model is built from a fine-tuning config")
-    return {"kind": SEQ2SEQ, "target_length": config.seq2seq.target_length}
+    head = {"kind": SEQ2SEQ, "target_length": config.seq2seq.target_length}
+    if mask_prob(config) > 0:
+      head["masked_targets"] = True
+    return head
 
   # --- data -------------------------------------------------------------------------------------
 
@@ -102,10 +106,13 @@ class Seq2SeqTask:
       remove_columns=raw.column_names,
     )
 
-  def features(self, examples: datasets.Dataset, tokenizer, max_len: int, target_length: int) -> datasets.Dataset:
+  def features(
+    self, examples: datasets.Dataset, tokenizer, max_len: int, target_length: int, end_in_block: bool = False
+  ) -> datasets.Dataset:
     """The model's blocks: [CLS] source [SEP] (source_b [SEP]) padded to max_len - target_length,
     then the target's tokens padded to target_length (segment 1); `labels` [target_length + 1]:
-    the target's tokens, the end token ([SEP]), then -1."""
+    the target's tokens, the end token ([SEP]), then -1. `end_in_block` (masked targets, whose
+    end token is an input too): targets cut to target_length - 1 tokens, so that the end fits."""
     source_length = max_len - target_length
     pad, end = tokenizer.pad_token_id, tokenizer.sep_token_id
     segment = 1 if "token_type_ids" in tokenizer.model_input_names else 0  # RoBERTa has one segment
@@ -115,7 +122,9 @@ class Seq2SeqTask:
       source = tokenizer(
         batch["source"], pair, truncation="only_first" if pair else True, max_length=source_length, padding="max_length"
       )
-      targets = tokenizer(batch["target"], add_special_tokens=False, truncation=True, max_length=target_length)
+      targets = tokenizer(
+        batch["target"], add_special_tokens=False, truncation=True, max_length=target_length - end_in_block
+      )
       out = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": []}
       for i, target in enumerate(targets["input_ids"]):
         fill = target_length - len(target)
@@ -136,9 +145,9 @@ class Seq2SeqTask:
     """(features for the model, `References` to score generations against)."""
     check_lengths(config)
     examples = self.load(split, config.data_dir, config.language, config)
-    return self.features(examples, tokenizer, config.max_seq_length, config.seq2seq.target_length), References(
-      examples, tokenizer
-    )
+    s = config.seq2seq
+    features = self.features(examples, tokenizer, config.max_seq_length, s.target_length, mask_prob(config) > 0)
+    return features, References(examples, tokenizer)
 
   def loss(self, logits_BxTxV, batch, label_smoothing: float = 0.0):
     """Cross-entropy against the labels smoothed by `label_smoothing` (that share spread evenly
@@ -161,6 +170,7 @@ class Seq2SeqTask:
       no_repeat_ngram=s.no_repeat_ngram,
       end_id=tokenizer.sep_token_id,
       banned_ids=tuple(sorted(specials)),
+      mask_id=tokenizer.mask_token_id,
     )
 
   def texts(self, outputs, tokenizer) -> list:
@@ -177,6 +187,46 @@ class Seq2SeqTask:
     return scores, dict(zip(references.examples["id"], predictions))
 
 
+def mask_prob(config) -> float:
+  """`seq2seq.mask_prob`; runs saved before it existed were trained in the one-pass form (0)."""
+  return config.seq2seq.get("mask_prob", 0.0)
+
+
+# UniLM's (and BERT's) treatment of a chosen token: [MASK] 80 % of the time, a random token 10 %,
+# itself 10 %.
+_AS_MASK, _AS_RANDOM = 0.8, 0.1
+
+
+def mask_targets(batch, rng, mask_prob: float, pad_id: int, mask_id: int, vocab_size: int) -> dict:
+  """UniLM's fine-tuning input (Dong et al. 2019, section 2.4) from a one-pass batch: the target
+  block holds t_1 .. t_n [SEP] (the end token is an input and can be masked, so that the model
+  learns when to end), max(1, round((n + 1) * mask_prob)) of them chosen at random and replaced as
+  BERT does; `labels` [B, target_length]: the chosen positions' tokens, -1 elsewhere. The source
+  block is unchanged. UniLM also caps the chosen tokens per example (`max_pred`); the cap is left
+  out here: at its settings (0.7 of at most 48 target tokens, max_pred 48) it never binds."""
+  labels = batch["labels"]
+  target_length = labels.shape[1] - 1
+  source_length = batch["input_ids"].shape[1] - target_length
+  targets = labels[:, :target_length]  # t_1 .. t_n [SEP], then -1
+  real = targets >= 0
+  count = jnp.maximum(1, jnp.round(real.sum(axis=1) * mask_prob)).astype(jnp.int32)
+  pick_rng, how_rng, word_rng = jax.random.split(rng, 3)
+  scores = jnp.where(real, jax.random.uniform(pick_rng, targets.shape), 2.0)  # padding ranks last
+  chosen = jnp.argsort(jnp.argsort(scores, axis=1), axis=1) < count[:, None]
+  how = jax.random.uniform(how_rng, targets.shape)
+  random_tokens = jax.random.randint(word_rng, targets.shape, 0, vocab_size)
+  fed = jnp.where(real, targets, pad_id)
+  fed = jnp.where(chosen & (how < _AS_MASK), mask_id, fed)
+  fed = jnp.where(chosen & (how >= _AS_MASK) & (how < _AS_MASK + _AS_RANDOM), random_tokens, fed)
+  mask = batch["attention_mask"]
+  return {
+    **batch,
+    "input_ids": batch["input_ids"].at[:, source_length:].set(fed.astype(batch["input_ids"].dtype)),
+    "attention_mask": mask.at[:, source_length:].set(real.astype(mask.dtype)),
+    "labels": jnp.where(chosen, targets, -1),
+  }
+
+
 def check_lengths(config):
   s = config.seq2seq
   if not 0 < s.target_length <= config.max_seq_length - 3:
@@ -190,6 +240,13 @@ def check_lengths(config):
     raise UserError(f"seq2seq.beam_size={s.beam_size} must be at least 1 (1: greedy decoding)")
   if not 0 <= s.label_smoothing < 1:
     raise UserError(f"seq2seq.label_smoothing={s.label_smoothing} must lie in [0, 1)")
+  if not 0 <= mask_prob(config) < 1:
+    raise UserError(f"seq2seq.mask_prob={s.mask_prob} must lie in [0, 1) (0: the one-pass form; UniLM's: 0.7)")
+  if mask_prob(config) > 0 and s.target_length < 2:
+    raise UserError(
+      f"seq2seq.mask_prob={s.mask_prob} puts the end token in the target block, which needs "
+      f"seq2seq.target_length >= 2 (it is {s.target_length})"
+    )
 
 
 def _text_lines(path: str) -> list:
