@@ -4,14 +4,15 @@
 
 Augments each training set, labels it with the teacher (cached under the workdir), trains the
 student, evaluates every task's dev split after each epoch, writes `results.json`. Rerun the same
-command to resume.
+command to resume. With `--config.lr_grid=1e-5,1.5e-5,5e-5`, one run per rate and the one with the
+lowest dev loss chosen (`lr_grid.json`; MKD's last stage, `configs/task/mkd_finetune.py`).
 """
 
 from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.program import run_program
-from minilm_jax.distill.task_specific import TaskDistillation
+from minilm_jax.distill.task_specific import TaskDistillation, run_lr_grid
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Task distillation config (configs/task/*.py).", lock_config=True
@@ -22,7 +23,11 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
-  TaskDistillation(_CONFIG.value, _WORKDIR.value).run()
+  if _CONFIG.value.lr_grid:
+    rows, best = run_lr_grid(_CONFIG.value, _WORKDIR.value)
+    print(f"lowest mean dev loss {rows[best]['dev_loss']:.4f} at lr {rows[best]['lr']:g}: {rows[best]['workdir']}")
+  else:
+    TaskDistillation(_CONFIG.value, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def _student(kind, **fields):
 
 def _run(model, batch, seed=0):
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  params = model.init(jax.random.key(seed), batch)["params"]
+  params = model.init(jax.random.key(seed), batch, "task")["params"]
   return params, np.asarray(model.apply({"params": params}, batch, "task"))
 
 
@@ -93,10 +93,11 @@ def test_padding_does_not_change_the_output():
   np.testing.assert_allclose(np.asarray(long), short, atol=1e-5)
 
 
-def test_siamese_bilstm_matches_numpy_with_shared_weights():
+@pytest.mark.parametrize("kind", ["bilstm", "siamese_bilstm"])  # the second: the name older runs use
+def test_bilstm_on_pairs_matches_siamese_numpy_with_shared_weights(kind):
   (ids_a, mask_a), (ids_b, mask_b) = _batch(2, [6, 2]), _batch(3, [3, 9])
   params, got = _run(
-    _student("siamese_bilstm"),
+    _student(kind),
     {"input_ids": ids_a, "attention_mask": mask_a, "input_ids_b": ids_b, "attention_mask_b": mask_b},
   )
   body = params["body"]
@@ -166,7 +167,7 @@ def test_transformer_student_averages_cls_of_the_teachers_first_layers(minilm_di
   )
   enc = tokenizer(SENTENCES[:2], SENTENCES[2:], padding=True, return_tensors="np")
   batch = {k: jnp.asarray(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids")}
-  params = student.init(jax.random.key(0), batch)["params"]
+  params = student.init(jax.random.key(0), batch, "task")["params"]
   params = {**params, "body": transformer_init(teacher_params, 3)}
   features = student.apply({"params": params}, batch, method=lambda m, b: m.body(b))
   with torch.no_grad():

@@ -4,10 +4,11 @@
       --config.tasks=wordnet_supersense --config.teacher=<fine-tuning run of that task>
 
 Logit MSE on the training set augmented 10x (masking and POS-guided replacement, p = 0.1 each);
-AdaDelta (lr 1.0, rho 0.95), batch 50; BiLSTM 150 units, Dense+ReLU 200. Sentence-pair tasks:
-`--config.student.kind=siamese_bilstm`; small tasks (STS-B, MRPC): `--config.augment.size_factor=40
---config.augment.n_iter=78`. Ablations: `--config.objective=soft_ce --config.temperature=...`,
-`--config.objective=hard` (gold labels, no augmentation). The thesis's word2vec start (section
+AdaDelta (lr 1.0, rho 0.95), batch 50; BiLSTM 150 units, Dense+ReLU 200. Sentence-pair tasks: the
+same BiLSTM, siamese (both sentences through it, `[h1, h2, h1*h2, |h1-h2|]`). Small tasks (STS-B,
+MRPC): `--config.augment.size_factor=40 --config.augment.n_iter=78`. Ablations:
+`--config.objective=soft_ce --config.temperature=...`, `--config.objective=hard` (gold labels, no
+augmentation). The thesis's word2vec start (section
 3.4.1, multichannel): `--config.student.word_vectors=GoogleNews-vectors-negative300.bin` (a local file).
 """
 

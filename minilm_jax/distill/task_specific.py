@@ -8,6 +8,8 @@ teacher. Their logits are computed once per training set, batched through the ji
 cached on disk.
 """
 
+import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,9 +24,11 @@ from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run
+from minilm_jax.outputs import write_json
 from minilm_jax.models import layout
+from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model
-from minilm_jax.models.students import KINDS, PAIR_KINDS, SINGLE_KINDS, make_student
+from minilm_jax.models.students import KINDS, make_student
 from minilm_jax.finetuning.steps import Predictor, task_forward
 from minilm_jax.distill.logit_losses import check_objective
 from minilm_jax.finetuning.multitask import (
@@ -111,6 +115,15 @@ def teacher_logits(
   return logits
 
 
+@dataclasses.dataclass(frozen=True)
+class _Start:
+  """A distilled student a run goes on from (`student.from_run`)."""
+
+  tokenizer: object
+  encoder_config: EncoderConfig  # the Transformer student's; None for the LSTMs
+  params: dict  # its body and a head per task of the new run
+
+
 class TaskDistillation(MultiTaskRun):
   """A task (or multi-task) distillation run, built and validated before any compute; `run()`
   trains and evaluates. The student's vocabulary is the first teacher's tokenizer (WordPiece, as
@@ -119,48 +132,45 @@ class TaskDistillation(MultiTaskRun):
   def __init__(self, config, workdir: str, mesh=None):
     begin_run(config, workdir)
     tasks = parse_tasks(config.tasks)
+    mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
+    # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes on.
+    self._start = self._continue_from(config, tasks, mesh) if config.student.from_run else None
     kind = config.student.kind
     if kind not in KINDS:
       raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
     for task in tasks:
       check_objective(config.objective, task.head()["num_labels"], task.name)
-      if is_pair(task) and kind not in PAIR_KINDS:
-        raise UserError(
-          f"{task.name} is a sentence-pair task but student.kind={kind!r} reads one sentence: "
-          f"use one of {', '.join(PAIR_KINDS)}"
-        )
-      if not is_pair(task) and kind not in SINGLE_KINDS:
-        raise UserError(
-          f"{task.name} is a single-sentence task but student.kind={kind!r} compares two: "
-          f"use one of {', '.join(SINGLE_KINDS)}"
-        )
     teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
     target = "label" if config.objective == "hard" else "teacher_logits"
-    vectors = config.student.word_vectors
-    if not teacher_runs and (target == "teacher_logits" or not vectors):
+    vectors = config.student.word_vectors and self._start is None
+    if not teacher_runs and (target == "teacher_logits" or not (vectors or self._start)):
       raise UserError(
         "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
-        "(its tokenizer is also the student's vocabulary, unless student.word_vectors gives one)"
+        "(its tokenizer is also the student's vocabulary, unless student.word_vectors or student.from_run gives one)"
       )
     self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
     data_dirs = task_data_dirs(tasks, config.data_dir)
     self.train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
     self._embedding_table = None
-    if vectors:
+    if self._start is not None:
+      tokenizer = self._start.tokenizer
+    elif vectors:
       tokenizer = self._word_tokenizer(config.student, tasks, config.seed)
     else:
       tokenizer = runs.load_tokenizer_of(teacher_runs[0])
     self.cache_dir = config.cache_dir or os.path.join(workdir, "cache")
     self.tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
     self.encoder_config, self._init_body = None, None
-    if kind == "transformer":
+    if self._start is not None:
+      self.encoder_config = self._start.encoder_config
+    elif kind == "transformer":
       body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
       self.encoder_config, self._init_body = body.config, transformer_init(body.params, config.student.num_layers)
     self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
     super().__init__(
       config,
       workdir,
-      mesh or parallel.make_mesh(config.mesh.data, 1),
+      mesh,
       tasks=tasks,
       tokenizer=tokenizer,
       model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
@@ -170,13 +180,38 @@ class TaskDistillation(MultiTaskRun):
       desc=f"distill {config.tasks} -> {kind}",
     )
 
+  @staticmethod
+  def _continue_from(config, tasks, mesh) -> "_Start":
+    """What a run starting from the student of `student.from_run` takes from it: the run's student
+    block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
+    source = config.student.from_run
+    meta = runs.read_meta(source) if checkpoint.is_run(source) else {}
+    if meta.get("model") != runs.STUDENT:
+      raise UserError(
+        f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
+        f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
+      )
+    missing = [t.name for t in tasks if t.name not in meta["tasks"]]
+    if missing:
+      raise UserError(
+        f"student.from_run={source} has no head for {', '.join(missing)} (it was distilled on "
+        f"{', '.join(meta['tasks'])}): fine-tune it on tasks it learnt"
+      )
+    for key, value in meta["student"].items():
+      if key != "from_run" and key in config.student:
+        setattr(config.student, key, value)
+    params, tokenizer = read_multitask_run(source, mesh)[1:3]
+    encoder = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else None
+    heads = {f"head_{t.name}": params[f"head_{t.name}"] for t in tasks}
+    return _Start(tokenizer, encoder, {"body": params["body"], **heads})
+
   def _word_tokenizer(self, student, tasks, seed: int):
     """The word-level tokenizer of `student.word_vectors` over the tasks' training words; keeps the
     embedding table it gives the words for `_init_params`."""
     if student.kind not in KINDS or KINDS[student.kind] == "joint":
       raise UserError(
         f"student.word_vectors is for the LSTM students, and student.kind={student.kind!r} reads "
-        f"its teacher's WordPiece tokens: use bilstm, siamese_bilstm or biattentive, or leave word_vectors empty"
+        f"its teacher's WordPiece tokens: use bilstm or biattentive, or leave word_vectors empty"
       )
     texts = (
       text for t in tasks for c in ("text_a", "text_b")[: 1 + is_pair(t)] for text in self.train_examples[t.name][c]
@@ -217,6 +252,8 @@ class TaskDistillation(MultiTaskRun):
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
   def _init_params(self, rng):
+    if self._start is not None:  # every parameter from the distilled student
+      return self._start.params
     params = self.model.init(rng, self.dummy_batch())["params"]
     if self._init_body is not None:  # the Transformer starts from an encoder's first layers
       params = {**params, "body": self._init_body}
@@ -244,3 +281,33 @@ class TaskDistillation(MultiTaskRun):
     if self.encoder_config is not None:
       meta["encoder"] = self.encoder_config.to_dict()
     return meta
+
+
+def run_lr_grid(config, workdir: str):
+  """One run per learning rate of `config.lr_grid` (a comma list) in `<workdir>/lr<rate>`, and the
+  rate whose runs' dev loss against the gold labels, averaged over the tasks, is lowest: MKD's last
+  stage (thesis section 4.3.2: "the learning rate is chosen from {1, 1.5, 5} x 1e-5 according to
+  the validation set loss on each task"). Writes `<workdir>/lr_grid.json`; returns its rows and the
+  best row's index."""
+  try:
+    rates = [float(r) for r in config.lr_grid.split(",") if r.strip()]
+  except ValueError:
+    rates = []
+  if not rates or min(rates) <= 0:
+    raise UserError(
+      f"lr_grid={config.lr_grid!r}: give positive learning rates, comma separated (e.g. 1e-5,1.5e-5,5e-5)"
+    )
+  if not workdir:
+    raise UserError("--workdir is required: the grid's runs and lr_grid.json go there")
+  rows = []
+  for rate in rates:
+    run_config = copy.deepcopy(config)
+    run_config.optimizer.lr, run_config.lr_grid = rate, ""
+    run_dir = os.path.join(workdir, f"lr{rate:g}")
+    results = TaskDistillation(run_config, run_dir).run()[1]
+    losses = [v for k, v in results.items() if k.endswith("/loss")]
+    rows.append({"lr": rate, "workdir": run_dir, "dev_loss": float(np.mean(losses)), **results})
+  best = min(range(len(rows)), key=lambda i: rows[i]["dev_loss"])
+  if jax.process_index() == 0:
+    write_json(os.path.join(workdir, "lr_grid.json"), {"rows": rows, "best": rows[best]})
+  return rows, best

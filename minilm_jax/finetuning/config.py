@@ -128,13 +128,16 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.temperature = 1.0
 
   c.student = ml_collections.ConfigDict()
-  c.student.kind = "bilstm"  # bilstm, siamese_bilstm, biattentive, transformer
+  c.student.kind = "bilstm"  # bilstm (siamese on pairs), biattentive, transformer
   c.student.embed_dim = 300
   c.student.hidden = 150  # LSTM units per direction
   c.student.fc = 200  # each task head: Dense(fc) + ReLU -> Dense(labels)
   c.student.num_layers = 3  # transformer: the first layers of `init`
   c.student.dropout = 0.1  # transformer
   c.student.init = ""  # transformer: a run or HF dir to take the layers from; empty: the first teacher's encoder
+  # A task-distillation run whose student goes on here (MKD's last stage, per task): its student
+  # block, tokenizer, body and the heads of `tasks` replace this config's and the fresh start.
+  c.student.from_run = ""
   # The LSTMs' words (thesis section 3.4.1): a local word2vec (.bin, or text) or GloVe text file;
   # empty: the first teacher's WordPiece vocabulary, embeddings learnt from scratch. See
   # data/word_vectors.py for the vocabulary it builds. embed_dim must be the file's dimension.
@@ -154,6 +157,9 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 128
   c.epochs = 10
   c.seed = 0
+  # Learning rates, comma separated: one run each in <workdir>/lr<rate>, the lowest mean dev loss
+  # chosen (<workdir>/lr_grid.json). Empty: one run at optimizer.lr.
+  c.lr_grid = ""
   c.cache_dir = ""  # teacher logits of the (augmented) training sets; empty: <workdir>/cache
 
   c.optimizer = ml_collections.ConfigDict()

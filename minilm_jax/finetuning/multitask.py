@@ -26,7 +26,7 @@ from minilm_jax.models.students import KINDS, make_student, refined_teacher
 from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
-from minilm_jax.distill.logit_losses import task_loss
+from minilm_jax.distill.logit_losses import hard_label_loss, task_loss
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
 SEPARATE_INPUTS = ("input_ids", "attention_mask")
@@ -44,9 +44,9 @@ def model_inputs(joint: bool, task) -> tuple:
 
 
 def dummy_batch(joint: bool, tasks) -> dict:
-  """The batch `init` traces a multi-task model with: every input column its tasks read, one
-  sequence of ones (parameter shapes do not depend on its length)."""
-  return {k: jnp.ones_like(dummy_ids()) for task in tasks for k in model_inputs(joint, task)}
+  """What `init` traces a multi-task model with: {task name: a batch of the columns it reads, one
+  sequence of ones} (parameter shapes do not depend on its length)."""
+  return {task.name: {k: jnp.ones_like(dummy_ids()) for k in model_inputs(joint, task)} for task in tasks}
 
 
 def parse_tasks(spec: str) -> list:
@@ -179,12 +179,16 @@ class MultiTaskRun:
     )
 
   def evaluate(self, params) -> dict:
-    """Every task's dev metrics, flat: {"<task>/dev/accuracy": ...}."""
+    """Every task's dev metrics, flat: {"<task>/dev/accuracy": ..., "<task>/dev/loss": ...}; the
+    loss is against the gold labels (cross-entropy, or squared error for regression), what MKD's
+    last stage picks its learning rate by."""
     results = {}
     for (name, split), (features, examples) in self.eval_data.items():
       task = get_task(name)
       outputs = self.predictors[name](params, features, desc=f"evaluate {name} {split}")
       results.update({f"{name}/{split}/{k}": v for k, v in task.score(task.predict(outputs), examples).items()})
+      labels = jnp.asarray(examples["label"], jnp.int32 if task.labels else jnp.float32)
+      results[f"{name}/{split}/loss"] = float(hard_label_loss(jnp.asarray(outputs, jnp.float32), labels))
     return results
 
   def run(self):

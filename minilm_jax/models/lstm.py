@@ -2,8 +2,9 @@
 task head (`students.TaskHead`) turns into logits.
 
 - `BiLSTMBody` (chapter 3, figures 3.1 and 3.2): word embeddings -> one BiLSTM -> the last hidden
-  state of each direction, concatenated. With `pair`, one BiLSTM shared by both sentences (siamese)
-  and the concatenate-compare `[h1, h2, h1 * h2, |h1 - h2|]`.
+  state of each direction, concatenated. A batch of pairs goes through the one BiLSTM (siamese) and
+  the concatenate-compare `[h1, h2, h1 * h2, |h1 - h2|]`; so one body serves single-sentence and
+  pair tasks at once (the multi-task distilled BiLSTM of table 4.2, line 3), each task its head.
 - `BiAttentiveBody` (section 4.1.2, figure 4.2): embeddings -> FFN + ReLU -> BiLSTM -> bi-attention
   -> a second BiLSTM over `[X, X - C, X * C]` -> max, mean and self-attentive pooling of each
   sentence. A single sentence is paired with itself, as the thesis does.
@@ -63,7 +64,6 @@ class BiLSTMBody(nn.Module):
   vocab_size: int
   embed_dim: int = 300
   hidden: int = 150  # 150 or 300 in the thesis
-  pair: bool = False
   multichannel: bool = False
 
   @nn.compact
@@ -71,11 +71,10 @@ class BiLSTMBody(nn.Module):
     embed = word_embedding(self.vocab_size, self.embed_dim, self.multichannel)
     encoder = BiLSTM(self.hidden, name="bilstm")
     encode = lambda ids, mask: encoder(embed(ids), mask.sum(-1))[1]
-    (ids_a, mask_a), (ids_b, mask_b) = _sentences(batch)
-    h1 = encode(ids_a, mask_a)
-    if not self.pair:
+    h1 = encode(batch["input_ids"], batch["attention_mask"])
+    if "input_ids_b" not in batch:
       return h1
-    h2 = encode(ids_b, mask_b)
+    h2 = encode(batch["input_ids_b"], batch["attention_mask_b"])
     return jnp.concatenate([h1, h2, h1 * h2, jnp.abs(h1 - h2)], -1)
 
 

@@ -15,10 +15,10 @@ from minilm_jax.models.encoder import Encoder, EncoderConfig
 from minilm_jax.models.lstm import BiAttentiveBody, BiLSTMBody
 
 # How each kind reads a batch: "separate" sentences without special tokens (the LSTMs), or the
-# "joint" `[CLS] a [SEP] b [SEP]` sequence of the teacher (the Transformer).
+# "joint" `[CLS] a [SEP] b [SEP]` sequence of the teacher (the Transformer). Every kind takes
+# single-sentence and pair tasks. "siamese_bilstm" is the BiLSTM under the name runs written before
+# one BiLSTM took both kinds of task used for its pair form; they load as they were.
 KINDS = {"bilstm": "separate", "siamese_bilstm": "separate", "biattentive": "separate", "transformer": "joint"}
-PAIR_KINDS = ("siamese_bilstm", "biattentive", "transformer")
-SINGLE_KINDS = ("bilstm", "biattentive", "transformer")
 
 
 class EncoderBody(nn.Module):
@@ -53,8 +53,9 @@ class TaskHead(nn.Module):
 
 
 class MultiTaskModel(nn.Module):
-  """`apply(params, batch, task)` -> logits [B, num_labels] of one task; without `task`, a dict of
-  every task's logits (what `init` uses to create every head)."""
+  """`apply(params, batch, task)` -> logits [B, num_labels] of one task. Without `task`, `batch` is
+  {task name: a batch of that task} and the result every task's logits: what `init` creates every
+  head with, each from its own task's inputs (a BiLSTM's features are wider for a pair task)."""
 
   body: nn.Module
   heads: tuple  # ((task name, num_labels), ...)
@@ -62,11 +63,10 @@ class MultiTaskModel(nn.Module):
 
   @nn.compact
   def __call__(self, batch, task: str = None, deterministic: bool = True):
-    features = self.body(batch, deterministic)
     heads = {name: TaskHead(self.fc, n, name=f"head_{name}") for name, n in self.heads}
     if task is not None:
-      return heads[task](features).astype(jnp.float32)
-    return {name: head(features).astype(jnp.float32) for name, head in heads.items()}
+      return heads[task](self.body(batch, deterministic)).astype(jnp.float32)
+    return {name: head(self.body(batch[name], deterministic)).astype(jnp.float32) for name, head in heads.items()}
 
 
 def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig = None) -> MultiTaskModel:
@@ -75,7 +75,7 @@ def make_student(student, heads: tuple, vocab_size: int, encoder_config: Encoder
   # Runs written before word vectors existed have no `word_vectors` in their student block.
   multichannel = bool(student.get("word_vectors")) and student.get("multichannel", False)
   if kind == "bilstm" or kind == "siamese_bilstm":
-    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, kind == "siamese_bilstm", multichannel)
+    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, multichannel)
   elif kind == "biattentive":
     body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden, multichannel)
   elif kind == "transformer":
