@@ -97,6 +97,7 @@ _RANGES = {
       "loss.embedding_weight",
       "data.heldout_blocks",
       "student.max_words",  # 0: every word of the vectors file
+      "data.epochs",  # 0: num_steps
     ),
     (0, None),
   ),

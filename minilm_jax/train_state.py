@@ -53,8 +53,11 @@ def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
 
 
 def make_optimizer(opt, num_steps: int):
-  """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as BERT)."""
-  warmup = min(opt.warmup_steps, num_steps)
+  """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as
+  BERT). The warm-up is `opt.warmup_proportion` of `num_steps` where a config gives that share
+  (fine-tuning, ETD), else `opt.warmup_steps`."""
+  share = opt.get("warmup_proportion", 0.0)
+  warmup = min(int(share * num_steps) if share else opt.get("warmup_steps", 0), num_steps)
   schedule = optax.join_schedules(
     [
       optax.linear_schedule(0.0, opt.lr, max(warmup, 1)),

@@ -307,6 +307,18 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   )
 
 
+def test_a_schedule_in_epochs_becomes_steps_once_the_corpus_is_read(tiny_teacher, tiny_corpus, tmp_path):
+  """ETD's schedule: `data.epochs` passes over the corpus, the warm-up a share of them."""
+  config = tiny_config(tiny_teacher, tiny_corpus, **{"data.epochs": 2, "optimizer.warmup_proportion": 0.25})
+  run = Distillation(config, str(tmp_path / "w"))
+  steps = 2 * run.stream.batches_per_epoch
+  assert run.config.num_steps == steps and steps > 8
+  schedule = run.step.schedule
+  warmup = int(0.25 * steps)
+  assert float(schedule(warmup)) == pytest.approx(1e-3) and float(schedule(warmup // 2)) < 1e-3
+  assert float(schedule(steps)) == pytest.approx(0.0)
+
+
 def test_relation_heads_that_do_not_divide(tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="does not divide hidden size"):
     Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.num_relation_heads": 5}), str(tmp_path / "w"))

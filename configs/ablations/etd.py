@@ -6,7 +6,8 @@
   done
 
 ETD distils with the last-layer TinyBERT objective (attention-score MSE + hidden MSE through W_h),
-batch 128, lr 1e-4, 10% warm-up (ETD section 4.1).
+with its own schedule (ETD section 4.1): batch 128, lr 1e-4, 10% warm-up, 5 epochs over the corpus
+(`data.epochs`: the step count follows from the corpus's size), not MiniLM's 400k steps.
 """
 
 from minilm_jax.distill.config import paper_config
@@ -27,7 +28,8 @@ VARIANTS = {
 def get_config(variant="etd_impt"):
   c = paper_config("bert-base-uncased", 6, 384, batch_size=128, lr=1e-4)
   c.loss.objective = "tinybert"
-  c.optimizer.warmup_steps = c.num_steps // 10
+  c.data.epochs = 5
+  c.optimizer.warmup_proportion = 0.1
   v = VARIANTS[variant]
   c.student.init = v["init"]
   c.etd.method = v.get("method", "rand")

@@ -217,6 +217,9 @@ class Distillation:
       jax.process_count(),
       f"corpus {config.data.corpus}",
     )
+    if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
+      config.num_steps = config.data.epochs * self.stream.batches_per_epoch
+      self.step = build_step(config, teacher_config, self.mesh, masking, teacher_pooling(config))
     self.heldout, heldout_stream, heldout_step = None, None, None
     if heldout is not None:
       self.heldout = {"blocks": len(heldout), "first_block": heldout.start}

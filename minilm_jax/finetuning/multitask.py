@@ -237,11 +237,7 @@ class MultiTaskFineTuning(MultiTaskRun):
     return {**params, "body": {"encoder": self._encoder_params}}  # pre-trained encoder, fresh output layers
 
   def _optimizer(self, num_steps):
-    c = self.config
-    opt = ml_collections.ConfigDict(
-      {**c.optimizer.to_dict(), "warmup_steps": int(c.optimizer.warmup_proportion * num_steps)}
-    )
-    return make_optimizer(opt, num_steps)
+    return make_optimizer(self.config.optimizer, num_steps)
 
   def meta(self) -> dict:
     return {

@@ -10,7 +10,6 @@ from typing import Callable
 
 import flax.linen as nn
 import jax
-import ml_collections
 import optax
 
 from minilm_jax import checkpoint, parallel, runs
@@ -59,10 +58,7 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
   model = task_model(encoder_config, head)
   parallel.check_batch_divides(config.batch_size, mesh)
-  optimizer = ml_collections.ConfigDict(
-    {**config.optimizer.to_dict(), "warmup_steps": int(config.optimizer.warmup_proportion * num_steps)}
-  )
-  tx, schedule = make_optimizer(optimizer, num_steps)
+  tx, schedule = make_optimizer(config.optimizer, num_steps)
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
   state_shardings = parallel.tree_shardings(abstract, mesh)
   task_loss_of = task.loss
