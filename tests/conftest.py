@@ -226,3 +226,25 @@ def load_config_module(path):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+# Damage a user's data file could have: random bytes, cut short, empty, another encoding, a line
+# lost. `data` is hypothesis's `st.data()`; the property tests of every reader draw from it.
+def damaged_bytes(valid: bytes, how: str, data) -> bytes:
+  from hypothesis import strategies as st
+
+  if how == "random":
+    return data.draw(st.binary(max_size=400), label="bytes")
+  if how == "truncate":
+    return valid[: data.draw(st.integers(0, len(valid)), label="cut at")]
+  if how == "empty":
+    return b""
+  if how == "latin-1":
+    text = valid.decode("utf-8", errors="replace")  # (a binary file is not text: its bytes, mangled)
+    return text.encode("latin-1", errors="replace") + "é".encode("latin-1")
+  lines = valid.split(b"\n")
+  del lines[data.draw(st.integers(0, len(lines) - 1), label="line lost")]
+  return b"\n".join(lines)
+
+
+DAMAGE = ("random", "truncate", "empty", "latin-1", "line lost")

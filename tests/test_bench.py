@@ -13,7 +13,7 @@ import torch
 from conftest import WORDNET_EXCERPT, program_stderr
 
 from minilm_jax import parallel
-from minilm_jax.benchmarks import distill, generation, inference, memory, timing
+from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
@@ -119,17 +119,10 @@ def test_bench_inference_averages_its_batches():
   assert rows[0]["flop_ratio"] == 1.0 and rows[-1]["flop_ratio"] > 10 and all(r["seconds"] > 0 for r in rows)
 
 
-def test_bench_student_speed_through_the_program(tmp_path):
-  """The thesis's tables 3.2 and 4.4 as `bench student_speed` runs them, at a tiny teacher and batch."""
-  out = tmp_path / "speed.json"
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.bench", "student_speed", "--batch=2", "--batches=2", "--seq_len=8"]
-    + ["--teacher=2x32", f"--json={out}"],
-    capture_output=True,
-    text=True,
-  )
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = json.load(open(out))
+def test_bench_student_speed_rows_at_a_tiny_size():
+  """The thesis's tables 3.2 and 4.4 as `bench student_speed` builds them, at a tiny teacher and
+  batch (the README's command is parsed by tests/test_readme_commands.py)."""
+  rows = student_speed.run(batch=2, batches=2, seq_len=8, teacher="2x32")
   assert [(r["model"], r["inputs"]) for r in rows] == [
     ("teacher 2x32", "sentences"),
     ("distilled BiLSTM", "sentences"),

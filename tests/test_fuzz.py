@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, output_lines
+from conftest import DAMAGE, ROOT, damaged_bytes, output_lines
 
 # Every field of a distillation config (configs/embedding_demo.py) a user might mistype, with values
 # a user might mistype it to: wrong types, zero, negative, out of the choices, and a few that are
@@ -199,22 +199,6 @@ def test_malformed_corpus_files_run_or_are_one_line(tiny_teacher, capfd, corpus)
     )
 
 
-# Damage a user's data file could have: random bytes, cut short, empty, another encoding, a line lost.
-def _damaged(valid: bytes, how: str, data) -> bytes:
-  if how == "random":
-    return data.draw(st.binary(max_size=400), label="bytes")
-  if how == "truncate":
-    return valid[: data.draw(st.integers(0, len(valid)), label="cut at")]
-  if how == "empty":
-    return b""
-  if how == "latin-1":
-    text = valid.decode("utf-8", errors="replace")  # (a Parquet file is not text: its bytes, mangled)
-    return text.encode("latin-1", errors="replace") + "é".encode("latin-1")
-  lines = valid.split(b"\n")
-  del lines[data.draw(st.integers(0, len(lines) - 1), label="line lost")]
-  return b"\n".join(lines)
-
-
 def _reader_files(tmp):
   """{reader: (task, file name, valid content)}: one small valid file per format we read."""
   from conftest import WORDNET_EXCERPT
@@ -239,6 +223,21 @@ def _reader_files(tmp):
     },
     ensure_ascii=False,
   ).encode()
+  squad_v1 = json.dumps(  # MLQA's files are SQuAD 1.1's format: every question answered
+    {
+      "data": [
+        {
+          "paragraphs": [
+            {
+              "context": "Café au lait is coffee with milk.",
+              "qas": [{"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 15}]}],
+            }
+          ]
+        }
+      ]
+    },
+    ensure_ascii=False,
+  ).encode()
   import io
 
   import pyarrow as pa
@@ -256,6 +255,12 @@ def _reader_files(tmp):
     "squad2": ("dev-v2.0.json", squad),
     "qg": ("dev.json", squad),
     "sst2": ("dev.tsv", "sentence\tlabel\nCafé au lait, s'il vous plaît.\t1\nA plain sentence.\t0\n".encode()),
+    "xnli": (
+      "dev.tsv",
+      "language\tgold_label\tsentence1\tsentence2\nfr\tentailment\tCafé au lait.\tUn café.\n"
+      "en\tneutral\tA plain sentence.\tAnother one.\n".encode(),
+    ),
+    "mlqa": ("dev-context-en-question-en.json", squad_v1),
     "cnndm": (
       "dev.jsonl",
       '{"article": "Café news.", "highlights": "A café."}\n{"source": "b", "target": "c"}\n'.encode(),
@@ -265,10 +270,22 @@ def _reader_files(tmp):
 
 @pytest.mark.parametrize(
   "task_name",
-  ["wordnet_supersense", "squad2", "qg", "sst2", "cnndm", "custom_csv", "custom_tsv", "custom_jsonl", "custom_parquet"],
+  [
+    "wordnet_supersense",
+    "squad2",
+    "qg",
+    "sst2",
+    "xnli",
+    "mlqa",
+    "cnndm",
+    "custom_csv",
+    "custom_tsv",
+    "custom_jsonl",
+    "custom_parquet",
+  ],
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-@given(how=st.sampled_from(["random", "truncate", "empty", "latin-1", "line lost"]), data=st.data())
+@given(how=st.sampled_from(DAMAGE), data=st.data())
 def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how, data):
   """Every format a task reads, damaged: it loads (damage that leaves a valid file) or raises
   UserError, one line naming the file; never another exception."""
@@ -283,7 +300,7 @@ def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how,
     name, valid = _reader_files(tmp)[task_name]
     path = os.path.join(tmp, name)
     with open(path, "wb") as f:
-      f.write(_damaged(valid, how, data))
+      f.write(damaged_bytes(valid, how, data))
     try:
       if task_name.startswith("custom_"):  # the user's own file, as task=custom's training and dev file
         fields = dict(train=path, dev=path, text_columns="text", label_column="label", labels="", regression=False)

@@ -9,7 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, program_stderr, read_metrics, tiny_config
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+from conftest import DAMAGE, ROOT, damaged_bytes, program_stderr, read_metrics, tiny_config
 
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
@@ -132,3 +134,39 @@ def test_a_damaged_or_missing_shard_is_one_line_naming_it(prepared, tiny_teacher
       np.save(path, np.zeros((3, 32), np.int32))
     with pytest.raises(UserError, match=f"{shard} {expected}.*prepare the corpus"):
       PreparedBlocks(copy, tokenizer, 32, str(tmp_path))
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "blocks", "lengths"])
+@settings(
+  max_examples=20,
+  deadline=None,
+  derandomize=True,  # the same examples on every machine
+  database=None,
+  suppress_health_check=list(HealthCheck),
+  phases=[Phase.generate],
+)
+@given(how=st.sampled_from(DAMAGE), data=st.data())
+def test_damaged_prepared_corpora_load_or_are_one_line_naming_the_file(prepared, tiny_teacher, target, how, data):
+  """The manifest or a shard of a prepared corpus, damaged as tests/test_fuzz.py damages task files:
+  it loads (damage that leaves it valid) or is one UserError line naming the file."""
+  import shutil
+  import tempfile
+
+  tokenizer = runs.load_tokenizer_of(tiny_teacher)
+  with tempfile.TemporaryDirectory() as tmp:
+    copy = os.path.join(tmp, "corpus")
+    shutil.copytree(prepared, copy)
+    name = (
+      target if target == "manifest.json" else json.load(open(os.path.join(copy, "manifest.json")))["shards"][0][target]
+    )
+    with open(os.path.join(copy, name), "rb") as f:
+      valid = f.read()
+    with open(os.path.join(copy, name), "wb") as f:
+      f.write(damaged_bytes(valid, how, data))
+    try:
+      blocks = PreparedBlocks(copy, tokenizer, 32, tmp)
+      blocks[np.arange(len(blocks))]  # every row readable
+      event(f"{how}: loaded")
+    except UserError as e:
+      assert "\n" not in str(e) and name in str(e), str(e)
+      event(f"{how}: one line")

@@ -187,7 +187,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   teacher, _ = refined_teacher
   mkd_dir = str(tmp_path / "mkd")
   mkd = _student_config(",".join(TASKS), teacher, kind="bilstm")
-  mkd.augment.enabled, mkd.batch_size = False, 80  # the teacher's logits on the originals: a minute less
+  mkd.augment.enabled, mkd.batch_size = False, 200  # the teacher's logits on the originals: a minute less
   mkd_state, results = TaskDistillation(mkd, mkd_dir).run()
   assert {f"{t}/dev/{m}" for t in TASKS for m in ("accuracy", "loss")} <= set(results)
   model, params, tokenizer, tasks, joint = read_multitask_run(mkd_dir, parallel.make_mesh(2, 1))
@@ -203,7 +203,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
 
   c = load_config_module(os.path.join(ROOT, "configs", "task", "mkd_finetune.py")).get_config()
   c.tasks, c.teacher, c.student.from_run = "wordnet_examples", teacher, mkd_dir
-  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_EXCERPT, 32, 1, 80, 20
+  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_EXCERPT, 32, 1, 200, 20
   c.augment.enabled, c.mesh.data = False, 2
   # It starts from the MKD student: its block (a BiLSTM, not the config's bi-attentive LSTM), its
   # body and the task's head.
@@ -215,7 +215,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   assert set(first) == {"body", "head_wordnet_examples"}
   overrides = [f"--config.{k}={v}" for k, v in (("tasks", c.tasks), ("teacher", teacher), ("data_dir", c.data_dir))]
   overrides += [f"--config.student.from_run={mkd_dir}", "--config.max_seq_length=32", "--config.epochs=1"]
-  overrides += ["--config.batch_size=80", "--config.augment.enabled=false"]
+  overrides += ["--config.batch_size=200", "--config.augment.enabled=false"]
   overrides += ["--config.mesh.data=2", "--config.lr_grid=1e-5,5e-5"]
   proc = subprocess.run(
     [sys.executable, "-m", "minilm_jax.distill_task", "--config", "configs/task/mkd_finetune.py"]

@@ -69,13 +69,34 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
   return manifest
 
 
+# The manifest's fields and their types: what reading a prepared corpus relies on.
+_MANIFEST_FIELDS = {"format": int, "tokenizer": dict, "max_seq_length": int, "shards": list}
+_SHARD_FIELDS = {"blocks": str, "lengths": str, "rows": int}
+
+
+def _read_manifest(path, directory: str) -> dict:
+  """The manifest, or one line naming it when it is not the JSON `write_prepared` writes."""
+  fix = f"prepare the corpus {directory} again"
+  try:
+    manifest = json.loads(path.read_bytes().decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise UserError(f"{path} is damaged (not JSON: {' '.join(str(e).split())[:60]}): {fix}") from None
+  fields = dict(_MANIFEST_FIELDS)
+  if not isinstance(manifest, dict) or any(not isinstance(manifest.get(k), t) for k, t in fields.items()):
+    raise UserError(f"{path} is damaged (it lacks the fields {', '.join(fields)}): {fix}")
+  for shard in manifest["shards"]:
+    if not isinstance(shard, dict) or any(not isinstance(shard.get(k), t) for k, t in _SHARD_FIELDS.items()):
+      raise UserError(f"{path} is damaged (a shard entry lacks {', '.join(_SHARD_FIELDS)}): {fix}")
+  return manifest
+
+
 def _shard(path, directory: str, rows: int) -> np.ndarray:
   """One shard, memory-mapped; one line naming it when it is missing, cut short or not a shard."""
   try:
     array = np.load(path, mmap_mode="r")
   except FileNotFoundError:
     raise UserError(f"{path} is missing from the prepared corpus {directory}: prepare the corpus again") from None
-  except ValueError as e:  # numpy's "mmap length is greater than file size", a damaged header, ...
+  except (ValueError, EOFError, OSError) as e:  # numpy's "mmap length is greater than file size", a damaged header, ...
     raise UserError(
       f"{path} is damaged ({' '.join(str(e).split())[:80]}): prepare the corpus {directory} again"
     ) from None
@@ -98,7 +119,7 @@ class PreparedBlocks:
         f"data.prepared={directory} holds no {MANIFEST}: prepare the corpus there first "
         f"(python -m minilm_jax.prepare_data --config <config> --out {directory})"
       )
-    self.manifest = json.loads((root / MANIFEST).read_text())
+    self.manifest = _read_manifest(root / MANIFEST, directory)
     self._check(directory, tokenizer, max_seq_length)
     local = root if os.path.isdir(directory) else self._copy_local(root, cache_dir)
     self._ids = [_shard(local / s["blocks"], directory, s["rows"]) for s in self.manifest["shards"]]
@@ -117,6 +138,12 @@ class PreparedBlocks:
         f"set data.max_seq_length={m['max_seq_length']} or prepare the corpus again"
       )
     ours = tokenizer_identity(tokenizer)
+    lacking = sorted(set(ours) - set(m["tokenizer"]))
+    if lacking:  # every manifest records them all: one that lacks some was damaged after writing
+      raise UserError(
+        f"{epath.Path(directory) / MANIFEST} is damaged (its tokenizer lacks {', '.join(lacking)}): "
+        f"prepare the corpus {directory} again"
+      )
     if m["tokenizer"] != ours:
       differ = [k for k in ours if m["tokenizer"].get(k) != ours[k]]
       raise UserError(
