@@ -144,7 +144,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   # The fallback's warning and the export's note of the parameters left untrained; nothing of
   # Orbax's or TensorStore's (1,779 lines of an ignored exception and a spec, once).
   said = output_lines(capfd.readouterr().err)
-  assert len(said) == 2 and "cannot be read" in said[0] and "untrained" in said[1], said
+  assert len(said) == 2 and "cannot be read" in said[0] and "exported as initialised" in said[1], said
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
   config.num_steps = 4
   run = Distillation(config, workdir)
