@@ -70,6 +70,10 @@ def _quiet_orbax_failure_reports():
   sys.unraisablehook = hook
 
 
+# The damaged-checkpoint warnings this process has printed (and whether by a reader): each once.
+_WARNED = set()
+
+
 class RunCheckpoints:
   """A run's checkpoints: the newest `keep` steps, and with `best` = (metric, higher is better) also
   the step whose saved metrics scored best on that metric (Orbax's preservation policies)."""
@@ -158,8 +162,10 @@ class RunCheckpoints:
     raise UserError(self._failure) from None
 
   def read_meta(self, step=None) -> dict:
-    step = self._step(step)
-    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    """The run metadata of `step` (default: the newest step whose metadata can be read back)."""
+    return self._restore_intact(
+      step, lambda s: self.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    ).meta
 
   def restore(self, abstract_state, step=None):
     """(state, data position, meta) of `step` (default: the newest that can be read), placed as
@@ -215,11 +221,14 @@ class RunCheckpoints:
         damaged.append((candidate, e))
         continue
       if damaged:
-        print(
+        warning = (
           f"warning: the checkpoint of step {damaged[0][0]} in {self.manager.directory} cannot be read "
-          f"({_brief(damaged[0][1])}); using step {candidate}, the newest that can",
-          file=sys.stderr,
+          f"({_brief(damaged[0][1])}); using step {candidate}, the newest that can"
         )
+        # Said once per reader or writer: reading the metadata, then the state, finds the same damage.
+        if (warning, self.read_only) not in _WARNED:
+          _WARNED.add((warning, self.read_only))
+          print(warning, file=sys.stderr)
         self._set_aside([s for s, _ in damaged])
       return out
     raise UserError(

@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
 
-from conftest import ROOT, output_lines, program_stderr, read_metrics, tiny_config
+from conftest import DAMAGE, ROOT, damaged_bytes, output_lines, program_stderr, read_metrics, tiny_config
 from minilm_jax import parallel
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
@@ -452,3 +454,92 @@ def test_asyncio_reports_of_failed_orbax_writes_are_left_out(tmp_path):
   orbax_file = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "async_path.py")
   assert not asyncio_logger.filter(report(orbax_file))
   assert asyncio_logger.filter(report(os.path.join(os.sep, "mine", "job.py")))
+
+
+_DAMAGE_SETTINGS = settings(
+  max_examples=15,
+  deadline=None,
+  derandomize=True,  # the same examples on every machine
+  database=None,
+  suppress_health_check=list(HealthCheck),
+  phases=[Phase.generate],
+)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+@_DAMAGE_SETTINGS
+@given(how=st.sampled_from(DAMAGE), data=st.data())
+def test_damaged_tokenizer_files_load_or_are_one_line(tiny_teacher, name, how, data):
+  """A Hugging Face directory's tokenizer files damaged as the task files are: the tokenizer loads
+  and tokenises, or one line names the directory and the cause."""
+  import shutil
+  import tempfile
+
+  from minilm_jax import hf
+
+  with tempfile.TemporaryDirectory() as tmp:
+    copy = os.path.join(tmp, "model")
+    shutil.copytree(tiny_teacher, copy)
+    path = os.path.join(copy, name)
+    with open(path, "rb") as f:
+      valid = f.read()
+    with open(path, "wb") as f:
+      f.write(damaged_bytes(valid, how, data))
+    try:
+      hf.load_tokenizer(copy)("A sentence to tokenise.")
+      event(f"{how}: loaded")
+    except UserError as e:
+      assert "\n" not in str(e) and copy in str(e), str(e)
+      event(f"{how}: one line")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_teacher, tiny_corpus):
+  """A two-step run keeping both checkpoints, and each step's parameters as saved."""
+  from minilm_jax import runs
+
+  workdir = str(tmp_path_factory.mktemp("finished") / "run")
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.keep": 2})
+  Distillation(config, workdir).run()
+  steps = {step: runs.read_run(workdir, step=step).params for step in (1, 2)}
+  return workdir, steps
+
+
+@_DAMAGE_SETTINGS
+@given(how=st.sampled_from(DAMAGE), data=st.data())
+def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(finished_run, how, data):
+  """Any file of the latest checkpoint damaged: reading the run gives step 2's parameters exactly
+  (a file reading does not need), or step 1's after one warning line, or one error line; never
+  other parameters and never a traceback."""
+  import shutil
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from minilm_jax import runs
+
+  workdir, steps = finished_run
+  latest = os.path.join(workdir, "checkpoints", "2")
+  files = sorted(os.path.relpath(os.path.join(d, f), latest) for d, _, fs in os.walk(latest) for f in fs)
+  name = data.draw(st.sampled_from(files), label="file")
+  with tempfile.TemporaryDirectory() as tmp:
+    copy = os.path.join(tmp, "run")
+    shutil.copytree(workdir, copy)
+    path = os.path.join(copy, "checkpoints", "2", name)
+    with open(path, "rb") as f:
+      valid = f.read()
+    with open(path, "wb") as f:
+      f.write(damaged_bytes(valid, how, data))
+    try:
+      params = runs.read_run(copy).params
+    except UserError as e:
+      assert "\n" not in str(e), str(e)
+      event(f"{how}: one line")
+      return
+    same = {
+      step: all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)))
+      for step, saved in steps.items()
+    }
+    assert same[1] or same[2], f"{how} of {name}: parameters of neither step"
+    event(f"{how}: step {2 if same[2] else 1}")
