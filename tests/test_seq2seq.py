@@ -198,7 +198,7 @@ def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_t
   """`--config.seq2seq.mask_prob=0.7` through the program: the run records the form, and its batch
   evaluation decodes it the same way (its own score again)."""
   run = str(tmp_path / "masked")
-  config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=3, **{"seq2seq.mask_prob": 0.7})
+  config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=1, **{"seq2seq.mask_prob": 0.7})
   _, results = FineTuning(config, run).run()
   assert runs.read_meta(run)["head"] == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
   (row,) = evaluate_runs([run], str(tmp_path / "eval"), batch_size=8)

@@ -2,7 +2,7 @@
 shapes a user trains at, in one process.
 
 - ours, bare step: teacher forward + student forward/backward + MiniLM loss + AdamW, jitted
-  (`distill.trainer.make_train_step`, the function the `train` program runs), on random full blocks.
+  (`distill.trainer.build_step` on a config, as the `train` program builds it), on random full blocks.
 - ours, train program: the same step driven by the training loop (`loop.train_loop`: the batch
   stream collating packed blocks, prefetching onto the devices, metrics), end to end.
 - PyTorch peers: transformers' `BertModel` teacher (under `no_grad`) and student with SDPA
@@ -29,12 +29,13 @@ import numpy as np
 from minilm_jax import hf, parallel
 from minilm_jax.benchmarks.timing import block, distill_flops_per_token, median_seconds, peak_flops
 from minilm_jax.data.corpus import BatchStream, pad_blocks
-from minilm_jax.distill.objectives import Objective
-from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.distill import config as distill_config
+from minilm_jax.distill.trainer import build_step, init_state
+from minilm_jax.embeddings import Pooling
 from minilm_jax.errors import UserError
 from minilm_jax.loop import train_loop
-from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.train_state import adamw_config, make_optimizer
+from minilm_jax.models.encoder import EncoderConfig, init_params
+from minilm_jax.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
 # a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
@@ -89,25 +90,31 @@ def random_batch(batch_size: int, length: int, vocab_size: int) -> dict:
   }
 
 
-class _OurStep:
-  """Our jitted step on one device, its state, and the arguments it is called with."""
+def step_config(teacher_config: EncoderConfig, student_config: EncoderConfig, dtype, num_relation_heads, batch, length):
+  """The `train` program's config for one measurement: MiniLM's relations (Q-K, V-V) at the last
+  layers, AdamW at lr 1e-4 with 10 warm-up steps, the student's shape and dropout."""
+  c = distill_config.base_config()
+  s = c.student
+  s.model_type, s.vocab_size = teacher_config.model_type, teacher_config.vocab_size
+  s.num_layers, s.hidden_size = student_config.num_layers, student_config.hidden_size
+  s.num_heads, s.intermediate_size = student_config.num_heads, student_config.intermediate_size
+  s.dropout = student_config.hidden_dropout
+  c.loss.objective, c.loss.relations, c.loss.num_relation_heads = "minilm", ",".join(RELATIONS), num_relation_heads
+  c.optimizer.lr, c.optimizer.warmup_steps = OPTIMIZER.lr, OPTIMIZER.warmup_steps
+  c.num_steps, c.dtype, c.batch_size, c.data.max_seq_length = 1000, dtype, batch, length
+  return c
 
-  def __init__(self, teacher_config, teacher_params, student_config, dtype, num_relation_heads):
+
+class _OurStep:
+  """The `train` program's jitted step (`distill.trainer.build_step` on the measurement's config)
+  on one device, its state, and the arguments it is called with."""
+
+  def __init__(self, teacher_config, teacher_params, config):
     self.mesh = parallel.make_mesh(1)
-    teacher, student = Encoder(teacher_config.replace(dtype=dtype)), Encoder(student_config.replace(dtype=dtype))
-    tx, schedule = make_optimizer(OPTIMIZER, 1000)
-    self.objective = Objective(
-      "minilm",
-      ((student_config.num_layers - 1, teacher_config.num_layers - 1),),
-      RELATIONS,
-      num_relation_heads,
-      0,
-      teacher_config.hidden_size,
-      student_config.hidden_size,
-    )
-    self.step = make_train_step(teacher, student, tx, schedule, self.objective, self.mesh)
+    built = build_step(config, teacher_config, self.mesh, masking=(), pooling=Pooling())
+    self.step, self.objective = built.train_step, built.objective
     self.init = jax.jit(
-      lambda rng: init_state(student, tx, self.objective, rng), out_shardings=parallel.replicated(self.mesh)
+      partial(init_state, built.student, built.tx, built.objective), out_shardings=parallel.replicated(self.mesh)
     )
     self.state = self.init(jax.random.key(0))
     params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
@@ -329,7 +336,8 @@ def run(
           raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
         batch = random_batch(n, length, teacher_config.vocab_size)
         tokens = n * length
-        ours = _OurStep(teacher_config, teacher_params, student_config, dtype, num_relation_heads)
+        config = step_config(teacher_config, student_config, dtype, num_relation_heads, n, length)
+        ours = _OurStep(teacher_config, teacher_params, config)
         seconds, footprint = ours.bare_seconds(batch, repeats)
         program = ours.train_program_seconds(batch, train_steps) if train_steps else None
         del ours

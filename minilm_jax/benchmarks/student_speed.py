@@ -52,8 +52,8 @@ def _student_configs() -> dict:
   return {"bilstm": bilstm, "biattentive": mkd, "transformer": transformer}
 
 
-def _batch(joint: bool, pair: bool, batch: int, seq_len: int, rng) -> dict:
-  ids = lambda length: rng.integers(1000, VOCAB, (batch, length)).astype(np.int32)
+def _batch(joint: bool, pair: bool, batch: int, seq_len: int, vocab: int, rng) -> dict:
+  ids = lambda length: rng.integers(min(1000, vocab // 2), vocab, (batch, length)).astype(np.int32)
   ones = lambda length: np.ones((batch, length), np.int32)
   if joint:  # [CLS] a [SEP] b [SEP] as one sequence; the second segment's type ids on its half
     types = np.zeros((batch, seq_len), np.int32)
@@ -66,18 +66,18 @@ def _batch(joint: bool, pair: bool, batch: int, seq_len: int, rng) -> dict:
   return out
 
 
-def _models(teacher: str):
+def _models(teacher: str, vocab: int):
   """(name, kind, reads pairs, model) in the order of the rows."""
-  encoder = parse_shape(teacher).replace(vocab_size=VOCAB)
+  encoder = parse_shape(teacher).replace(vocab_size=vocab)
   students = _student_configs()
   heads = (("task", 2),)
   label = f"teacher {teacher}" + {"12x768": " (BERT-base)", "24x1024": " (BERT-large)"}.get(teacher, "")
   yield label, "teacher", False, refined_teacher(encoder, heads)
-  yield "distilled BiLSTM", "bilstm", False, make_student(students["bilstm"], heads, VOCAB)
+  yield "distilled BiLSTM", "bilstm", False, make_student(students["bilstm"], heads, vocab)
   yield label, "teacher", True, refined_teacher(encoder, heads)
-  yield "distilled BiLSTM (siamese)", "bilstm", True, make_student(students["bilstm"], heads, VOCAB)
-  yield "MKD-LSTM (bi-attentive)", "biattentive", True, make_student(students["biattentive"], heads, VOCAB)
-  yield "MKD-Transformer (3 layers)", "transformer", True, make_student(students["transformer"], heads, VOCAB, encoder)
+  yield "distilled BiLSTM (siamese)", "bilstm", True, make_student(students["bilstm"], heads, vocab)
+  yield "MKD-LSTM (bi-attentive)", "biattentive", True, make_student(students["biattentive"], heads, vocab)
+  yield "MKD-Transformer (3 layers)", "transformer", True, make_student(students["transformer"], heads, vocab, encoder)
 
 
 def _without_embeddings(params) -> int:
@@ -87,14 +87,17 @@ def _without_embeddings(params) -> int:
   return sum(x.size for path, x in flat if not any("embedding" in str(getattr(k, "key", "")) for k in path))
 
 
-def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str = "12x768"):
+def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str = "12x768", vocab: int = VOCAB):
+  """`vocab`: the word vocabulary of every model (BERT's; a test's tiny one compiles faster)."""
   rng = np.random.default_rng(0)
   rows = []
-  for name, kind, pair, model in _models(teacher):
+  for name, kind, pair, model in _models(teacher, vocab):
     joint = kind in ("teacher", "transformer")
-    params = jax.jit(model.init, static_argnums=2)(jax.random.key(0), _batch(joint, pair, 1, seq_len, rng), "task")
+    params = jax.jit(model.init, static_argnums=2)(
+      jax.random.key(0), _batch(joint, pair, 1, seq_len, vocab, rng), "task"
+    )
     params = params["params"]
-    inputs = _batch(joint, pair, batch, seq_len, rng)
+    inputs = _batch(joint, pair, batch, seq_len, vocab, rng)
     forward = jax.jit(lambda p, b, model=model: model.apply({"params": p}, b, "task"))
     block(forward(params, inputs))  # compile
     start = time.perf_counter()
