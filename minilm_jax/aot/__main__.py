@@ -120,17 +120,17 @@ def analyse(program, target, compiled, seconds: float) -> dict:
   return row
 
 
-def peak_at(config, target, devices, batch: int) -> float:
-  """Peak bytes per device of the program at `batch` (the compiler's figure when it refuses)."""
+def peak_at(name: str, config, target, devices, batch: int) -> float:
+  """Peak bytes per device of program `name` at `batch` (the compiler's figure when it refuses)."""
   try:
-    compiled, _ = compile_program(build(config, devices, batch), target)
+    compiled, _ = compile_program(build(name, config, devices, batch), target)
   except DoesNotFit as e:
     return e.needed
   return report.memory(compiled)["peak_bytes_per_device"]
 
 
-def build(config, devices, batch: int = None):
-  name = _PROGRAM.value or programs.default_program(config)
+def build(name: str, config, devices, batch: int = None):
+  """Program `name` of `config` on `devices`, at its own batch or at `batch`."""
   if batch is not None:
     config = config.copy_and_resolve_references()
     with config.unlocked():
@@ -146,7 +146,7 @@ def find_batch(config, target, devices, program, peak_now: float) -> tuple:
 
   def peak(batch):
     if batch not in known:
-      known[batch] = peak_at(config, target, devices, batch)
+      known[batch] = peak_at(program.name, config, target, devices, batch)
     return known[batch]
 
   largest = programs.largest_batch(peak, program.global_batch, unit, target.usable_memory_bytes)
@@ -227,7 +227,7 @@ def main(argv):
   # Compiling only: the host's own CPU backend, whatever plugins are installed.
   jax.config.update("jax_platforms", "cpu")
   devices = compile_devices(target)
-  program = build(config, devices)
+  program = build(name, config, devices)
   chip = target.name.split("-")[0].split("x")[0]
   try:
     compiled, seconds = compile_program(program, target)
