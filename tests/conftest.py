@@ -248,3 +248,27 @@ def damaged_bytes(valid: bytes, how: str, data) -> bytes:
 
 
 DAMAGE = ("random", "truncate", "empty", "latin-1", "line lost")
+
+
+def damage_settings(max_examples: int):
+  """Hypothesis settings of the damaged-file property tests: the same examples on every machine,
+  no shrinking (each example reruns a reader)."""
+  from hypothesis import HealthCheck, Phase, settings
+
+  return settings(
+    max_examples=max_examples,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.generate],
+  )
+
+
+def run_distill_task(config_file: str, workdir, *overrides: str):
+  """`python -m minilm_jax.distill_task --config <configs/task/...> --workdir <dir> <overrides>`,
+  run from the repository root: the completed process, output captured."""
+  import subprocess
+
+  command = [sys.executable, "-m", "minilm_jax.distill_task", "--config", config_file, "--workdir", str(workdir)]
+  return subprocess.run([*command, *overrides], capture_output=True, text=True, cwd=ROOT)

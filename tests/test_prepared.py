@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
-from conftest import DAMAGE, ROOT, damaged_bytes, program_stderr, read_metrics, tiny_config
+from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, program_stderr, read_metrics, tiny_config
 
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
@@ -137,14 +137,7 @@ def test_a_damaged_or_missing_shard_is_one_line_naming_it(prepared, tiny_teacher
 
 
 @pytest.mark.parametrize("target", ["manifest.json", "blocks", "lengths"])
-@settings(
-  max_examples=20,
-  deadline=None,
-  derandomize=True,  # the same examples on every machine
-  database=None,
-  suppress_health_check=list(HealthCheck),
-  phases=[Phase.generate],
-)
+@damage_settings(max_examples=20)
 @given(how=st.sampled_from(DAMAGE), data=st.data())
 def test_damaged_prepared_corpora_load_or_are_one_line_naming_the_file(prepared, tiny_teacher, target, how, data):
   """The manifest or a shard of a prepared corpus, damaged as tests/test_fuzz.py damages task files:

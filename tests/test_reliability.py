@@ -7,10 +7,19 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
-from conftest import DAMAGE, ROOT, damaged_bytes, output_lines, program_stderr, read_metrics, tiny_config
+from conftest import (
+  DAMAGE,
+  ROOT,
+  damage_settings,
+  damaged_bytes,
+  output_lines,
+  program_stderr,
+  read_metrics,
+  tiny_config,
+)
 from minilm_jax import parallel
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
@@ -456,18 +465,8 @@ def test_asyncio_reports_of_failed_orbax_writes_are_left_out(tmp_path):
   assert asyncio_logger.filter(report(os.path.join(os.sep, "mine", "job.py")))
 
 
-_DAMAGE_SETTINGS = settings(
-  max_examples=15,
-  deadline=None,
-  derandomize=True,  # the same examples on every machine
-  database=None,
-  suppress_health_check=list(HealthCheck),
-  phases=[Phase.generate],
-)
-
-
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
-@_DAMAGE_SETTINGS
+@damage_settings(max_examples=15)
 @given(how=st.sampled_from(DAMAGE), data=st.data())
 def test_damaged_tokenizer_files_load_or_are_one_line(tiny_teacher, name, how, data):
   """A Hugging Face directory's tokenizer files damaged as the task files are: the tokenizer loads
@@ -505,7 +504,7 @@ def finished_run(tmp_path_factory, tiny_teacher, tiny_corpus):
   return workdir, steps
 
 
-@_DAMAGE_SETTINGS
+@damage_settings(max_examples=15)
 @given(how=st.sampled_from(DAMAGE), data=st.data())
 def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(finished_run, how, data):
   """Any file of the latest checkpoint damaged: reading the run gives step 2's parameters exactly

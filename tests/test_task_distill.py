@@ -10,7 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, WORDNET_EXCERPT, load_config_module
+from conftest import ROOT, WORDNET_EXCERPT, load_config_module, run_distill_task
 
 from minilm_jax import parallel
 from minilm_jax.errors import UserError
@@ -217,13 +217,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   overrides += [f"--config.student.from_run={mkd_dir}", "--config.max_seq_length=32", "--config.epochs=1"]
   overrides += ["--config.batch_size=200", "--config.augment.enabled=false"]
   overrides += ["--config.mesh.data=2", "--config.lr_grid=1e-5,5e-5"]
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.distill_task", "--config", "configs/task/mkd_finetune.py"]
-    + ["--workdir", str(tmp_path / "grid"), *overrides],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-  )
+  proc = run_distill_task("configs/task/mkd_finetune.py", tmp_path / "grid", *overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]
   grid = json.load(open(tmp_path / "grid" / "lr_grid.json"))
   losses = {row["lr"]: row["dev_loss"] for row in grid["rows"]}
@@ -292,23 +286,11 @@ def test_one_line_errors(tmp_path, teachers):
 
 
 def test_program_reports_bad_input_in_one_line(tmp_path, teachers):
-  import subprocess
-  import sys
-
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.distill_task",
-      "--config",
-      "configs/task/distilled_bilstm.py",
-      "--workdir",
-      str(tmp_path / "w"),
-      "--config.tasks=wordnet_examples",
-      f"--config.teacher={teachers['wordnet_supersense']}",
-    ],
-    capture_output=True,
-    text=True,
+  proc = run_distill_task(
+    "configs/task/distilled_bilstm.py",
+    tmp_path / "w",
+    "--config.tasks=wordnet_examples",
+    f"--config.teacher={teachers['wordnet_supersense']}",
   )
   assert proc.returncode == 2, proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith("error: task wordnet_examples has no teacher")

@@ -5,12 +5,10 @@ same vectors, the word-level tokenizer, and a distillation run whose frozen chan
 import os
 import re
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, WORDNET_EXCERPT
+from conftest import WORDNET_EXCERPT, run_distill_task
 
 from minilm_jax import hf, runs
 from minilm_jax.data import word_vectors
@@ -149,23 +147,13 @@ def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_file
     TaskDistillation(_student_config(files["glove"], embed_dim=300), str(tmp_path / "a"))
   with pytest.raises(UserError, match="student.word_vectors is for the LSTM students"):
     TaskDistillation(_student_config(files["glove"], kind="transformer"), str(tmp_path / "b"))
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.distill_task",
-      "--config",
-      "configs/task/distilled_bilstm.py",
-      "--workdir",
-      str(tmp_path / "c"),
-      "--config.tasks=wordnet_supersense",
-      "--config.objective=hard",
-      f"--config.data_dir={WORDNET_EXCERPT}",
-      f"--config.student.word_vectors={os.path.join(tmp_path, 'missing.bin')}",
-    ],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
+  proc = run_distill_task(
+    "configs/task/distilled_bilstm.py",
+    tmp_path / "c",
+    "--config.tasks=wordnet_supersense",
+    "--config.objective=hard",
+    f"--config.data_dir={WORDNET_EXCERPT}",
+    f"--config.student.word_vectors={os.path.join(tmp_path, 'missing.bin')}",
   )
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1] == (
