@@ -22,7 +22,7 @@ from minilm_jax.data.corpus import BatchStream, stack_columns
 pytestmark = pytest.mark.xdist_group("multihost")
 
 LAUNCH = os.path.join(ROOT, "launch")
-STEPS = ["--config.num_steps=30", "--config.checkpoint.every=3"]
+STEPS = ["--config.num_steps=30", "--config.checkpoint.every=5"]
 
 
 def _free_port():

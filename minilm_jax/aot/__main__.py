@@ -13,9 +13,11 @@ batch that fits instead. Needs the `aot` extra (pip install -e ".[aot]").
 """
 
 import contextlib
+import glob
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +37,9 @@ _TARGET = flags.DEFINE_string("target", None, "What to compile for: v5e-8, v5p-8
 _PROGRAM = flags.DEFINE_string("program", "", "train, finetune or evaluate (default: the config's own).")
 _JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")
 _FIND_BATCH = flags.DEFINE_bool("find_batch", False, "Report the largest global batch that fits.")
+_PEAK_BUFFERS = flags.DEFINE_integer(
+  "peak_buffers", 0, "Also list what is live at the peak (XLA's buffer assignment): the N largest sources."
+)
 _MODEL_SHAPE = flags.DEFINE_string(
   "model_shape", "", "The pre-trained model's shape (LAYERSxHIDDEN[xHEADS]) when its config.json is not at hand."
 )
@@ -71,12 +76,14 @@ def _without_over_capacity_log():
       sys.stderr.write("".join(kept))
 
 
-def compile_program(program, target) -> tuple:
-  """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit."""
+def compile_program(program, target, dump_dir: str = "") -> tuple:
+  """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit. With
+  `dump_dir`, XLA writes its optimised module and buffer assignment there."""
+  options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
   start = time.perf_counter()
   try:
     with _without_over_capacity_log():
-      compiled = program.step.lower(*program.args).compile()
+      compiled = program.step.lower(*program.args).compile(compiler_options=options)
   except jax.errors.JaxRuntimeError as e:
     message = str(e)
     if "RESOURCE_EXHAUSTED" not in message:
@@ -84,6 +91,21 @@ def compile_program(program, target) -> tuple:
     needed = report.parse_hbm_oom(message)
     raise DoesNotFit(needed or math.nan) from None
   return compiled, time.perf_counter() - start
+
+
+def peak_buffers(program, target, top: int) -> list:
+  """What is live at the program's peak, by source (`report.peak_buffers`), from one more compile
+  that dumps XLA's live ranges (the main module's: the largest dump)."""
+  dump_dir = tempfile.mkdtemp(prefix="minilm_jax_aot_")
+  try:
+    compiled, _ = compile_program(program, target, dump_dir)
+    dumps = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations-live-range.txt")), key=os.path.getsize)
+    if not dumps:
+      raise UserError(f"--peak_buffers: the compiler for {target.name} wrote no live ranges; try an H100 target")
+    with open(dumps[-1]) as f:
+      return report.peak_buffers(f.read(), compiled.as_text(), top)
+  finally:
+    shutil.rmtree(dump_dir, ignore_errors=True)
 
 
 def analyse(program, target, compiled, seconds: float) -> dict:
@@ -104,11 +126,16 @@ def analyse(program, target, compiled, seconds: float) -> dict:
   kernel = report.attention_kernel(text)
   uncounted = report.cudnn_attention_flops(text)
   flops = (costs["flops"] + uncounted) * target.num_devices
+  matmuls = report.matmul_flops(text)
+  matmuls = None if matmuls is None else (matmuls + uncounted) * target.num_devices
+  analytic = program.analytic_flops_per_step
   row.update(
     flops_per_step=flops,
     cudnn_attention_flops_added=uncounted * target.num_devices,
-    analytic_flops_per_step=program.analytic_flops_per_step,
-    flops_over_analytic=flops / program.analytic_flops_per_step if program.analytic_flops_per_step else None,
+    matmul_flops_per_step=matmuls,
+    analytic_flops_per_step=analytic,
+    flops_over_analytic=flops / analytic if analytic else None,
+    matmul_flops_over_analytic=matmuls / analytic if analytic and matmuls else None,
     bytes_accessed_per_step=costs["bytes_accessed"] * target.num_devices,
     collective_bytes_per_device=report.collective_bytes(text),
     **kernel,
@@ -190,9 +217,16 @@ def describe(row: dict) -> str:
   )
   if "flops_per_step" in row:
     analytic = row["analytic_flops_per_step"]
+    matmuls = row["matmul_flops_per_step"]
     versus = (
-      f"analytic {analytic:.3e} (XLA / analytic {row['flops_over_analytic']:.3f})" if analytic else "no analytic count"
+      f"analytic {analytic:.3e} (XLA / analytic {row['flops_over_analytic']:.3f}" if analytic else "no analytic count"
     )
+    if matmuls is not None and analytic:
+      versus += f"; matrix products {matmuls:.3e}, {row['matmul_flops_over_analytic']:.3f} of the analytic count)"
+    elif analytic:
+      versus += "; matrix products not counted: this compiler writes them as dilated convolutions)"
+    elif matmuls is not None:
+      versus += f"; matrix products {matmuls:.3e}"
     added = row["cudnn_attention_flops_added"]
     cudnn = f", of which {added:.3e} in cuDNN attention, counted analytically" if added else ""
     collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
@@ -215,7 +249,12 @@ def describe(row: dict) -> str:
       ("searched", f"GiB per device at each batch compiled: {searched}"),
     ]
   width = max(len(k) for k, _ in lines)
-  return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+  text = "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+  if row.get("peak_buffers"):
+    text += "\n\nlive at the peak, by source (XLA's buffer assignment), GiB per device:\n" + "\n".join(
+      f"  {_gib(r['bytes']):>7}  {r['buffers']:>4} buffers  {r['source']}" for r in row["peak_buffers"]
+    )
+  return text
 
 
 def main(argv):
@@ -238,6 +277,8 @@ def main(argv):
   if _FIND_BATCH.value:
     row["largest_global_batch"], searched = find_batch(config, target, devices, program, row["peak_bytes_per_device"])
     row["searched_peak_bytes_per_device"] = {str(batch): peak for batch, peak in searched.items()}
+  if _PEAK_BUFFERS.value > 0 and row["fits"]:
+    row["peak_buffers"] = peak_buffers(program, target, _PEAK_BUFFERS.value)
   print(describe(row))
   if _JSON.value:
     write_json(_JSON.value, row)

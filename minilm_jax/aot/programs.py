@@ -143,7 +143,7 @@ def train(config, devices, model_shape: str = "") -> Program:
     student_layer, teacher_layer = objective.pairs[0]
     per_token = distill_flops_per_token(
       teacher_config, teacher_layer, step.student.config, student_layer, length, len(objective.relations)
-    )
+    ) + _rematerialised_scores_flops_per_token(step.student.config, student_layer, length)
     flops = float(per_token) * batch * length
   return Program("train", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
 
@@ -178,12 +178,26 @@ def _task_columns(task, head: dict, config, mesh, batch: int) -> dict:
   return columns
 
 
-def _encoder_flops(step, head, length: int, passes: int) -> Optional[float]:
-  """Per-token FLOPs of the encoder, times 3 for forward and backward; a sequence-to-sequence
-  model's output layer is extra, and not counted (None)."""
+def _rematerialised_scores_flops_per_token(config, layers: int, length: int) -> int:
+  """The attention scores that the backward pass of a layer with attention dropout recomputes
+  (`models.encoder._attention_with_dropout`), one [L, L] product per layer: work that the
+  rematerialisation asks for, so the analytic count includes it."""
+  return layers * 2 * length * config.hidden_size if config.attention_dropout > 0 else 0
+
+
+def _encoder_flops(step, head, length: int, training: bool) -> Optional[float]:
+  """Per-token FLOPs of the encoder, forward, or forward and backward (3 times) with the scores
+  rematerialised in training; a sequence-to-sequence model's output layer is extra, and not
+  counted (None)."""
   if head["kind"] == SEQ2SEQ:
     return None
-  return float(passes * encoder_flops_per_token(step.encoder_config, length))
+  config = step.encoder_config
+  if not training:
+    return float(encoder_flops_per_token(config, length))
+  return float(
+    3 * encoder_flops_per_token(config, length)
+    + _rematerialised_scores_flops_per_token(config, config.num_layers, length)
+  )
 
 
 def finetune(config, devices, model_shape: str = "") -> Program:
@@ -192,7 +206,7 @@ def finetune(config, devices, model_shape: str = "") -> Program:
   state = parallel.placed(abstract, step.state_shardings)
   batch, length = config.batch_size, config.max_seq_length
   args = (state, _task_columns(task, head, config, mesh, batch), _rng(mesh))
-  per_token = _encoder_flops(step, head, length, 3)
+  per_token = _encoder_flops(step, head, length, training=True)
   flops = None if per_token is None else per_token * batch * length
   return Program("finetune", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
 
@@ -202,7 +216,7 @@ def evaluate(config, devices, model_shape: str = "") -> Program:
   batch, length = config.eval_batch_size, config.max_seq_length
   predictor = Predictor(step.predict_forward, mesh, step.state_shardings.params, batch)
   params = parallel.placed(abstract_model_params(step.encoder_config, head), step.state_shardings.params)
-  per_token = _encoder_flops(step, head, length, 1)
+  per_token = _encoder_flops(step, head, length, training=False)
   flops = None if per_token is None else per_token * batch * length
   return Program(
     "evaluate",

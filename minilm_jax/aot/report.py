@@ -2,6 +2,7 @@
 its collectives move, and which attention kernel it runs. Nothing here is a time: no autotuning
 happens ahead of time, and XLA's cost model's "optimal_seconds" is not a measurement."""
 
+import math
 import re
 
 import jax
@@ -43,6 +44,47 @@ def costs(compiled, platform: str) -> dict:
     module = compiled.runtime_executable().hlo_modules()[0]
     analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
   return {"flops": float(analysis.get("flops", 0.0)), "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+
+
+# "%name = bf16[8,512,384]{2,1,0} dot(%a, %b), lhs_contracting_dims={2}, ..." (operands by name: their
+# shapes are on the lines that define them, fusion parameters included).
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)$", re.M)
+
+
+def _dims(shape: str) -> list:
+  found = _ARRAY.match(shape)
+  return [int(d) for d in found.group(2).split(",") if d] if found else []
+
+
+def _contracted(instruction: str, operands: str, attributes: str, shapes: dict) -> int:
+  """How many products each output element of a dot or convolution sums."""
+  lhs = _dims(shapes.get(operands.split(",")[0].strip().lstrip("%"), ""))
+  if instruction == "dot":
+    found = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attributes)
+    return math.prod(lhs[int(d)] for d in found.group(1).split(",") if d) if found else 1
+  labels = re.search(r"dim_labels=(\w+)_", attributes)  # convolution: the lhs's feature dimension, times the window
+  window = re.search(r"window=\{size=([\dx]+)", attributes)
+  feature = lhs[labels.group(1).index("f")] if labels and lhs else 1
+  return feature * (math.prod(int(w) for w in window.group(1).split("x")) if window else 1)
+
+
+def matmul_flops(hlo_text: str):
+  """FLOPs of the optimised program's matrix products (its dots and convolutions, fused or not):
+  2 x output elements x the products each sums, as XLA's cost model counts them. Set beside the
+  analytic count, which counts only matrix products, this leaves out the elementwise work (softmax,
+  normalisation, dropout's random bits, the optimizer) that XLA's total includes. A product in a
+  loop's body is counted once, as XLA's cost model counts it. None when the program has dilated
+  convolutions (XLA's TPU compiler writes batched products so), whose products this does not count."""
+  if "lhs_dilate=" in hlo_text or "rhs_dilate=" in hlo_text:
+    return None
+  shapes, total = {}, 0.0
+  instructions = _INSTRUCTION.findall(hlo_text)
+  for name, shape, _, _, _ in instructions:
+    shapes[name] = shape
+  for _, shape, instruction, operands, attributes in instructions:
+    if instruction in ("dot", "convolution"):
+      total += 2.0 * math.prod(_dims(shape)) * _contracted(instruction, operands, attributes, shapes)
+  return total
 
 
 def _shape_bytes(shape: str) -> int:
@@ -94,3 +136,51 @@ def parse_hbm_oom(message: str):
   if not found:
     return None
   return float(found.group(1)) * {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}[found.group(2)]
+
+
+# XLA's live-range dump: "  Live ranges at 123 (peak):" then "    <instruction>{<index>}: <n> bytes (cumulative: ...)".
+_PEAK_HEADER = re.compile(r"^\s*Live ranges at \d+ \(peak\):\s*$")
+_PEAK_BUFFER = re.compile(r"^\s+([\w.\-]+)\{[\d,]*\}: (\d+) bytes")
+_OP_NAME = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{[^}]*op_name="([^"]*)"', re.M)
+_PARAMETER = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+ parameter\(", re.M)
+
+
+def _source(op_name: str) -> str:
+  """An op's name as a reader groups it: transformations and every layer's number dropped, so that a
+  layer's buffers add up with the other layers' ("Encoder/layer_N/attention/...")."""
+  parts = [p for p in op_name.split("/") if not p.startswith("jit(")]
+  parts = [re.sub(r"^(?:transpose\()?(?:jvp\()?(.*?)\)*$", r"\1", p) for p in parts]
+  return re.sub(r"\blayers?_\d+", "layer_N", "/".join(p for p in parts if p)) or op_name
+
+
+def peak_buffers(live_range_text: str, hlo_text: str, top: int) -> list:
+  """The buffers live at the program's peak (XLA's buffer assignment, dumped as live ranges),
+  grouped by the operation that makes them: [{"source", "bytes", "buffers"}], largest first, the
+  `top` largest and the rest as one row. Arguments (parameters, donated state included) are one
+  group."""
+  lines = live_range_text.splitlines()
+  start = next((i for i, line in enumerate(lines) if _PEAK_HEADER.match(line)), None)
+  if start is None:
+    return []
+  op_names = dict(_OP_NAME.findall(hlo_text))
+  parameters = set(_PARAMETER.findall(hlo_text))
+  groups = {}
+  for line in lines[start + 1 :]:
+    found = _PEAK_BUFFER.match(line)
+    if not found:
+      break
+    name, size = found.group(1), int(found.group(2))
+    source = "arguments" if name in parameters else _source(op_names.get(name, name))
+    bytes_, count = groups.get(source, (0, 0))
+    groups[source] = (bytes_ + size, count + 1)
+  rows = [{"source": s, "bytes": b, "buffers": n} for s, (b, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])]
+  if len(rows) > top:
+    rest = rows[top:]
+    rows = rows[:top] + [
+      {
+        "source": f"the other {len(rest)} sources" if len(rest) > 1 else "the other source",
+        "bytes": sum(r["bytes"] for r in rest),
+        "buffers": sum(r["buffers"] for r in rest),
+      }
+    ]
+  return rows

@@ -21,12 +21,11 @@ import os
 import datasets
 import jax
 import numpy as np
-from scipy import stats
 
 from minilm_jax import embeddings, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder
-from minilm_jax.tasks import glue, wordnet
+from minilm_jax.tasks import glue, metrics, wordnet
 from minilm_jax.finetuning.steps import Predictor
 
 
@@ -100,7 +99,7 @@ def unrelated_cosine(embeddings_NxD) -> float:
 
 def sts_spearman(a_NxD, b_NxD, gold) -> float:
   cosine = np.sum(_unit(a_NxD) * _unit(b_NxD), axis=-1)
-  return float(stats.spearmanr(cosine, gold).statistic)
+  return metrics.spearman(cosine, gold)
 
 
 def _unit(x):

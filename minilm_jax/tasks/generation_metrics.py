@@ -3,6 +3,9 @@
 WordNet 3.0 for synonyms). All are percentages. Question generation papers (UniLM, MiniLM) report
 the METEOR of the original Java METEOR 1.5; NLTK's reimplementation gives close but not identical
 values, and tokenises here by words and punctuation, lower-cased.
+
+rouge-score and NLTK are imported where they score: NLTK (which rouge-score imports) imports
+scikit-learn and scipy, about a second that every program would otherwise spend at start-up.
 """
 
 import functools
@@ -11,12 +14,8 @@ import re
 import shutil
 import warnings
 
-import nltk
 import numpy as np
 import sacrebleu
-from nltk.corpus.reader.wordnet import WordNetCorpusReader
-from nltk.translate.meteor_score import meteor_score
-from rouge_score import rouge_scorer
 
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.wordnet import WORDNET_DIR
@@ -43,6 +42,8 @@ def bleu4(predictions: list, references: list) -> float:
 
 def rouge(predictions: list, references: list, kinds=("rouge1", "rouge2", "rougeL")) -> dict:
   """Mean F1 of each ROUGE kind over the examples."""
+  from rouge_score import rouge_scorer
+
   scorer = rouge_scorer.RougeScorer(list(kinds), use_stemmer=True)
   scores = [scorer.score(reference, prediction) for prediction, reference in zip(predictions, references)]
   return {k: 100 * float(np.mean([s[k].fmeasure for s in scores])) for k in kinds}
@@ -53,21 +54,25 @@ def _words(text: str) -> list:
 
 
 def meteor(predictions: list, references: list, wordnet_dir: str = "") -> float:
+  from nltk.translate.meteor_score import meteor_score
+
   wordnet = _wordnet(wordnet_dir)
   return 100 * float(
     np.mean([meteor_score([_words(r)], _words(p), wordnet=wordnet) for p, r in zip(predictions, references)])
   )
 
 
-class _WordNet30(WordNetCorpusReader):
-  def map_wn(self, version="wordnet"):
-    return None  # these files are WordNet 3.0, NLTK's own: no mapping between versions
-
-
 @functools.cache
 def _wordnet(wordnet_dir: str):
   """NLTK's WordNet reader over Debian's WordNet 3.0 files, copied with the index NLTK needs into a
   cache folder (NLTK reads only below its own data paths)."""
+  import nltk
+  from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
+  class WordNet30(WordNetCorpusReader):
+    def map_wn(self, version="wordnet"):
+      return None  # these files are WordNet 3.0, NLTK's own: no mapping between versions
+
   source = wordnet_dir or WORDNET_DIR
   missing = [f for f in _WORDNET_FILES if not os.path.isfile(os.path.join(source, f))]
   if missing:
@@ -87,7 +92,7 @@ def _wordnet(wordnet_dir: str):
 
   with warnings.catch_warnings():  # "multilingual functions are not available": not used by METEOR
     warnings.simplefilter("ignore", UserWarning)
-    return _WordNet30(target, None)
+    return WordNet30(target, None)
 
 
 def generation_scores(metrics: tuple, predictions: list, references: list, wordnet_dir: str = "") -> dict:

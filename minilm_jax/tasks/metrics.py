@@ -3,22 +3,34 @@
 import warnings
 
 import numpy as np
-from scipy import stats
-from sklearn import metrics
+
+
+# scikit-learn and scipy are imported where a score is computed: together they take about a second
+# to import, and every program imports this module (through the task registry) whether or not it scores.
+def _sklearn_metrics():
+  from sklearn import metrics
+
+  return metrics
+
+
+def _stats():
+  from scipy import stats
+
+  return stats
 
 
 def accuracy(labels, predictions) -> float:
-  return float(metrics.accuracy_score(labels, predictions))
+  return float(_sklearn_metrics().accuracy_score(labels, predictions))
 
 
 def f1(labels, predictions) -> float:
   """Binary F1 of the positive class 1 (MRPC, QQP)."""
-  return float(metrics.f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0))
+  return float(_sklearn_metrics().f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0))
 
 
 def macro_f1(labels, predictions) -> float:
   """The mean of every class's F1, each class weighted alike."""
-  return float(metrics.f1_score(labels, predictions, average="macro", zero_division=0))
+  return float(_sklearn_metrics().f1_score(labels, predictions, average="macro", zero_division=0))
 
 
 def matthews(labels, predictions) -> float:
@@ -26,22 +38,22 @@ def matthews(labels, predictions) -> float:
   warns about a single class then, which a small dev set can have)."""
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
-    return float(metrics.matthews_corrcoef(labels, predictions))
+    return float(_sklearn_metrics().matthews_corrcoef(labels, predictions))
 
 
-def _correlation(function, x, y) -> float:
+def _correlation(name: str, x, y) -> float:
   """NaN (scipy warns) when a side is constant, as a model that predicts one score gives."""
   with warnings.catch_warnings():
-    warnings.simplefilter("ignore", stats.ConstantInputWarning)
-    return float(function(np.asarray(x, np.float64), np.asarray(y, np.float64)).statistic)
+    warnings.simplefilter("ignore", _stats().ConstantInputWarning)
+    return float(getattr(_stats(), name)(np.asarray(x, np.float64), np.asarray(y, np.float64)).statistic)
 
 
 def pearson(x, y) -> float:
-  return _correlation(stats.pearsonr, x, y)
+  return _correlation("pearsonr", x, y)
 
 
 def spearman(x, y) -> float:
-  return _correlation(stats.spearmanr, x, y)
+  return _correlation("spearmanr", x, y)
 
 
 METRICS = {
