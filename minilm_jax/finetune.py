@@ -13,10 +13,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.errors import UserError
-from minilm_jax.program import run_program
-from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.finetuning.grid import run_grid
 from minilm_jax.finetuning.multitask import MultiTaskFineTuning
+from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True

@@ -9,7 +9,7 @@ loads. Every encoder parameter's name crosses over through `models.layout`'s tab
 import json
 import logging
 import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -28,8 +28,8 @@ class LoadedModel(NamedTuple):
   config: EncoderConfig
   params: dict  # the encoder's, or a fine-tuned run's task model's {"encoder": ..., <head>: ...}
   tokenizer: Any = None
-  head: Optional[dict] = None  # a fine-tuned run's task head ({"kind": ...}); None: an encoder
-  mlm_head: Optional[dict] = None  # the masked-LM head's parameters, when asked for and saved
+  head: dict | None = None  # a fine-tuned run's task head ({"kind": ...}); None: an encoder
+  mlm_head: dict | None = None  # the masked-LM head's parameters, when asked for and saved
 
 
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).

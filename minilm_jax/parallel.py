@@ -11,7 +11,8 @@ import functools
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from conftest import ROOT, program_stderr
 from minilm_jax.aot import programs, report, targets
@@ -272,7 +273,7 @@ def test_largest_batch_search():
       for start in (8, 64, 4096):
         calls = []
 
-        def peak_at(batch, capacity=capacity, fixed=fixed, per_row=per_row, nan_above=nan_above):
+        def peak_at(batch, capacity=capacity, fixed=fixed, per_row=per_row, nan_above=nan_above, calls=calls):
           calls.append(batch)
           peak = fixed + per_row * batch
           return float("nan") if nan_above and peak > capacity else peak

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import WORDNET_EXCERPT
 from scipy import stats
 
+from conftest import WORDNET_EXCERPT
 from minilm_jax.data import augment
 from minilm_jax.errors import UserError
 from minilm_jax.tasks.wordnet import TASKS

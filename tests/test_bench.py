@@ -10,16 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import WORDNET_EXCERPT, program_stderr
 
+from conftest import WORDNET_EXCERPT, program_stderr
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
-from minilm_jax.train_state import make_optimizer
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
+from minilm_jax.train_state import make_optimizer
 
 
 def test_reference_loss_is_ours():

@@ -1,11 +1,11 @@
 """Corpus packing and the resumable batch stream."""
 
+from functools import partial
+
 import datasets
 import ml_collections
 import numpy as np
 import pytest
-
-from functools import partial
 
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError

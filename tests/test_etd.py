@@ -173,7 +173,7 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
       change = 0.0  # the first-order change of sentence b's loss when the neuron is removed
       for t in range(5):
 
-        def shifted(delta):
+        def shifted(delta, layer=layer, path=path, b=b, t=t, neuron=neuron):
           p = jax.tree.map(lambda x: x, zeros)
           node = p["encoder"][f"layer_{layer}"]
           for key in path[:-1]:

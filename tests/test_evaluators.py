@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 import pytest
-from conftest import SENTENCES, apply_overrides, tiny_config
 from scipy import stats
 
+from conftest import SENTENCES, apply_overrides, tiny_config
 from minilm_jax import parallel, runs
 from minilm_jax.distill import evaluators
 from minilm_jax.distill.trainer import Distillation

@@ -289,11 +289,10 @@ def _reader_files(tmp):
 def test_damaged_task_files_load_or_are_one_line_naming_the_file(task_name, how, data):
   """Every format a task reads, damaged: it loads (damage that leaves a valid file) or raises
   UserError, one line naming the file; never another exception."""
-  from minilm_jax.errors import UserError
-  from minilm_jax.tasks import get_task
-
   import ml_collections
 
+  from minilm_jax.errors import UserError
+  from minilm_jax.tasks import get_task
   from minilm_jax.tasks.custom import custom_task
 
   with tempfile.TemporaryDirectory() as tmp:

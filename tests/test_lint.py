@@ -14,8 +14,8 @@ from conftest import ROOT
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]])
 def test_ruff_finds_nothing(command):
-  """`ruff check` (pyflakes and line length) and `ruff format --check`: fix with `ruff format` and
-  `ruff check --fix`."""
+  """`ruff check` (pyflakes, line length, import order, bugbear, pyupgrade) and `ruff format --check`:
+  fix with `ruff format` and `ruff check --fix`."""
   proc = subprocess.run(
     [sys.executable, "-m", "ruff", *command, "minilm_jax", "tests", "configs"], cwd=ROOT, capture_output=True, text=True
   )

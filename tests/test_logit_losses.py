@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax, softmax
 
-from minilm_jax.errors import UserError
 from minilm_jax.distill import logit_losses
+from minilm_jax.errors import UserError
 
 
 @pytest.fixture

@@ -212,6 +212,7 @@ def test_soft_label_kl_matches_numpy():
 
 def test_mlm_mask_rates_and_special_tokens():
   import jax
+
   from minilm_jax.distill.objectives import mlm_mask
 
   ids = jnp.asarray(np.random.default_rng(0).integers(10, 1000, (64, 128)))

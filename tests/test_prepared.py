@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
-from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, program_stderr, read_metrics, tiny_config
 
+from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, program_stderr, read_metrics, tiny_config
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks

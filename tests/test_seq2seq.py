@@ -16,14 +16,13 @@ import transformers
 from conftest import apply_overrides
 from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import EncoderConfig
-from minilm_jax.models.generation import DecodeSettings, beam_search, generate
-from minilm_jax.models.heads import Seq2SeqLM, real_positions, seq2seq_mask
-from minilm_jax.tasks import generation_metrics
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.run import FineTuning
-from minilm_jax.tasks import get_task
+from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.generation import DecodeSettings, beam_search, generate
+from minilm_jax.models.heads import Seq2SeqLM, real_positions, seq2seq_mask
+from minilm_jax.tasks import generation_metrics, get_task
 from minilm_jax.tasks.seq2seq import mask_targets
 
 HAS_WORDNET = all(

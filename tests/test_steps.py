@@ -12,8 +12,8 @@ from minilm_jax import parallel
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.finetuning import steps as finetuning_steps
+from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.train_state import TrainState, check_accumulation
 
 TEACHER = EncoderConfig(

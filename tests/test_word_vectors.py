@@ -8,8 +8,8 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import WORDNET_EXCERPT, run_distill_task
 
+from conftest import WORDNET_EXCERPT, run_distill_task
 from minilm_jax import hf, runs
 from minilm_jax.data import word_vectors
 from minilm_jax.distill.task_specific import TaskDistillation

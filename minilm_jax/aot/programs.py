@@ -14,15 +14,15 @@ configs use, the copies in `HUB_CONFIGS` below; `--model_shape` stands in for an
 
 import dataclasses
 import os
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
 from minilm_jax import hf, parallel, runs
-from minilm_jax.benchmarks.timing import distill_flops_per_token, encoder_flops_per_token
 from minilm_jax.benchmarks.distill import parse_shape
+from minilm_jax.benchmarks.timing import distill_flops_per_token, encoder_flops_per_token
 from minilm_jax.distill import trainer
 from minilm_jax.embeddings import Pooling
 from minilm_jax.errors import UserError
@@ -59,7 +59,7 @@ class Program:
   step: Callable  # jitted
   args: tuple  # jax.ShapeDtypeStruct trees with shardings
   tokens_per_step: int
-  analytic_flops_per_step: Optional[float]  # None where no analytic count is defined
+  analytic_flops_per_step: float | None  # None where no analytic count is defined
   batch_field: str  # the config field that sets the global batch
   global_batch: int
   mesh: jax.sharding.Mesh
@@ -185,7 +185,7 @@ def _rematerialised_scores_flops_per_token(config, layers: int, length: int) -> 
   return layers * 2 * length * config.hidden_size if config.attention_dropout > 0 else 0
 
 
-def _encoder_flops(step, head, length: int, training: bool) -> Optional[float]:
+def _encoder_flops(step, head, length: int, training: bool) -> float | None:
   """Per-token FLOPs of the encoder, forward, or forward and backward (3 times) with the scores
   rematerialised in training; a sequence-to-sequence model's output layer is extra, and not
   counted (None)."""

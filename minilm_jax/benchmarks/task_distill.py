@@ -17,8 +17,8 @@ are dev accuracy after the last epoch.
 import os
 import tempfile
 
-from minilm_jax.finetuning.config import base_config, task_distillation_config
 from minilm_jax.distill.task_specific import TaskDistillation
+from minilm_jax.finetuning.config import base_config, task_distillation_config
 from minilm_jax.finetuning.run import FineTuning
 
 TASK = "wordnet_supersense"

@@ -30,7 +30,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -70,7 +70,7 @@ class Evaluator:
   name: str
   every: int
   student: Callable  # params -> {metric: value}
-  teacher: Optional[Callable] = None  # () -> {metric: value}
+  teacher: Callable | None = None  # () -> {metric: value}
   texts: tuple = ()  # sentences it embeds: what the speed measurement encodes
 
 
@@ -85,8 +85,8 @@ class Context:
   student_pooling: embeddings.Pooling
   teacher: Encoder
   teacher_params: dict
-  heldout_stream: Optional[BatchStream]
-  heldout_step: Optional[Callable]  # (params, batch, teacher_params) -> {loss terms}
+  heldout_stream: BatchStream | None
+  heldout_step: Callable | None  # (params, batch, teacher_params) -> {loss terms}
   _student_encoders: dict = dataclasses.field(default_factory=dict)
   _teacher_encoders: dict = dataclasses.field(default_factory=dict)
 
@@ -161,7 +161,7 @@ def with_defaults(spec) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({**KINDS[spec.kind].fields, **spec.to_dict()})
 
 
-def best_direction(config) -> Optional[tuple]:
+def best_direction(config) -> tuple | None:
   """(metric key in the logged metrics, whether higher is better) of `checkpoint.best`, or None."""
   if not config.checkpoint.best:
     return None

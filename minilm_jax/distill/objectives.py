@@ -38,7 +38,8 @@ and by runs read as teachers; the embedding map is exported as a sentence-transf
 """
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -128,8 +129,8 @@ class Outputs(NamedTuple):
   and, for objectives that declare `mlm_head`, its masked-LM logits [B, L, vocab]."""
 
   layers: tuple
-  mlm_logits: Optional[Any] = None
-  embeddings: Optional[Any] = None  # the embedding layer's output [B, L, D]: the input of layer 0
+  mlm_logits: Any | None = None
+  embeddings: Any | None = None  # the embedding layer's output [B, L, D]: the input of layer 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +141,7 @@ class Needs:
   mlm_head: bool = False  # both models' masked-LM heads, on BERT-masked inputs (`batch["mlm_weights"]`)
   whole_models: bool = False  # every layer of both models, not just the layer pairs
   # (loss config, teacher depth, student depth) -> the (student, teacher) layer pairs; None: the configured pair
-  layer_pairs: Optional[Callable] = None
+  layer_pairs: Callable | None = None
   embedding_term: bool = False  # the sentence-embedding term is the objective (weight 1 unless set)
 
 

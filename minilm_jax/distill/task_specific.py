@@ -22,15 +22,8 @@ import optax
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data import augment, word_vectors
-from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run
-from minilm_jax.outputs import write_json
-from minilm_jax.models import layout
-from minilm_jax.models.encoder import EncoderConfig
-from minilm_jax.models.heads import task_model
-from minilm_jax.models.students import KINDS, make_student
-from minilm_jax.finetuning.steps import Predictor, task_forward
 from minilm_jax.distill.logit_losses import check_objective
+from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
   is_pair,
@@ -39,6 +32,13 @@ from minilm_jax.finetuning.multitask import (
   task_data_dirs,
   task_features,
 )
+from minilm_jax.finetuning.steps import Predictor, task_forward
+from minilm_jax.loop import begin_run
+from minilm_jax.models import layout
+from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.heads import task_model
+from minilm_jax.models.students import KINDS, make_student
+from minilm_jax.outputs import write_json
 
 
 def task_optimizer(opt):

@@ -10,8 +10,8 @@ checkpointed, never donated.
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import jax
 import optax

@@ -24,9 +24,9 @@ import numpy as np
 
 from minilm_jax import embeddings, parallel, runs
 from minilm_jax.errors import UserError
+from minilm_jax.finetuning.steps import Predictor
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.tasks import glue, metrics, wordnet
-from minilm_jax.finetuning.steps import Predictor
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ training loop with an evaluation after every epoch and the run's `results.json`.
 import json
 import math
 import os
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import jax
 from jax.sharding import Mesh
@@ -27,7 +27,7 @@ class EpochRun(Protocol):
   stream: Any  # a resumable batch stream with `batches_per_epoch` (data.corpus)
   num_steps: int
   checkpoints: RunCheckpoints
-  selection_metric: Optional[str]  # the metric that picks results.json's best epoch; None: no best
+  selection_metric: str | None  # the metric that picks results.json's best epoch; None: no best
 
   def initial_state(self) -> tuple:
     """(train state, index of the next batch): restored or fresh (`train_state.restore_or_init`)."""
@@ -81,9 +81,7 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
   return state, results
 
 
-def write_results(
-  workdir: str, summary: dict, step: int, results: dict, per_epoch: int, selection_metric: Optional[str]
-):
+def write_results(workdir: str, summary: dict, step: int, results: dict, per_epoch: int, selection_metric: str | None):
   """`results.json`: the run's `summary`, its step and last evaluation `results`, every epoch's
   metrics and, with a `selection_metric`, the best epoch by it."""
   epochs = _epoch_results(workdir, set(results), per_epoch)

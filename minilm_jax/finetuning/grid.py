@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from minilm_jax.errors import UserError
-from minilm_jax.loop import check_ranges
 from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.loop import check_ranges
 from minilm_jax.tasks import get_task, selection_metric
 
 

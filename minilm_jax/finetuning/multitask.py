@@ -18,15 +18,15 @@ import ml_collections
 
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
+from minilm_jax.distill.logit_losses import hard_label_loss, task_loss
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.fit import fit
+from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import EncoderConfig, dummy_ids
 from minilm_jax.models.students import KINDS, make_student, refined_teacher
-from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
-from minilm_jax.distill.logit_losses import hard_label_loss, task_loss
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
 SEPARATE_INPUTS = ("input_ids", "attention_mask")

@@ -5,8 +5,8 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -15,8 +15,8 @@ import optax
 from minilm_jax import checkpoint, parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.finetuning.evaluation import write_predictions
-from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
 from minilm_jax.finetuning.fit import fit
+from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
 from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
 from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model

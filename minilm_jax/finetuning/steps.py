@@ -97,5 +97,5 @@ class Predictor:
         k: np.asarray(rows[k] + [rows[k][-1]] * (self.batch_size - n))[offset : offset + local] for k in self.inputs
       }
       out = host_scalars(self.forward(params, parallel.shard_batch(batch, self.mesh)))
-      outputs.append(jax.tree.map(lambda x: x[:n], out))
+      outputs.append(jax.tree.map(lambda x, n=n: x[:n], out))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)

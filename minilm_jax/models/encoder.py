@@ -10,7 +10,6 @@ short table.
 
 import dataclasses
 import functools
-from typing import Optional
 
 import flax.linen as nn
 import flax.struct
@@ -205,7 +204,7 @@ def compute_platform() -> str:
   return jax.default_backend()
 
 
-def fused_attention_implementation(dtype, head_dim: int, platform: Optional[str] = None) -> str:
+def fused_attention_implementation(dtype, head_dim: int, platform: str | None = None) -> str:
   """Which kernel `jax.nn.dot_product_attention` runs: cuDNN's flash attention on GPUs for the
   half-precision dtypes and head sizes it supports, XLA's (the same einsum-softmax-einsum as the
   explicit path, without returning the probabilities) everywhere else."""
@@ -361,10 +360,10 @@ class Encoder(nn.Module):
     attention_mask=None,
     token_type_ids_BxL=None,
     deterministic: bool = True,
-    num_layers: Optional[int] = None,
+    num_layers: int | None = None,
     return_attention: bool = False,
     position_ids_BxL=None,
-    cache: Optional[KVCache] = None,
+    cache: KVCache | None = None,
   ):
     c = self.config
     if attention_mask is None:

@@ -18,7 +18,6 @@ follow from the table.
 
 import dataclasses
 import re
-from typing import Optional
 
 LAYER = "layer_{i}"  # the name of Transformer layer i in the encoder's parameter tree
 EMBEDDINGS, POOLER = "embeddings", "pooler"
@@ -30,7 +29,7 @@ class Param:
   path: str
   hf_name: str
   linear: bool = False
-  shard: Optional[str] = None
+  shard: str | None = None
   etd_axes: tuple = ("hidden",)
 
   @property
@@ -113,7 +112,7 @@ def named_params(num_layers: int):
       yield p.path.format(i=i), p.hf_name.format(i=i), p
 
 
-def find(path: str) -> Optional[Param]:
+def find(path: str) -> Param | None:
   """The row of a parameter anywhere in a tree ("params/encoder/layer_3/attention/query/kernel",
   an optimizer moment of it, a multi-task body's ...), or None for what is not the encoder's."""
   parts = _LAYER_INDEX.sub(LAYER, path).split("/")

@@ -9,7 +9,6 @@ or -1 for unlabelled test rows), `idx` and `group` (XNLI's language, else empty)
 import csv
 import dataclasses
 import os
-from typing import Optional
 
 import datasets
 import jax.numpy as jnp
@@ -29,7 +28,7 @@ class ClassificationTask:
   name: str
   text_columns: tuple  # TSV header names of the one or two texts
   label_column: str  # TSV header name of the label (train and dev files)
-  labels: Optional[tuple]  # class names as written in the TSV; None: regression
+  labels: tuple | None  # class names as written in the TSV; None: regression
   metrics: tuple  # official metrics; the first is the one a grid search maximises
   hub: tuple  # (dataset, subset) on the Hugging Face hub
   hub_text_columns: tuple

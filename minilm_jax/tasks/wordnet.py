@@ -52,7 +52,7 @@ def read_synsets(data_dir: str, pos: str = "noun") -> list:
   fix = "give WordNet 3.0's own file (`apt-get install wordnet-base`, or a dict folder as data_dir)"
   try:
     with open(path, encoding="utf-8") as f:
-      for line_number, line in enumerate(f, start=1):
+      for line_number, line in enumerate(f, start=1):  # noqa: B007 (the error below names it)
         if line.startswith("  ") or not line.strip():  # the license header; a blank line
           continue
         synsets.append(_synset(line))
