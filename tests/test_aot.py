@@ -161,6 +161,8 @@ def test_live_ranges_are_grouped_by_source():
     {"source": "the other source", "bytes": 512, "buffers": 1},
   ]
   assert report.peak_buffers("no peak here", hlo, top=3) == []
+  rematerialised = "jit(step)/transpose(jvp(Encoder))/layer_4/attention/jvp(Encoder)/layer_4/attention/checkpoint/exp"
+  assert report._source(rematerialised) == "Encoder/layer_N/attention/checkpoint/exp"
 
 
 def test_matrix_products_are_counted_from_the_hlo():

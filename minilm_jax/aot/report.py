@@ -146,11 +146,17 @@ _PARAMETER = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+ parameter\(", re.M)
 
 
 def _source(op_name: str) -> str:
-  """An op's name as a reader groups it: transformations and every layer's number dropped, so that a
-  layer's buffers add up with the other layers' ("Encoder/layer_N/attention/...")."""
+  """An op's name as a reader groups it: transformations, every layer's number and a repeated scope
+  dropped, so that a layer's buffers add up with the other layers' ("Encoder/layer_N/attention/...")."""
   parts = [p for p in op_name.split("/") if not p.startswith("jit(")]
   parts = [re.sub(r"^(?:transpose\()?(?:jvp\()?(.*?)\)*$", r"\1", p) for p in parts]
-  return re.sub(r"\blayers?_\d+", "layer_N", "/".join(p for p in parts if p)) or op_name
+  parts = [re.sub(r"\blayers?_\d+", "layer_N", p) for p in parts if p]
+  # Inside a rematerialised function JAX writes the scope again ("a/b/a/b/checkpoint/..."): once.
+  for k in range(len(parts) // 2, 0, -1):
+    if parts[:k] == parts[k : 2 * k]:
+      parts = parts[k:]
+      break
+  return "/".join(parts) or op_name
 
 
 def peak_buffers(live_range_text: str, hlo_text: str, top: int) -> list:
