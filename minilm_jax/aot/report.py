@@ -73,9 +73,10 @@ def matmul_flops(hlo_text: str):
   2 x output elements x the products each sums, as XLA's cost model counts them. Set beside the
   analytic count, which counts only matrix products, this leaves out the elementwise work (softmax,
   normalisation, dropout's random bits, the optimizer) that XLA's total includes. A product in a
-  loop's body is counted once, not once per iteration (the chunked relation KLs' loop: its products
-  are under 1 % of a step). None when the program has dilated convolutions (XLA's TPU compiler
-  writes batched products so), whose products this does not count."""
+  loop's body is counted once, not once per iteration: the relation KLs' loop over query chunks
+  (about 1.5 % of MiniLM's step at length 512, in 8 chunks) is mostly missed, which is why a
+  distillation step's count comes out 1-2 % under the analytic one. None when the program has
+  dilated convolutions (XLA's TPU compiler writes batched products so), which this does not count."""
   if "lhs_dilate=" in hlo_text or "rhs_dilate=" in hlo_text:
     return None
   shapes, total = {}, 0.0
