@@ -93,19 +93,14 @@ def compile_program(program, target, dump_dir: str = "") -> tuple:
   return compiled, time.perf_counter() - start
 
 
-def peak_buffers(program, target, top: int) -> list:
-  """What is live at the program's peak, by source (`report.peak_buffers`), from one more compile
-  that dumps XLA's live ranges (the main module's: the largest dump)."""
-  dump_dir = tempfile.mkdtemp(prefix="minilm_jax_aot_")
-  try:
-    compiled, _ = compile_program(program, target, dump_dir)
-    dumps = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations-live-range.txt")), key=os.path.getsize)
-    if not dumps:
-      raise UserError(f"--peak_buffers: the compiler for {target.name} wrote no live ranges; try an H100 target")
-    with open(dumps[-1]) as f:
-      return report.peak_buffers(f.read(), compiled.as_text(), top)
-  finally:
-    shutil.rmtree(dump_dir, ignore_errors=True)
+def peak_buffers(dump_dir: str, target, compiled, top: int) -> list:
+  """What is live at the compiled program's peak, by source (`report.peak_buffers`), from the live
+  ranges XLA dumped into `dump_dir` as it compiled (the main module's: the largest dump)."""
+  dumps = sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations-live-range.txt")), key=os.path.getsize)
+  if not dumps:
+    raise UserError(f"--peak_buffers: the compiler for {target.name} wrote no live ranges; try an H100 target")
+  with open(dumps[-1]) as f:
+    return report.peak_buffers(f.read(), compiled.as_text(), top)
 
 
 def analyse(program, target, compiled, seconds: float) -> dict:
@@ -268,17 +263,23 @@ def main(argv):
   devices = compile_devices(target)
   program = build(name, config, devices)
   chip = target.name.split("-")[0].split("x")[0]
+  # With --peak_buffers the one compile also dumps XLA's live ranges, read after the report.
+  dump_dir = tempfile.mkdtemp(prefix="minilm_jax_aot_") if _PEAK_BUFFERS.value > 0 else ""
   try:
-    compiled, seconds = compile_program(program, target)
-    row = analyse(program, target, compiled, seconds)
-  except DoesNotFit as e:
-    row = {"target": target.name, "program": program.name, "fits": False, "peak_bytes_per_device": e.needed}
-    row.update(device_memory_bytes=target.chip.memory_bytes, usable_memory_bytes=target.usable_memory_bytes)
+    try:
+      compiled, seconds = compile_program(program, target, dump_dir)
+      row = analyse(program, target, compiled, seconds)
+    except DoesNotFit as e:
+      row = {"target": target.name, "program": program.name, "fits": False, "peak_bytes_per_device": e.needed}
+      row.update(device_memory_bytes=target.chip.memory_bytes, usable_memory_bytes=target.usable_memory_bytes)
+    if dump_dir and row["fits"]:
+      row["peak_buffers"] = peak_buffers(dump_dir, target, compiled, _PEAK_BUFFERS.value)
+  finally:
+    if dump_dir:
+      shutil.rmtree(dump_dir, ignore_errors=True)
   if _FIND_BATCH.value:
     row["largest_global_batch"], searched = find_batch(config, target, devices, program, row["peak_bytes_per_device"])
     row["searched_peak_bytes_per_device"] = {str(batch): peak for batch, peak in searched.items()}
-  if _PEAK_BUFFERS.value > 0 and row["fits"]:
-    row["peak_buffers"] = peak_buffers(program, target, _PEAK_BUFFERS.value)
   print(describe(row))
   if _JSON.value:
     write_json(_JSON.value, row)

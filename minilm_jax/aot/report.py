@@ -51,9 +51,13 @@ def costs(compiled, platform: str) -> dict:
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)$", re.M)
 
 
+def _ints(dims: str) -> list:
+  return [int(d) for d in dims.split(",") if d]
+
+
 def _dims(shape: str) -> list:
   found = _ARRAY.match(shape)
-  return [int(d) for d in found.group(2).split(",") if d] if found else []
+  return _ints(found.group(2)) if found else []
 
 
 def _contracted(instruction: str, operands: str, attributes: str, shapes: dict) -> int:
@@ -90,13 +94,8 @@ def matmul_flops(hlo_text: str):
 
 
 def _shape_bytes(shape: str) -> int:
-  total = 0
-  for dtype, dims in _ARRAY.findall(shape):
-    size = _BYTES.get(dtype, 4)
-    for d in filter(None, dims.split(",")):
-      size *= int(d)
-    total += size
-  return total
+  """Bytes of every array in `shape` (a tuple's elements summed)."""
+  return sum(_BYTES.get(dtype, 4) * math.prod(_ints(dims)) for dtype, dims in _ARRAY.findall(shape))
 
 
 def collective_bytes(hlo_text: str) -> dict:
