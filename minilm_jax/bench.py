@@ -28,44 +28,6 @@ from minilm_jax.errors import UserError
 from minilm_jax.outputs import write_json
 from minilm_jax.program import run_program
 
-SUITES = {
-  "distill": lambda: distill.run(
-    _CASE.value,
-    _REPEATS.value,
-    _DTYPE.value,
-    _TEACHER.value,
-    _STUDENT.value,
-    _BATCH.value,
-    _seq_lens(),
-    _PEERS.value,
-    _TRAIN_STEPS.value,
-  ),
-  "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
-  "memory": lambda: memory.run(),
-  "etd": lambda: etd.run(_STEPS.value),
-  "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
-  "student_speed": lambda: student_speed.run(
-    _BATCH.value or 128, _BATCHES.value, (_seq_lens() or [128])[0], _TEACHER.value or "12x768"
-  ),
-  "data": lambda: data.run(_seq_lens() or (128, 512)),
-  "students": lambda: students.run(
-    "" if _TEACHER.value in (None, "demo") else _TEACHER.value,
-    (_STUDENT.value or ["3x384"])[0],
-    _STEPS.value if _STEPS.present else 300,
-    _BATCH.value or 64,
-    (_seq_lens() or [64])[0],
-    data_dir=_DATA_DIR.value,
-    models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
-  ),
-  "generate": lambda: generation.run(
-    (_STUDENT.value or ["6x384"])[0],
-    _BATCH.value or 32,
-    (_seq_lens() or [128])[0],
-    _TARGET_LENGTH.value,
-    _REPEATS.value,
-    _DTYPE.value,
-  ),
-}
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).", lower_bound=1)
 _STEPS = flags.DEFINE_integer(
@@ -125,6 +87,46 @@ _BATCHES = flags.DEFINE_integer(
   "(the thesis's table 4.4: 100).",
   lower_bound=1,
 )
+
+
+SUITES = {
+  "distill": lambda: distill.run(
+    _CASE.value,
+    _REPEATS.value,
+    _DTYPE.value,
+    _TEACHER.value,
+    _STUDENT.value,
+    _BATCH.value,
+    _seq_lens(),
+    _PEERS.value,
+    _TRAIN_STEPS.value,
+  ),
+  "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
+  "memory": lambda: memory.run(),
+  "etd": lambda: etd.run(_STEPS.value),
+  "task_distill": lambda: task_distill.run(epochs=_EPOCHS.value),
+  "student_speed": lambda: student_speed.run(
+    _BATCH.value or 128, _BATCHES.value, (_seq_lens() or [128])[0], _TEACHER.value or "12x768"
+  ),
+  "data": lambda: data.run(_seq_lens() or (128, 512)),
+  "students": lambda: students.run(
+    "" if _TEACHER.value in (None, "demo") else _TEACHER.value,
+    (_STUDENT.value or ["3x384"])[0],
+    _STEPS.value if _STEPS.present else 300,
+    _BATCH.value or 64,
+    (_seq_lens() or [64])[0],
+    data_dir=_DATA_DIR.value,
+    models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
+  ),
+  "generate": lambda: generation.run(
+    (_STUDENT.value or ["6x384"])[0],
+    _BATCH.value or 32,
+    (_seq_lens() or [128])[0],
+    _TARGET_LENGTH.value,
+    _REPEATS.value,
+    _DTYPE.value,
+  ),
+}
 
 
 def _seq_lens():

@@ -33,7 +33,7 @@ class LoadedModel(NamedTuple):
 
 
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
-_HEAD_TABLE = {
+_HEAD_TABLE: dict[str, tuple[tuple[str, str, str], ...]] = {
   "classification": (
     ("classifier/kernel", "classifier.weight", "linear"),
     ("classifier/bias", "classifier.bias", "copy"),
@@ -227,7 +227,7 @@ def _mlm_head(tensors: dict, config: EncoderConfig):
   return jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
 
 
-def to_hf_tensors(config: EncoderConfig, params, head: dict = None) -> dict:
+def to_hf_tensors(config: EncoderConfig, params, head: dict | None = None) -> dict:
   """Hugging Face tensors of encoder params, or of task-model params ({"encoder": ..., <head>: ...})."""
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   if head is None:
@@ -238,7 +238,7 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict = None) -> dict:
   return tensors
 
 
-def config_with_head(config: EncoderConfig, head: dict = None) -> dict:
+def config_with_head(config: EncoderConfig, head: dict | None = None) -> dict:
   d = config_to_hf(config)
   if head is None:
     return d
@@ -254,7 +254,7 @@ def config_with_head(config: EncoderConfig, head: dict = None) -> dict:
   return d
 
 
-def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict = None):
+def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict | None = None):
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
   `head` ({"kind": "classification", "num_labels": n, "labels": [...]} or {"kind": "span"}), `params`
   are a task model's and the directory loads as BertForSequenceClassification / BertForQuestionAnswering."""

@@ -16,10 +16,11 @@ from flax import traverse_util
 from tqdm import tqdm
 
 from minilm_jax import parallel
-from minilm_jax.checkpoint import RunCheckpoints, is_run
 from minilm_jax.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import Preempted, UserError
 from minilm_jax.metrics import MetricWriter
+from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
+from minilm_jax.runs.record import RunRecord
 
 
 class _Preemption:
@@ -172,7 +173,7 @@ def _check_resumable(config, workdir: str):
   try:
     if ckpt.latest_step() is None:
       return
-    saved = traverse_util.flatten_dict(ckpt.read_meta().get("config", {}), sep=".")
+    saved = traverse_util.flatten_dict(ckpt.read_record().config, sep=".")
   finally:
     ckpt.close()
   now = traverse_util.flatten_dict(json.loads(config.to_json()), sep=".")
@@ -194,7 +195,7 @@ class _Prefetcher:
   Batches come out in stream order; an exception in the thread is raised by `next()`."""
 
   def __init__(self, stream, first: int, last: int, place, depth: int = 2):
-    self._queue = queue.Queue(maxsize=depth)
+    self._queue: queue.Queue = queue.Queue(maxsize=depth)
     self._stop = threading.Event()
     self._thread = threading.Thread(
       target=self._work, args=(stream, first, last, place), daemon=True, name="batch-prefetch"
@@ -264,7 +265,7 @@ def train_loop(
   mesh,
   num_steps: int,
   checkpoints,
-  meta: dict,
+  record: RunRecord,
   workdir: str,
   log_every: int,
   desc: str,
@@ -289,12 +290,12 @@ def train_loop(
     scores = evaluate(0, state)
     writer.write(0, scores)
     if checkpoints.ranks(scores) or num_steps == 0:
-      checkpoints.save(0, state, {"next_batch": next_batch}, meta, scores)
+      checkpoints.save(0, state, {"next_batch": next_batch}, record, scores)
       saved_start = True
   if start >= num_steps:
     if not saved_start and checkpoints.latest_step() is None:
       # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
-      checkpoints.save(start, state, {"next_batch": next_batch}, meta)
+      checkpoints.save(start, state, {"next_batch": next_batch}, record)
     checkpoints.wait()
     writer.close()
     return state
@@ -332,12 +333,12 @@ def train_loop(
         real_tokens, window_start, window_steps, eval_seconds = 0, time.perf_counter(), 0, 0.0
       if preemption.stop_at(done):
         _check_finite(pending, checkpoints)
-        checkpoints.save(done, state, {"next_batch": next_batch}, meta)
+        checkpoints.save(done, state, {"next_batch": next_batch}, record)
         checkpoints.wait()
         raise Preempted(f"SIGTERM: saved the checkpoint of step {done} in {workdir}; rerun the same command to resume")
       if checkpoints.due(done) or done == num_steps or (scores and checkpoints.ranks(scores)):
         _check_finite(pending, checkpoints)
-        checkpoints.save(done, state, {"next_batch": next_batch}, meta, scores)
+        checkpoints.save(done, state, {"next_batch": next_batch}, record, scores)
   finally:
     bar.close()
     prefetcher.close()

@@ -8,6 +8,7 @@ from absl import app, flags, logging
 
 from minilm_jax.distributed import maybe_initialize
 from minilm_jax.errors import PREEMPTED_EXIT_CODE, STORAGE_ERRNOS, Preempted, UserError
+from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
 
 
 def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
@@ -49,7 +50,8 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       flags.FLAGS.config.keys()
     except OSError:
       print(
-        f"error: the --config file {flags.FLAGS['config'].config_filename} does not exist: check the path",
+        f"error: the --config file {getattr(flags.FLAGS['config'], 'config_filename', '')} does not exist: "
+        f"check the path",
         file=sys.stderr,
       )
       sys.exit(2)
@@ -57,6 +59,7 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
   def main_or_one_line(argv):
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # Orbax and datasets log every step at INFO
+    quiet_orbax_failure_reports()
     try:
       maybe_initialize()  # before any device is touched
       return main(argv)

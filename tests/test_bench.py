@@ -53,7 +53,8 @@ def _step_flops(teacher_config, teacher_layer):
     lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   )
   batch = {k: jax.ShapeDtypeStruct((4, 16), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
-  return step.lower(state, batch, teacher_params, jax.random.key(0)).compile().cost_analysis()["flops"]
+  # As lowered, before XLA optimises: layers the step never builds, not layers XLA removes.
+  return step.lower(state, batch, teacher_params, jax.random.key(0)).cost_analysis()["flops"]
 
 
 def test_teacher_layers_above_the_distilled_one_cost_nothing():
@@ -96,9 +97,9 @@ def test_bench_distill_paper_case_at_tiny_sizes():
   """The `paper` case's code path (ours bare and through the train program, both PyTorch peers)
   with a tiny teacher and student, on CPU: every column filled, MFU only where a peak is known."""
   rows = distill.run(
-    case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[16, 8], train_steps=2
+    case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[8], train_steps=2
   )
-  assert [(r["student"], r["seq_len"], r["batch"]) for r in rows] == [("1x32x4", 16, 4), ("1x32x4", 8, 4)]
+  assert [(r["student"], r["seq_len"], r["batch"]) for r in rows] == [("1x32x4", 8, 4)]
   for row in rows:
     for key in (
       "ours_tokens_per_s",

@@ -15,7 +15,7 @@ import pytest
 from flax import traverse_util
 
 from conftest import ROOT, read_metrics, train_command
-from minilm_jax import checkpoint, runs
+from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -118,7 +118,7 @@ def test_killing_one_process_then_restarting_all_resumes(one_process_run, tiny_t
   os.kill(int(children[1]), signal.SIGKILL)
   _, err = launcher.communicate(timeout=120)
   assert launcher.returncode == 1 and "a process of the run failed" in err
-  interrupted = checkpoint.RunCheckpoints(workdir, read_only=True).latest_step()
+  interrupted = runs.RunCheckpoints(workdir, read_only=True).latest_step()
   assert interrupted is not None  # Orbax also keeps step 1, whatever the interval
 
   assert interrupted < 30, "the run ended before it was killed"

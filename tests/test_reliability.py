@@ -115,17 +115,16 @@ def test_export_refuses_a_non_finite_checkpoint(tiny_teacher, tmp_path):
   import jax
   import numpy as np
 
-  from minilm_jax import checkpoint, runs
+  from minilm_jax import runs
 
   workdir = str(tmp_path / "run")
   runs.write_run_from_hf(tiny_teacher, workdir)
-  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
-  meta = ckpt.read_meta()
+  record = runs.read_record(workdir)
   params = runs.read_run(workdir).params
   params = jax.tree.map(np.asarray, params)
   params["embeddings"]["word_embeddings"]["embedding"][3, 3] = np.nan
-  writer = checkpoint.RunCheckpoints(workdir)
-  writer.save(1, {"params": params}, {}, meta)
+  writer = runs.RunCheckpoints(workdir)
+  writer.save(1, {"params": params}, {}, record)
   writer.wait()
   with pytest.raises(UserError, match="non-finite parameters .*embeddings/word_embeddings/embedding.*--step"):
     runs.export_run(workdir, str(tmp_path / "out"))
@@ -214,9 +213,9 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
   assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
   assert lines[0].startswith("error: saving a checkpoint in") and "No space left on device" in lines[0]
   assert not glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))  # the partial save is removed
-  from minilm_jax import checkpoint
+  from minilm_jax import runs
 
-  steps = list(checkpoint.RunCheckpoints(workdir, read_only=True).manager.all_steps())
+  steps = list(runs.RunCheckpoints(workdir, read_only=True).manager.all_steps())
   assert steps and max(steps) < 40
 
 
@@ -446,9 +445,9 @@ def test_asyncio_reports_of_failed_orbax_writes_are_left_out(tmp_path):
   import logging
   import os
 
-  from minilm_jax import checkpoint
+  from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
 
-  checkpoint.RunCheckpoints(str(tmp_path / "w"))  # installs the filters
+  quiet_orbax_failure_reports()  # as every program does when it starts
   asyncio_logger = logging.getLogger("asyncio")
 
   def report(code_path):

@@ -199,7 +199,7 @@ def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_t
   run = str(tmp_path / "masked")
   config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=1, **{"seq2seq.mask_prob": 0.7})
   _, results = FineTuning(config, run).run()
-  assert runs.read_meta(run)["head"] == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
+  assert runs.read_record(run).head == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
   (row,) = evaluate_runs([run], str(tmp_path / "eval"), batch_size=8)
   assert row["rouge1"] == pytest.approx(results["dev/rouge1"], abs=1e-6)
   runs.export_run(run, str(tmp_path / "hf"))

@@ -14,7 +14,7 @@ import pytest
 from flax import traverse_util
 
 from conftest import ROOT, load_config_module, read_metrics, tiny_config, train_command
-from minilm_jax import checkpoint, parallel, runs
+from minilm_jax import parallel, runs
 from minilm_jax.distill.trainer import Distillation, init_state, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
@@ -92,7 +92,7 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   _wait_for(lambda: glob.glob(os.path.join(killed, "checkpoints", "1[05]")), proc)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  interrupted_at = checkpoint.RunCheckpoints(killed, read_only=True).latest_step()
+  interrupted_at = runs.RunCheckpoints(killed, read_only=True).latest_step()
   assert interrupted_at is not None and interrupted_at < 30
   subprocess.run(train_command(killed, *steps), env=env, check=True, capture_output=True)
 
@@ -119,7 +119,7 @@ def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   assert proc.returncode == 143, err[-2000:]  # preempted, not finished: a scheduler reruns it
   assert "preempted: SIGTERM: saved the checkpoint of step" in err
   last_logged = read_metrics(workdir)[-1]["step"]
-  saved = checkpoint.RunCheckpoints(workdir, read_only=True).latest_step()
+  saved = runs.RunCheckpoints(workdir, read_only=True).latest_step()
   assert saved == last_logged and saved < 100000
 
 
@@ -223,7 +223,7 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
   Distillation(
     tiny_config(tiny_teacher, tiny_corpus, num_steps=2, log_every=2, **{"checkpoint.every": 2}), workdir
   ).run()
-  assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
+  assert runs.RunCheckpoints(workdir, read_only=True).latest_step() == 2
 
 
 def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
@@ -274,12 +274,13 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   ]
   assert table[5].startswith("from step 0 to step 2: heldout/loss ")
   # The newest step, and the best held-out step when it is another one.
-  assert checkpoint.RunCheckpoints(workdir, read_only=True).latest_step() == 2
-  meta = checkpoint.RunCheckpoints(workdir, read_only=True).read_meta()
+  assert runs.RunCheckpoints(workdir, read_only=True).latest_step() == 2
+  record = runs.read_record(workdir)
   teacher = json.load(open(os.path.join(minilm_dir, "config.json")))
   # At most half the teacher's Transformer parameters: same width, half the layers.
-  assert meta["encoder"]["num_layers"] * 2 <= teacher["num_hidden_layers"]
-  assert meta["encoder"]["hidden_size"] == teacher["hidden_size"]
+  assert record.kind == "distillation" and record.teacher == minilm_dir
+  assert record.encoder.num_layers * 2 <= teacher["num_hidden_layers"]
+  assert record.encoder.hidden_size == teacher["hidden_size"]
   assert os.path.exists(os.path.join(workdir, "tokenizer", "tokenizer.json"))
 
   # The distilled student exported to Hugging Face gives our hidden states in transformers.

@@ -151,7 +151,7 @@ def peak_at(name: str, config, target, devices, batch: int) -> float:
   return report.memory(compiled)["peak_bytes_per_device"]
 
 
-def build(name: str, config, devices, batch: int = None):
+def build(name: str, config, devices, batch: int | None = None):
   """Program `name` of `config` on `devices`, at its own batch or at `batch`."""
   if batch is not None:
     config = config.copy_and_resolve_references()

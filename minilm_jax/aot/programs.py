@@ -163,6 +163,7 @@ def _task_columns(task, head: dict, config, mesh, batch: int) -> dict:
   """The abstract batch of a task's training columns."""
   sharding = parallel.batch_sharding(mesh)
   columns = _inputs(mesh, batch, config.max_seq_length)
+  shape: tuple[int, ...]
   for name in task.train_columns:
     if name in columns:
       continue
@@ -240,7 +241,7 @@ def largest_batch(peak_at: Callable[[int], float], start: int, unit: int, capaci
   measured points meets `capacity`, a little below it, kept inside the bracket found so far
   (bisection where it falls outside or a point has no figure). A compile takes minutes at a
   paper's shape: this needs three or four where doubling then bisecting took six or more."""
-  measured = {}  # batch -> bytes, for the compiles that gave a figure
+  measured: dict[int, float] = {}  # batch -> bytes, for the compiles that gave a figure
   low, high = 0, None  # the largest batch known to fit, the smallest known not to
 
   def line_guess():

@@ -100,7 +100,7 @@ def _shape_bytes(shape: str) -> int:
 
 def collective_bytes(hlo_text: str) -> dict:
   """Bytes each kind of collective produces per device per call, from the optimised HLO."""
-  out = {}
+  out: dict[str, int] = {}
   for shape, kind, _ in _COLLECTIVE_LINE.findall(hlo_text):
     out[kind] = out.get(kind, 0) + _shape_bytes(shape)
   return out
@@ -171,16 +171,18 @@ def peak_buffers(live_range_text: str, hlo_text: str, top: int) -> list:
     return []
   op_names = dict(_OP_NAME.findall(hlo_text))
   parameters = set(_PARAMETER.findall(hlo_text))
-  groups = {}
+  groups: dict[str, tuple[int, int]] = {}
   for line in lines[start + 1 :]:
     found = _PEAK_BUFFER.match(line)
     if not found:
       break
     name, size = found.group(1), int(found.group(2))
-    source = "arguments" if name in parameters else _source(op_names.get(name, name))
+    source = "arguments" if name in parameters else _source(op_names.get(name) or name)
     bytes_, count = groups.get(source, (0, 0))
     groups[source] = (bytes_ + size, count + 1)
-  rows = [{"source": s, "bytes": b, "buffers": n} for s, (b, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])]
+  rows: list[dict] = [
+    {"source": s, "bytes": b, "buffers": n} for s, (b, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])
+  ]
   if len(rows) > top:
     rest = rows[top:]
     rows = rows[:top] + [

@@ -35,11 +35,12 @@ from minilm_jax.embeddings import Pooling
 from minilm_jax.errors import UserError
 from minilm_jax.loop import train_loop
 from minilm_jax.models.encoder import EncoderConfig, init_params
+from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
 # a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
-CASES = {
+CASES: dict[str, list[tuple]] = {
   # Small enough for 2 CPU cores.
   "cpu": [("demo", ("3x384",), 16, (128,)), ("12x768", ("4x384",), 8, (128,))],
   # MiniLM's setting on one accelerator: BERT-base teacher, batch 256, lengths 128 and 512.
@@ -113,6 +114,7 @@ class _OurStep:
     self.mesh = parallel.make_mesh(1)
     built = build_step(config, teacher_config, self.mesh, masking=(), pooling=Pooling())
     self.step, self.objective = built.train_step, built.objective
+    self.record = RunRecord(DISTILLATION, built.student.config, json.loads(config.to_json()))
     self.init = jax.jit(
       partial(init_state, built.student, built.tx, built.objective), out_shardings=parallel.replicated(self.mesh)
     )
@@ -165,7 +167,7 @@ class _OurStep:
         mesh=self.mesh,
         num_steps=2 * steps,
         checkpoints=_NoCheckpoints(),
-        meta={},
+        record=self.record,
         workdir=workdir,
         log_every=steps,
         desc="train program",
@@ -294,9 +296,9 @@ def run(
   case: str = "cpu",
   repeats: int = 3,
   dtype: str = "float32",
-  teacher: str = None,
+  teacher: str | None = None,
   students=None,
-  batch_size: int = None,
+  batch_size: int | None = None,
   seq_lens=None,
   peers=PEERS,
   train_steps: int = 5,

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import tempfile
+from typing import Any
 
 from minilm_jax import runs
 from minilm_jax.distill.config import base_config as distill_config
@@ -29,7 +30,7 @@ from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.tasks import get_task, selection_metric
 
 BASELINES = ("teacher", "first_layers", "uniform_layers", "random")
-RECIPES = {
+RECIPES: dict[str, dict[str, Any]] = {
   "minilm_random": {"init": "random", "lr": 1e-3},
   "minilm_etd": {"init": "etd"},
   "minilm_etd_embedding": {"init": "etd", "embedding_weight": 1.0},

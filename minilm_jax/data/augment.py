@@ -66,7 +66,7 @@ class Augmenter:
     if not (0 <= p_mask and 0 <= p_pos and p_mask + p_pos <= 1):
       raise UserError(f"augment.p_mask={p_mask} and augment.p_pos={p_pos} must be probabilities summing to at most 1")
     self.mask_token, self.p_mask, self.p_pos = mask_token, p_mask, p_pos
-    counts = collections.defaultdict(collections.Counter)
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for sentence in tagged_corpus:
       for t in sentence:
         if t.is_word:
@@ -98,7 +98,7 @@ class Augmenter:
   def example(self, tokens_a, tokens_b, rng, n_iter: int, max_new: int) -> list:
     """Up to `max_new` distinct new (text_a, text_b) from `n_iter` draws; text_b None for one sentence."""
     original = (detokenize(tokens_a), detokenize(tokens_b) if tokens_b is not None else None)
-    seen, new = {original}, []
+    seen, new = {original}, list[tuple]()
     for j in range(n_iter):
       if len(new) == max_new:
         break

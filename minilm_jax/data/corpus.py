@@ -103,7 +103,8 @@ def root_cause(error: Exception) -> str:
   """What went wrong underneath `datasets`' generic DatasetGenerationError: the first cause that
   says more than "an error occurred" (a JSON parse error with its row, a byte that is not UTF-8,
   an empty file)."""
-  causes, e = [], error
+  causes: list[BaseException] = []
+  e: BaseException | None = error
   while e is not None and len(causes) < 8:
     causes.append(e)
     e = e.__cause__ or e.__context__
@@ -145,7 +146,8 @@ def first_sentences(data_config, cache_dir: str, n: int) -> list:
 def pack_blocks(token_rows, block_len: int):
   """Packs consecutive rows of token ids into blocks of at most `block_len` ids. An empty row ends a
   document (no block spans two documents); a row longer than a block is cut into whole blocks."""
-  blocks, current = [], []
+  blocks: list[list[int]] = []
+  current: list[int] = []
   for ids in token_rows:
     if not ids:
       if current:
@@ -290,7 +292,8 @@ class BatchStream:
     self.local_batch = global_batch // process_count
     self.offset = process_index * self.local_batch
     self.batches_per_epoch = len(rows) // global_batch
-    self._epoch, self._order = None, None
+    self._epoch: int | None = None
+    self._order: np.ndarray = np.arange(0)
 
   def indices(self, b: int) -> np.ndarray:
     """Row indices of this process's part of global batch `b`."""
@@ -315,7 +318,8 @@ class MultiTaskStream:
     self.streams, self.seed = streams, seed
     self.plan = [(task, i) for task, s in streams.items() for i in range(s.batches_per_epoch)]
     self.batches_per_epoch = len(self.plan)
-    self._epoch, self._order = None, None
+    self._epoch: int | None = None
+    self._order: np.ndarray = np.arange(0)
 
   def batch(self, b: int) -> dict:
     epoch, i = divmod(b, self.batches_per_epoch)

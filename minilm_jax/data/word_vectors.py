@@ -107,7 +107,7 @@ class _Reader:
     return vector
 
 
-def read_word_vectors(path: str, max_words: int, also: set = frozenset()) -> tuple:
+def read_word_vectors(path: str, max_words: int, also: frozenset | set = frozenset()) -> tuple:
   """({word: float32 vector} of the file's first `max_words` words (0: all), then of the words in
   `also` found later in the file, in the file's order; whether any of the file's words has an
   upper-case letter). A damaged file is a one-line error."""
@@ -130,7 +130,7 @@ def read_word_vectors(path: str, max_words: int, also: set = frozenset()) -> tup
 def words_of(texts, lowercase: bool) -> set:
   """The words of `texts` as the word-level tokenizer splits them."""
   split = pre_tokenizers.BertPreTokenizer()
-  words = set()
+  words: set[str] = set()
   for text in texts:
     if text:
       words.update(w for w, _ in split.pre_tokenize_str(text.lower() if lowercase else text))

@@ -31,6 +31,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -54,7 +55,7 @@ class Kind:
   lower_is_better: tuple = ()
 
 
-KINDS = {}
+KINDS: dict[str, Any] = {}  # kind -> evaluator class (`fields`, `build`, `lower_is_better`)
 
 
 def register(kind: str, fields: dict, metrics: tuple, lower_is_better: tuple = ()):
@@ -183,7 +184,7 @@ class Evaluators:
       KINDS[spec.kind].build(name, with_defaults(spec), context) for name, spec in config.evaluators.items()
     ]
     self.context, self.num_steps = context, config.num_steps
-    self._teacher_done = set()
+    self._teacher_done: set[str] = set()
 
   def __bool__(self):
     return bool(self.items)

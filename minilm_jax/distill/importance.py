@@ -18,6 +18,8 @@ change of the loss when the neuron goes is what its output carries. The paper's 
 equations; this is our reading (../shared/DESIGN.md).
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,7 +86,7 @@ def taylor_scores(config, encoder_params, mlm_params, batches) -> dict:
     real = batch["attention_mask"].astype(jnp.float32)[..., None]
     return jax.tree.map(lambda a, g: jnp.sum(jnp.abs(jnp.sum(a * g * real, axis=1)), axis=0), activations, grads)
 
-  total = None
+  total: Any = None
   for batch in batches:
     scores = jax.device_get(batch_scores({k: jnp.asarray(v) for k, v in batch.items()}))
     total = scores if total is None else jax.tree.map(np.add, total, scores)

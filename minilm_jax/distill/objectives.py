@@ -39,7 +39,7 @@ and by runs read as teachers; the embedding map is exported as a sentence-transf
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ from minilm_jax import embeddings
 from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
-from minilm_jax.models.encoder import Encoder, merge_heads
+from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
 from minilm_jax.models.heads import LMHead
 
 EMBEDDING_LOSSES = ("mse", "cosine")
@@ -322,14 +322,17 @@ class Objective:
   def outputs(self, model: Encoder, params, batch: dict, num_layers: int, deterministic=True, rngs=None) -> Outputs:
     """What this objective reads of `model` (the teacher or the student) on `batch`. `params` are the
     encoder's, with the masked-LM head's under "mlm_head" when the objective runs it."""
-    out = model.apply(
-      {"params": params},
-      batch["input_ids"],
-      batch["attention_mask"],
-      batch["token_type_ids"],
-      deterministic=deterministic,
-      rngs=rngs,
-      num_layers=num_layers,
+    out = cast(  # flax types apply's result as (output, variables) | output
+      EncoderOutput,
+      model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["token_type_ids"],
+        deterministic=deterministic,
+        rngs=rngs,
+        num_layers=num_layers,
+      ),
     )
     logits = None
     if self.needs.mlm_head:

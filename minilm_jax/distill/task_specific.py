@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from typing import Any
 
 import datasets
 import jax
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minilm_jax import checkpoint, parallel, runs
+from minilm_jax import parallel, runs
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.distill.logit_losses import check_objective
 from minilm_jax.errors import UserError
@@ -39,6 +40,7 @@ from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import KINDS, make_student
 from minilm_jax.outputs import write_json
+from minilm_jax.runs.record import FINETUNING, REFINED_TEACHER, TASK_STUDENT, RunRecord
 
 
 def task_optimizer(opt):
@@ -63,14 +65,14 @@ def transformer_init(encoder_params: dict, num_layers: int) -> dict:
 def find_teachers(teacher_runs: list, tasks: list) -> dict:
   """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
   multi-task refined teacher trained on it)}; a one-line error for a task that has none."""
-  teaches = {}
+  teaches: dict[str, str] = {}
   for run in teacher_runs:
-    if not checkpoint.is_run(run):
+    if not runs.is_run(run):
       raise UserError(
         f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
       )
-    meta = runs.read_meta(run)
-    for name in meta["tasks"] if meta.get("model") == runs.REFINED_TEACHER else [meta.get("task")]:
+    record = runs.read_record(run)
+    for name in record.tasks if record.kind in (FINETUNING, REFINED_TEACHER) else ():
       teaches.setdefault(name, run)
   missing = [t.name for t in tasks if t.name not in teaches]
   if missing:
@@ -83,10 +85,11 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
 
 def _teacher(run: str, task, mesh):
   """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
-  if runs.read_meta(run).get("model") == runs.REFINED_TEACHER:
+  if runs.read_record(run).kind == REFINED_TEACHER:
     model, params, tokenizer, _, _ = read_multitask_run(run, mesh)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
   encoder_config, params, tokenizer, head = runs.read_run(run, mesh=mesh)[:4]
+  assert head is not None  # `find_teachers` takes only fine-tuning runs (with their head) and refined teachers
   return task_forward(task_model(encoder_config, head)), params, tokenizer
 
 
@@ -95,7 +98,7 @@ def teacher_logits(
 ) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
   the cache when the same teacher checkpoint already labelled the same texts at the same length."""
-  ckpt = checkpoint.RunCheckpoints(run, read_only=True)
+  ckpt = runs.RunCheckpoints(run, read_only=True)
   step = ckpt.latest_step()
   ckpt.close()
   digest = hashlib.sha256(json.dumps([os.path.abspath(run), step, task.name, max_len]).encode())
@@ -119,8 +122,8 @@ def teacher_logits(
 class _Start:
   """A distilled student a run goes on from (`student.from_run`)."""
 
-  tokenizer: object
-  encoder_config: EncoderConfig  # the Transformer student's; None for the LSTMs
+  tokenizer: Any
+  encoder_config: EncoderConfig | None  # the Transformer student's; None for the LSTMs
   params: dict  # its body and a head per task of the new run
 
 
@@ -151,7 +154,7 @@ class TaskDistillation(MultiTaskRun):
     self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
     data_dirs = task_data_dirs(tasks, config.data_dir)
     self.train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
-    self._embedding_table = None
+    self._embedding_table: np.ndarray | None = None
     if self._start is not None:
       tokenizer = self._start.tokenizer
     elif vectors:
@@ -185,25 +188,24 @@ class TaskDistillation(MultiTaskRun):
     """What a run starting from the student of `student.from_run` takes from it: the run's student
     block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
     source = config.student.from_run
-    meta = runs.read_meta(source) if checkpoint.is_run(source) else {}
-    if meta.get("model") != runs.STUDENT:
+    record = runs.read_record(source) if runs.is_run(source) else None
+    if record is None or record.kind != TASK_STUDENT:
       raise UserError(
         f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
         f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
       )
-    missing = [t.name for t in tasks if t.name not in meta["tasks"]]
+    missing = [t.name for t in tasks if t.name not in record.tasks]
     if missing:
       raise UserError(
         f"student.from_run={source} has no head for {', '.join(missing)} (it was distilled on "
-        f"{', '.join(meta['tasks'])}): fine-tune it on tasks it learnt"
+        f"{', '.join(record.tasks)}): fine-tune it on tasks it learnt"
       )
-    for key, value in meta["student"].items():
+    for key, value in record.student.items():
       if key != "from_run" and key in config.student:
         setattr(config.student, key, value)
     params, tokenizer = read_multitask_run(source, mesh)[1:3]
-    encoder = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else None
     heads = {f"head_{t.name}": params[f"head_{t.name}"] for t in tasks}
-    return _Start(tokenizer, encoder, {"body": params["body"], **heads})
+    return _Start(tokenizer, record.encoder, {"body": params["body"], **heads})
 
   def _word_tokenizer(self, student, tasks, seed: int):
     """The word-level tokenizer of `student.word_vectors` over the tasks' training words; keeps the
@@ -269,18 +271,16 @@ class TaskDistillation(MultiTaskRun):
   def summary(self) -> dict:
     return {"tasks": [t.name for t in self.tasks], "student": self.config.student.kind, "objective": self.objective}
 
-  def meta(self) -> dict:
-    meta = {
-      "model": runs.STUDENT,
-      "student": self.config.student.to_dict(),
-      "heads": [list(h) for h in self.heads],
-      "tasks": [t.name for t in self.tasks],
-      "vocab_size": len(self.tokenizer),
-      "config": json.loads(self.config.to_json()),
-    }
-    if self.encoder_config is not None:
-      meta["encoder"] = self.encoder_config.to_dict()
-    return meta
+  def record(self) -> RunRecord:
+    return RunRecord(
+      TASK_STUDENT,
+      self.encoder_config,
+      json.loads(self.config.to_json()),
+      heads=self.heads,
+      tasks=tuple(t.name for t in self.tasks),
+      student=self.config.student.to_dict(),
+      vocab_size=len(self.tokenizer),
+    )
 
 
 def run_lr_grid(config, workdir: str):

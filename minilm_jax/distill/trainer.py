@@ -17,7 +17,7 @@ import jax
 import optax
 from jax.sharding import PartitionSpec as P
 
-from minilm_jax import checkpoint, embeddings, parallel, runs
+from minilm_jax import embeddings, parallel, runs
 from minilm_jax.data.corpus import BatchStream, first_sentences, split_heldout
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import etd, evaluators, losses
@@ -26,6 +26,7 @@ from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.loop import begin_run, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.train_state import (
   TrainState,
   accumulated_value_and_grad,
@@ -36,7 +37,7 @@ from minilm_jax.train_state import (
 )
 
 
-def student_config(config, teacher: EncoderConfig = None) -> EncoderConfig:
+def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfig:
   """The student's encoder: its own depth and width, the teacher's vocabulary and embeddings layout.
   Without a teacher (shape checks of configs), defaults of the student's model type stand in."""
   s = config.student
@@ -246,7 +247,7 @@ class Distillation:
     self.untrained = untrained_student_parameters(
       self.teacher, self.student, self.objective, self.teacher_params, self.step.abstract_state().params
     )
-    self.checkpoints = checkpoint.RunCheckpoints(
+    self.checkpoints = runs.RunCheckpoints(
       workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
     )
     self.student_params = None
@@ -272,17 +273,18 @@ class Distillation:
       parallel.replicated(self.mesh),
     )
 
-  def meta(self) -> dict:
-    return {
-      "encoder": self.student.config.to_dict(),
-      "config": json.loads(self.config.to_json()),
-      "untrained": self.untrained,
-      "heldout": self.heldout,  # the corpus blocks training never reads
-      "sentence_embedding": {
+  def record(self) -> RunRecord:
+    return RunRecord(
+      DISTILLATION,
+      self.student.config,
+      json.loads(self.config.to_json()),
+      untrained=tuple(self.untrained),
+      heldout=self.heldout,  # the corpus blocks training never reads
+      sentence_embedding={
         **self.objective.pooling.to_dict(),
         "dense": self.objective.projection_shapes().get("embedding"),
       },
-    }
+    )
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
@@ -301,7 +303,7 @@ class Distillation:
       mesh=self.mesh,
       num_steps=self.config.num_steps,
       checkpoints=self.checkpoints,
-      meta=self.meta(),
+      record=self.record(),
       workdir=self.workdir,
       log_every=self.config.log_every,
       desc="distill",

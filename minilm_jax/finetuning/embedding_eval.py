@@ -39,7 +39,7 @@ class RetrievalSet:
 def wordnet_retrieval(data_dir: str = "", split: str = "dev") -> RetrievalSet:
   """Definitions -> example sentences of the `split` synsets (see the module's docstring)."""
   synsets = [s for s in wordnet.read_synsets(data_dir) if s.examples and wordnet.split_of(s.offset) == split]
-  queries, documents, relevant = [], [], []
+  queries, documents, relevant = list[str](), list[str](), list[list[int]]()
   for s in synsets:
     queries.append(s.definition)
     relevant.append(list(range(len(documents), len(documents) + len(s.examples))))
@@ -57,7 +57,7 @@ def read_retrieval_pairs(path: str, what: str) -> RetrievalSet:
     raise UserError(f"{what}={path!r} does not exist: give a TSV of query<TAB>relevant document lines") from None
   except UnicodeDecodeError as e:
     raise UserError(f"{what}={path!r} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
-  queries, documents, relevant = {}, {}, []
+  queries, documents, relevant = dict[str, int](), dict[str, int](), list[list[int]]()
   for number, line in enumerate(lines, start=1):
     fields = line.split("\t")
     if len(fields) != 2 or not all(f.strip() for f in fields):
@@ -75,7 +75,7 @@ def retrieval_scores(query_NxD, document_MxD, relevant) -> dict:
   """recall@1, recall@10 and MRR@10 of cosine-similarity ranking."""
   sims = _unit(query_NxD) @ _unit(document_MxD).T
   top = np.argsort(-sims, axis=1, kind="stable")[:, :10]
-  recall = {k: [] for k in (1, 10)}
+  recall: dict[int, list] = {k: [] for k in (1, 10)}
   reciprocal = []
   for ranked, gold in zip(top, relevant):
     hits = np.isin(ranked, gold)

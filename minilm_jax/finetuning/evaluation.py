@@ -16,7 +16,7 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from minilm_jax import checkpoint, parallel, runs
+from minilm_jax import parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
 from minilm_jax.finetuning.steps import Predictor, prediction_forward
@@ -39,15 +39,15 @@ def write_predictions(task, predictions, examples, path: str):
 
 def _run_config(workdir: str, data_dir: str):
   """(the run's config, with `data_dir` when given; whether it is a multi-task run)."""
-  meta = runs.read_meta(workdir)
-  if "task" not in meta and "tasks" not in meta:
+  record = runs.read_record(workdir)
+  if not record.tasks:
     raise UserError(
       f"{workdir} is not a fine-tuning or task-distillation run (its checkpoints have no task): fine-tune it first"
     )
-  config = ml_collections.ConfigDict(meta["config"])
+  config = ml_collections.ConfigDict(record.config)
   if data_dir:
     config.data_dir = data_dir
-  return config, meta.get("model") in (runs.REFINED_TEACHER, runs.STUDENT)
+  return config, record.multi_task
 
 
 @dataclasses.dataclass
@@ -87,6 +87,7 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
   encoder_config, params, tokenizer, head = runs.read_run(workdir, step, mesh=mesh, tokenizer=prepare)[:4]
   if not prepare:
     return params, None
+  assert head is not None  # a single-task run with tasks (`_run_config`) is a fine-tuning run, with its head
   task = get_task(config.task, config)
   forward = prediction_forward(task, task_model(encoder_config, head), config, tokenizer)
   predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
@@ -112,16 +113,16 @@ def evaluate_runs(
   mesh = mesh or parallel.make_mesh()
   jobs, configs = [], {}
   for workdir in workdirs:  # every run checked before any is evaluated
-    if not checkpoint.is_run(workdir):
+    if not runs.is_run(workdir):
       raise UserError(
         f"{workdir} is not a run's workdir (no checkpoints/): pass fine-tuning or task-distillation workdirs"
       )
     configs[workdir] = _run_config(workdir, data_dir)
-    ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+    ckpt = runs.RunCheckpoints(workdir, read_only=True)
     steps = list(ckpt.manager.all_steps()) if all_steps else [ckpt.latest_step()]
     ckpt.close()
     jobs += [(workdir, step) for step in steps]
-  rows, prepared = [], {}
+  rows, prepared = list[dict](), dict[str, list]()
   for workdir, step in tqdm(jobs, desc="evaluate", unit="checkpoint", disable=jax.process_index() != 0):
     # Once per run, whatever its number of checkpoints: data and compiled forwards.
     config, multi_task = configs[workdir]

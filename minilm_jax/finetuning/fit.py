@@ -11,9 +11,9 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from minilm_jax import runs
-from minilm_jax.checkpoint import RunCheckpoints
 from minilm_jax.distributed import host_scalars
 from minilm_jax.loop import train_loop
+from minilm_jax.runs import RunCheckpoints, RunRecord
 
 
 class EpochRun(Protocol):
@@ -35,8 +35,8 @@ class EpochRun(Protocol):
   def evaluate(self, params) -> dict:
     """Flat metrics of the evaluation splits: {"dev/accuracy": ...}."""
 
-  def meta(self) -> dict:
-    """What each checkpoint records of the run (its architecture and config)."""
+  def record(self) -> RunRecord:
+    """What the run is, saved with each checkpoint."""
 
 
 def fit(run: EpochRun, step_fn, summary: dict, desc: str):
@@ -50,7 +50,7 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
   if jax.process_index() == 0:
     runs.save_tokenizer(run.workdir, run.tokenizer)
   rng = jax.random.key(run.config.seed + 1)
-  per_epoch, results = run.stream.batches_per_epoch, {}
+  per_epoch, results = run.stream.batches_per_epoch, dict[str, float]()
 
   def after_step(done, state):
     if done % per_epoch and done != run.num_steps:
@@ -68,7 +68,7 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
     mesh=run.mesh,
     num_steps=run.num_steps,
     checkpoints=run.checkpoints,
-    meta=run.meta(),
+    record=run.record(),
     workdir=run.workdir,
     log_every=run.config.log_every,
     desc=desc,

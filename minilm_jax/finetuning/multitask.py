@@ -16,15 +16,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from minilm_jax import checkpoint, parallel, runs
+from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
 from minilm_jax.distill.logit_losses import hard_label_loss, task_loss
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.loop import begin_run
-from minilm_jax.models.encoder import EncoderConfig, dummy_ids
+from minilm_jax.models.encoder import dummy_ids
 from minilm_jax.models.students import KINDS, make_student, refined_teacher
+from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
@@ -98,7 +99,7 @@ class MultiTaskRun:
   """A subclass builds what is its own (the model, its teachers, ...) and then this constructor with
   what every multi-task run has: its `tasks`, `tokenizer`, `model` (a body and a head per task),
   whether the model reads the `joint` sequence, the `logit_losses` `objective` and the batch column
-  it reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `meta`."""
+  it reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `record`."""
 
   selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
 
@@ -119,7 +120,7 @@ class MultiTaskRun:
     """(optax transformation, learning-rate schedule)."""
     raise NotImplementedError
 
-  def meta(self) -> dict:
+  def record(self) -> RunRecord:
     raise NotImplementedError
 
   def inputs(self, task) -> tuple:
@@ -150,7 +151,7 @@ class MultiTaskRun:
       t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params, c.eval_batch_size, self.inputs(t))
       for t in self.tasks
     }
-    self.checkpoints = checkpoint.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
+    self.checkpoints = runs.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
 
   def dummy_batch(self) -> dict:
     return dummy_batch(self.joint, self.tasks)
@@ -239,32 +240,31 @@ class MultiTaskFineTuning(MultiTaskRun):
   def _optimizer(self, num_steps):
     return make_optimizer(self.config.optimizer, num_steps)
 
-  def meta(self) -> dict:
-    return {
-      "model": runs.REFINED_TEACHER,
-      "encoder": self.encoder_config.to_dict(),
-      "heads": [list(h) for h in self.heads],
-      "tasks": [t.name for t in self.tasks],
-      "config": json.loads(self.config.to_json()),
-    }
+  def record(self) -> RunRecord:
+    return RunRecord(
+      REFINED_TEACHER,
+      self.encoder_config,
+      json.loads(self.config.to_json()),
+      heads=self.heads,
+      tasks=tuple(t.name for t in self.tasks),
+    )
 
 
-def read_multitask_run(workdir: str, mesh, step: int = None):
+def read_multitask_run(workdir: str, mesh, step: int | None = None):
   """(model, params restored onto `mesh`, tokenizer, tasks, joint) of a multi-task run's checkpoint
   (latest, or `step`): a refined teacher, or a task student of any kind. `joint`: the model reads
   the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own)."""
-  meta = runs.read_meta(workdir, step)
-  heads = tuple(tuple(h) for h in meta["heads"])
-  if meta["model"] == runs.REFINED_TEACHER:
-    model, joint = refined_teacher(EncoderConfig.from_dict(meta["encoder"]), heads), True
+  record = runs.read_record(workdir, step)
+  if record.kind == REFINED_TEACHER:
+    model, joint = refined_teacher(record.transformer(workdir), record.heads), True
   else:
-    student = ml_collections.ConfigDict(meta["student"])
-    encoder = EncoderConfig.from_dict(meta["encoder"]) if "encoder" in meta else None
-    model, joint = make_student(student, heads, meta["vocab_size"], encoder), KINDS[student.kind] == "joint"
-  tasks = [get_task(name) for name in meta["tasks"]]
+    student = ml_collections.ConfigDict(record.student)
+    model = make_student(student, record.heads, record.vocab_size, record.encoder)
+    joint = KINDS[student.kind] == "joint"
+  tasks = [get_task(name) for name in record.tasks]
   abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
   abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
-  ckpt = checkpoint.RunCheckpoints(workdir, read_only=True)
+  ckpt = runs.RunCheckpoints(workdir, read_only=True)
   try:
     params = ckpt.restore_params(abstract, step)
   finally:

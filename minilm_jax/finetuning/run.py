@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import optax
 
-from minilm_jax import checkpoint, parallel, runs
+from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.fit import fit
@@ -20,6 +20,7 @@ from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step,
 from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
 from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model
+from minilm_jax.runs.record import FINETUNING, RunRecord
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets
 from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
@@ -126,7 +127,7 @@ class FineTuning:
     self._pretrained = {"encoder": encoder_params}
     if self.head["kind"] == SEQ2SEQ:
       self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))
-    self.checkpoints = checkpoint.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+    self.checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 
   def initial_state(self):
     def init(rng, pretrained):
@@ -139,13 +140,10 @@ class FineTuning:
       self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained), self.state_shardings
     )
 
-  def meta(self) -> dict:
-    return {
-      "encoder": self.encoder_config.to_dict(),
-      "head": self.head,
-      "task": self.task.name,
-      "config": json.loads(self.config.to_json()),
-    }
+  def record(self) -> RunRecord:
+    return RunRecord(
+      FINETUNING, self.encoder_config, json.loads(self.config.to_json()), head=self.head, tasks=(self.task.name,)
+    )
 
   def evaluate(self, params) -> dict:
     """Metrics of every evaluation split, flat: {"dev/accuracy": ...}."""

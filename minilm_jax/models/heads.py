@@ -221,7 +221,7 @@ def init_task_params(config: EncoderConfig, head: dict, rng):
   return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
 
 
-def abstract_model_params(config: EncoderConfig, head: dict = None):
+def abstract_model_params(config: EncoderConfig, head: dict | None = None):
   """Parameter shapes of the encoder alone (head None) or of a task model."""
   if head is None:
     return abstract_params(config)

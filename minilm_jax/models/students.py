@@ -62,23 +62,26 @@ class MultiTaskModel(nn.Module):
   fc: int
 
   @nn.compact
-  def __call__(self, batch, task: str = None, deterministic: bool = True):
+  def __call__(self, batch, task: str | None = None, deterministic: bool = True):
     heads = {name: TaskHead(self.fc, n, name=f"head_{name}") for name, n in self.heads}
     if task is not None:
       return heads[task](self.body(batch, deterministic)).astype(jnp.float32)
     return {name: head(self.body(batch[name], deterministic)).astype(jnp.float32) for name, head in heads.items()}
 
 
-def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig = None) -> MultiTaskModel:
+def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig | None = None) -> MultiTaskModel:
   """The student of a config's `student` block; `encoder_config` is the teacher's (Transformer kind)."""
   kind = student.kind
   # Runs written before word vectors existed have no `word_vectors` in their student block.
   multichannel = bool(student.get("word_vectors")) and student.get("multichannel", False)
+  body: nn.Module
   if kind == "bilstm" or kind == "siamese_bilstm":
     body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, multichannel)
   elif kind == "biattentive":
     body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden, multichannel)
   elif kind == "transformer":
+    if encoder_config is None:
+      raise UserError("a transformer student needs the encoder config of the run it starts from")
     body = EncoderBody(
       encoder_config.replace(
         num_layers=student.num_layers, hidden_dropout=student.dropout, attention_dropout=student.dropout

@@ -11,7 +11,7 @@ import datasets
 
 from minilm_jax.data.corpus import datasets_errors_unlogged, root_cause
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks.glue import ClassificationTask, example_columns
 from minilm_jax.tasks.metrics import METRICS
 
 # File suffix -> (`datasets` builder, its options).
@@ -54,7 +54,7 @@ class CustomTask(ClassificationTask):
       raise UserError(
         f"{path} has no column(s) {missing} (it has {raw.column_names}): set data.text_columns and data.label_column"
       )
-    out = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    out = example_columns()
     for i, row in enumerate(raw):
       out["text_a"].append(str(row[self.text_columns[0]]))
       out["text_b"].append(str(row[self.text_columns[1]]) if len(self.text_columns) > 1 else None)

@@ -85,8 +85,8 @@ def _wordnet(wordnet_dir: str):
   for f in _WORDNET_FILES:
     if not os.path.isfile(os.path.join(target, f)):
       shutil.copyfile(os.path.join(source, f), os.path.join(target, f))
-  with open(os.path.join(target, "lexnames"), "w") as f:
-    f.writelines(f"{i:02d}\t{name}\t{_POS_NUMBER[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES))
+  with open(os.path.join(target, "lexnames"), "w") as out:
+    out.writelines(f"{i:02d}\t{name}\t{_POS_NUMBER[name.split('.')[0]]}\n" for i, name in enumerate(_LEXNAMES))
   if target not in nltk.data.path:
     nltk.data.path.append(target)
 

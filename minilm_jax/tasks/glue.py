@@ -23,6 +23,11 @@ from minilm_jax.tasks.metrics import METRICS
 csv.field_size_limit(1 << 24)  # some GLUE rows (QQP, MNLI parses) exceed csv's default field size
 
 
+def example_columns() -> dict[str, list]:
+  """A classification task's examples as columns, empty (`text_b` None for single sentences)."""
+  return {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+
+
 @dataclasses.dataclass(frozen=True)
 class ClassificationTask:
   name: str
@@ -78,7 +83,7 @@ class ClassificationTask:
     if missing:
       raise UserError(f"{path} lacks columns {missing} of a {self.name} file (it has {header})")
     position = {c: header.index(c) for c in header}
-    out = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    out = example_columns()
     for line, row in enumerate(rows, start=2 - bool(self.headerless_columns and labelled)):
       if len(row) < len(header):
         raise UserError(f"{path}:{line}: {len(row)} fields where the header has {len(header)}: the file is malformed")
@@ -96,7 +101,7 @@ class ClassificationTask:
       out["group"].append(row[position[self.group_column]] if self.group_column in position else "")
     return datasets.Dataset.from_dict(out)
 
-  def _label(self, value: str, path: str, line: int):
+  def _label(self, value: str, path: str, line: int | str):
     if self.labels is None:
       try:
         return float(value)

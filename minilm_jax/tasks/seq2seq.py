@@ -280,7 +280,7 @@ def _read_lines(source_path: str, target_path: str) -> datasets.Dataset:
 
 
 def _read_jsonl(path: str, field_pairs: tuple) -> datasets.Dataset:
-  rows = {c: [] for c in _COLUMNS}
+  rows: dict[str, list] = {c: [] for c in _COLUMNS}
   for line_number, line in enumerate(_text_lines(path), start=1):
     if not line.strip():
       continue
@@ -355,7 +355,7 @@ def _squad_questions(path: str, context: str) -> datasets.Dataset:
 
 
 def _questions(rows: list, context: str) -> datasets.Dataset:
-  out = {c: [] for c in _COLUMNS}
+  out: dict[str, list] = {c: [] for c in _COLUMNS}
   for qid, passage, answer, start, question in rows:
     out["id"].append(qid)
     out["source"].append(passage if context == "paragraph" else _sentence_at(passage, start))
@@ -384,7 +384,7 @@ class DefinitionModelling(Seq2SeqTask):
     sizes = {"train": 3000, "dev": 300}
     if split not in sizes:
       raise UserError(f"{self.name} has the splits train and dev, not {split!r}")
-    out = {c: [] for c in _COLUMNS}
+    out: dict[str, list] = {c: [] for c in _COLUMNS}
     for pos in ("noun", "verb"):
       for s in wordnet.read_synsets(data_dir, pos):
         if s.examples and wordnet.split_of(s.offset) == split:

@@ -89,14 +89,14 @@ def squad_v2_scores(gold_answers: dict, predictions: dict) -> dict:
     exact.append(max(exact_match(g, predictions[qid]) for g in golds))
     f1.append(max(f1_score(g, predictions[qid]) for g in golds))
     has_answer.append(golds != [""])
-  exact, f1, has_answer = np.asarray(exact, float), np.asarray(f1, float), np.asarray(has_answer)
-  scores = {"exact": 100 * exact.mean(), "f1": 100 * f1.mean(), "total": len(exact)}
-  for name, rows in (("HasAns", has_answer), ("NoAns", ~has_answer)):
+  exact_, f1_, answered = np.asarray(exact, float), np.asarray(f1, float), np.asarray(has_answer)
+  scores = {"exact": 100 * exact_.mean(), "f1": 100 * f1_.mean(), "total": len(exact_)}
+  for name, rows in (("HasAns", answered), ("NoAns", ~answered)):
     if rows.any():
       scores.update(
         {
-          f"{name}_exact": 100 * exact[rows].mean(),
-          f"{name}_f1": 100 * f1[rows].mean(),
+          f"{name}_exact": 100 * exact_[rows].mean(),
+          f"{name}_f1": 100 * f1_[rows].mean(),
           f"{name}_total": int(rows.sum()),
         }
       )
@@ -113,7 +113,7 @@ def best_threshold_scores(gold_answers: dict, spans: dict) -> dict:
     # Every question unanswered scores the unanswerable ones; answering one more (in margin order)
     # adds its span's score if it has an answer, and loses 1 if it has none.
     golds = {q: [a for a in answers if normalize_answer(a)] for q, answers in gold_answers.items()}
-    score = best = sum(not g for g in golds.values())
+    score = best = float(sum(not g for g in golds.values()))
     threshold = 0.0
     for qid in sorted(golds, key=lambda q: spans[q][1]):
       text, margin = spans[qid]
@@ -307,8 +307,9 @@ def mlqa_normalize(text: str, language: str) -> list:
     raise UserError(f"MLQA has no language {language!r}: use one of {', '.join(MLQA_LANGUAGES)}")
   punctuation = _unicode_punctuation()
   text = "".join(c for c in text.lower() if c not in punctuation)
-  if _ARTICLES[language]:
-    text = re.sub(_ARTICLES[language], " ", text)
+  articles = _ARTICLES[language]
+  if articles:
+    text = re.sub(articles, " ", text)
   return _mixed_segmentation(text) if language == "zh" else text.split()
 
 
@@ -321,9 +322,10 @@ def mlqa_scores(examples, predictions: dict) -> dict:
     golds = [mlqa_normalize(a, language) for a in row["answer_texts"]]
     exact[language].append(max(float(g == predicted) for g in golds))
     f1[language].append(max(_token_f1(g, predicted) for g in golds))
-  scores = {}
+  scores: dict[str, float] = {}
   for language in sorted(exact):
-    scores[f"exact_{language}"], scores[f"f1_{language}"] = 100 * np.mean(exact[language]), 100 * np.mean(f1[language])
+    scores[f"exact_{language}"] = 100 * float(np.mean(exact[language]))
+    scores[f"f1_{language}"] = 100 * float(np.mean(f1[language]))
   scores["exact"] = float(np.mean([scores[f"exact_{l}"] for l in exact]))
   scores["f1"] = float(np.mean([scores[f"f1_{l}"] for l in exact]))
   return scores

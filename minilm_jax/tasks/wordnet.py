@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks.glue import ClassificationTask, example_columns
 
 WORDNET_DIR = "/usr/share/wordnet"
 # The excerpt that ships with the package (data/wordnet/make_excerpt.py): every synset both tasks'
@@ -92,12 +92,12 @@ def _take(rows: dict, split: str) -> datasets.Dataset:
 class SupersenseTask(ClassificationTask):
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     _check_split(self.name, split)
-    rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    rows = example_columns()
     for s in read_synsets(data_dir):
       if s.lexfile in _LEXNAMES and split_of(s.offset) == split:
         rows["text_a"].append(s.definition)
         rows["text_b"].append(None)
-        rows["label"].append(self.labels.index(_LEXNAMES[s.lexfile]))
+        rows["label"].append((self.labels or ()).index(_LEXNAMES[s.lexfile]))
         rows["idx"].append(int(s.offset))
         rows["group"].append("")
     return _take(rows, split)
@@ -108,12 +108,12 @@ class ExampleMatchTask(ClassificationTask):
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     _check_split(self.name, split)
     synsets = [s for s in read_synsets(data_dir) if s.examples and split_of(s.offset) == split]
-    senses = {}
+    senses: dict[str, list] = {}
     for s in synsets:
       for w in s.words:
         senses.setdefault(w.lower(), []).append(s)
     rng = np.random.default_rng(zlib.crc32(f"{self.name}/{split}".encode()))
-    rows = {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+    rows = example_columns()
     for s in synsets:
       others = sorted(
         {o.offset: o for w in s.words for o in senses[w.lower()] if o.offset != s.offset}.values(),

@@ -1,7 +1,8 @@
-"""Orbax checkpoints of a run: the train state, the data-stream position and the run's metadata.
+"""Orbax checkpoints of a run: the train state, the data-stream position and the run's record.
 
-A workdir holds `checkpoints/<step>/{state,data,meta}`. Saves are asynchronous (the arrays are
-copied to host before `save` returns, so the state can be donated right after). Orbax writes each
+A workdir holds `checkpoints/<step>/{state,data,meta}` (`meta`: the run's `RunRecord`). Saves are
+asynchronous (the arrays are copied to host before `save` returns, so the state can be donated
+right after). Orbax writes each
 step to a temporary directory and renames it when complete, so an interrupted save never shadows
 the previous checkpoint.
 """
@@ -13,12 +14,14 @@ import shutil
 import sys
 import time
 import traceback
+from typing import NoReturn
 
 import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from minilm_jax.errors import STORAGE_ERRNOS, UserError
+from minilm_jax.runs.record import RunRecord
 
 ITEMS = ("state", "data", "meta")
 
@@ -32,14 +35,14 @@ def is_run(path: str) -> bool:
   return os.path.isdir(checkpoint_dir(path))
 
 
-def _quiet_orbax_failure_reports():
-  """A failed asynchronous save (a full disk) is reported by Orbax's threads many times over, with
-  tracebacks: hundreds of lines. Every such failure also reaches `RunCheckpoints` (through
-  `check_for_errors`, or as the exception of a restore), which reports it as one line, so these are
-  left out: Orbax's ERROR log records; its warning that a directory we open read-only (to export
-  or evaluate a run) is read-only; asyncio's reports of write tasks whose exception nobody
-  retrieved; and, as the save unwinds, the TensorStore callbacks that find the event loop closed
-  (Python reports each as unraisable)."""
+def quiet_orbax_failure_reports():
+  """Called once by every program as it starts (`program.run_program`). A failed asynchronous save
+  (a full disk) is reported by Orbax's threads many times over, with tracebacks: hundreds of
+  lines. Every such failure also reaches `RunCheckpoints` (through `check_for_errors`, or as the
+  exception of a restore), which reports it as one line, so these are left out: Orbax's ERROR log
+  records; its warning that a directory we open read-only (to export or evaluate a run) is
+  read-only; asyncio's reports of write tasks whose exception nobody retrieved; and, as the save
+  unwinds, the TensorStore callbacks that find the event loop closed (Python reports each as unraisable)."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
   if any(getattr(f, "_minilm_jax", False) for f in absl_logger.filters):
     return
@@ -71,7 +74,7 @@ def _quiet_orbax_failure_reports():
 
 
 # The damaged-checkpoint warnings this process has printed (and whether by a reader): each once.
-_WARNED = set()
+_WARNED: set[tuple[str, bool]] = set()
 
 
 class RunCheckpoints:
@@ -79,7 +82,6 @@ class RunCheckpoints:
   the step whose saved metrics scored best on that metric (Orbax's preservation policies)."""
 
   def __init__(self, workdir: str, every: int = 1, keep: int = 3, read_only: bool = False, best=None):
-    _quiet_orbax_failure_reports()
     if read_only:
       options = ocp.CheckpointManagerOptions(
         read_only=True, enable_async_checkpointing=False, create=False, save_interval_steps=0
@@ -101,7 +103,8 @@ class RunCheckpoints:
     else:
       options = ocp.CheckpointManagerOptions(max_to_keep=keep)
     self._best = best
-    self.every, self.read_only, self._failure = every, read_only, None
+    self.every, self.read_only = every, read_only
+    self._failure: str | None = None
     self.manager = ocp.CheckpointManager(checkpoint_dir(workdir), item_names=ITEMS, options=options)
 
   def latest_step(self):
@@ -113,9 +116,15 @@ class RunCheckpoints:
 
   def ranks(self, metrics) -> bool:
     """Whether `metrics` hold the one that picks the best step (so that their step must be saved)."""
-    return bool(self._best and metrics and self._best[0] in metrics)
+    return self._ranking(metrics) is not None
 
-  def save(self, step: int, state, data_position: dict, meta: dict, metrics: dict = None) -> bool:
+  def _ranking(self, metrics: dict | None) -> dict | None:
+    """What Orbax ranks a step by: {metric: value} of `best`'s metric, if `metrics` hold it."""
+    if self._best and metrics and self._best[0] in metrics:
+      return {self._best[0]: float(metrics[self._best[0]])}
+    return None
+
+  def save(self, step: int, state, data_position: dict, record: RunRecord, metrics: dict | None = None) -> bool:
     """Saves `step` now (asynchronously); the caller decides when (`due`, the last step, a preemption).
     `metrics` (the step's evaluations) rank it for `best`; a step saved without them is kept only
     while it is among the newest."""
@@ -123,10 +132,12 @@ class RunCheckpoints:
     try:
       return self.manager.save(
         step,
-        metrics={self._best[0]: float(metrics[self._best[0]])} if self.ranks(metrics) else None,
+        metrics=self._ranking(metrics),
         force=True,
         args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position), meta=ocp.args.JsonSave(meta)
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave(data_position),
+          meta=ocp.args.JsonSave(record.to_json()),
         ),
       )
     except Exception as e:  # storage errors come as OSError, ValueError(RESOURCE_EXHAUSTED), ...
@@ -141,7 +152,7 @@ class RunCheckpoints:
       except Exception as e:
         self._failed(e)
 
-  def _failed(self, error: Exception):
+  def _failed(self, error: Exception) -> NoReturn:
     """Removes the partial directory of the failed save (the earlier checkpoints stay) and raises
     one line: where, what failed, and the free space there."""
     directory = str(self.manager.directory)
@@ -161,14 +172,16 @@ class RunCheckpoints:
     )
     raise UserError(self._failure) from None
 
-  def read_meta(self, step=None) -> dict:
-    """The run metadata of `step` (default: the newest step whose metadata can be read back)."""
-    return self._restore_intact(
-      step, lambda s: self.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    ).meta
+  def read_record(self, step=None) -> RunRecord:
+    """The run's record at `step` (default: the newest step whose record can be read back)."""
+    return RunRecord.from_json(
+      self._restore_intact(
+        step, lambda s: self.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+      ).meta
+    )
 
   def restore(self, abstract_state, step=None):
-    """(state, data position, meta) of `step` (default: the newest that can be read), placed as
+    """(state, data position, record) of `step` (default: the newest that can be read), placed as
     `abstract_state`'s shardings say."""
     out = self._restore_intact(
       step,
@@ -179,7 +192,7 @@ class RunCheckpoints:
         ),
       ),
     )
-    return out.state, out.data, out.meta
+    return out.state, out.data, RunRecord.from_json(out.meta)
 
   def restore_params(self, abstract_params, step=None):
     """Only the parameters of a saved train state (a teacher needs no optimizer state)."""

@@ -1,0 +1,127 @@
+"""Reading a run's workdir as a model, and making a run of a Hugging Face encoder.
+
+A workdir (of distillation, fine-tuning, task distillation or `convert --from-hf`) holds Orbax
+checkpoints whose record (`RunRecord`) says what the run is, and the tokenizer in `tokenizer/`.
+Params are the encoder's, or a task model's `{"encoder": ..., <head>: ...}`. Multi-task runs (a
+refined teacher, a task student) keep a Transformer encoder, if they have one, under
+`{"body": {"encoder": ...}}`.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from minilm_jax import embeddings, hf, hub, parallel
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.heads import abstract_model_params
+from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
+from minilm_jax.runs.record import CONVERTED, RunRecord
+
+TOKENIZER_DIR = "tokenizer"
+
+
+def read_record(workdir: str, step: int | None = None) -> RunRecord:
+  """What the run in `workdir` is (its record at `step`, default the newest readable)."""
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    return ckpt.read_record(step)
+  finally:
+    ckpt.close()
+
+
+def read_run(
+  workdir: str, step: int | None = None, dtype: str = "float32", mesh=None, tokenizer: bool = True
+) -> hf.LoadedModel:
+  """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
+  for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
+  False: more checkpoints of a run already read) its tokenizer. With `mesh`, the parameters are
+  restored straight onto it, sharded by `parallel`'s rules."""
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    record = ckpt.read_record(step)
+    config = record.transformer(workdir).replace(dtype=dtype)
+    head = None if record.multi_task else record.head
+    abstract = abstract_model_params(config, head)
+    if mesh is not None:
+      abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
+    if record.multi_task:  # only the encoder of {"body": {"encoder": ...}, "head_<task>": ...}
+      params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
+    else:
+      params = ckpt.restore_params(abstract, step)
+  finally:
+    ckpt.close()
+  return hf.LoadedModel(config, params, load_tokenizer_of(workdir) if tokenizer else None, head)
+
+
+def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_head: bool = False) -> hf.LoadedModel:
+  """The encoder (config, encoder params, tokenizer) of a run's workdir, a Hugging Face directory, or
+  (when online) a hub name; with `mlm_head`, a Hugging Face checkpoint's masked-LM head too, from
+  the same read of its weights (runs and encoder-only checkpoints have none). `what` names the
+  path in errors ("teacher.path", "init", ...)."""
+  if not path:
+    raise UserError(f"{what} is empty: set it to a Hugging Face directory or a run's workdir")
+  if is_run(path):
+    run = read_run(path, dtype=dtype)
+    return hf.LoadedModel(run.config, run.params["encoder"] if run.head else run.params, run.tokenizer)
+  path = hub.local_dir(path, what)
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise UserError(
+      f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)"
+    )
+  return hf.load(path, dtype, mlm_head)._replace(tokenizer=hf.load_tokenizer(path))
+
+
+def encoder_config_of(path: str, what: str = "model") -> EncoderConfig:
+  """The encoder architecture of a run's workdir or a Hugging Face directory, without reading its weights."""
+  if is_run(path):
+    return read_record(path).transformer(f"{what} {path}")
+  return hf.read_config(hub.local_dir(path, what))
+
+
+def sentence_pipeline_of(path: str, default_length: int):
+  """(pooling, Dense kernel or None) of a model's sentence embeddings: a run's (`sentence_pipeline`),
+  a sentence-transformers directory's, or mean pooling for a plain encoder."""
+  if is_run(path):
+    return sentence_pipeline(path, read_record(path))
+  return embeddings.read_pipeline(hub.local_dir(path), default_length)
+
+
+def sentence_pipeline(workdir: str, record: RunRecord, step: int | None = None):
+  """(pooling, Dense kernel or None) of a run's sentence embeddings: its teacher's pooling and the
+  map to the teacher's width that the embedding objective learnt (mean pooling for other runs)."""
+  embedding = record.sentence_embedding or {}
+  config = record.encoder or EncoderConfig()
+  pooling = embeddings.Pooling.from_dict({"max_seq_length": min(512, config.max_position_embeddings), **embedding})
+  if not embedding.get("dense"):
+    return pooling, None
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    target = {"projection": {"embedding": {"kernel": jax.ShapeDtypeStruct(tuple(embedding["dense"]), jnp.float32)}}}
+    return pooling, ckpt.restore_params(target, step)["projection"]["embedding"]["kernel"]
+  finally:
+    ckpt.close()
+
+
+def load_tokenizer_of(path: str, what: str = "model"):
+  """The tokenizer of a run's workdir, of a Hugging Face directory or (online) of a hub name."""
+  path = hub.local_dir(path, what)
+  return hf.load_tokenizer(os.path.join(path, TOKENIZER_DIR) if is_run(path) else path)
+
+
+def save_tokenizer(workdir: str, tokenizer):
+  """The run's tokenizer, beside its checkpoints (`load_tokenizer_of` reads it)."""
+  tokenizer.save_pretrained(os.path.join(workdir, TOKENIZER_DIR))
+
+
+def write_run_from_hf(hf_dir: str, workdir: str):
+  """An Orbax run (step 0) holding a Hugging Face encoder: it can then start fine-tuning or teach."""
+  config, params, tokenizer = load_encoder(hf_dir, what="--from-hf")[:3]
+  ckpt = RunCheckpoints(workdir)
+  if ckpt.latest_step() is not None:
+    raise UserError(f"{workdir} already holds checkpoints: choose a new --out")
+  ckpt.save(0, {"params": params}, {}, RunRecord(CONVERTED, config, source=os.path.abspath(hf_dir)))
+  ckpt.wait()
+  ckpt.close()
+  save_tokenizer(workdir, tokenizer)

@@ -1,0 +1,117 @@
+"""A run's identity: what it is and how it was made, one typed record saved with every checkpoint.
+
+Every program writes it through `RunCheckpoints.save` and every reader gets it from
+`reading.read_record`: the kind of run, its config, its encoder, its task head or heads and tasks,
+the task student's own settings, the parameters its objective never trained. The record is
+versioned: records of this version are written as `to_json` gives them; those of the releases
+before it (plain dicts with optional keys, no version) are read by `from_json` as well.
+"""
+
+import dataclasses
+
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import EncoderConfig
+
+VERSION = 1
+
+DISTILLATION = "distillation"  # an encoder distilled from a teacher (`python -m minilm_jax.train`)
+FINETUNING = "finetuning"  # an encoder with one task's head (`python -m minilm_jax.finetune`)
+REFINED_TEACHER = "refined_teacher"  # one encoder with a head per task (MKD's multi-task teacher)
+TASK_STUDENT = "task_student"  # a task-distilled student with a head per task (`python -m minilm_jax.distill_task`)
+CONVERTED = "converted"  # a Hugging Face encoder as a run (`python -m minilm_jax.convert --from-hf`)
+KINDS = (DISTILLATION, FINETUNING, REFINED_TEACHER, TASK_STUDENT, CONVERTED)
+MULTI_TASK = (REFINED_TEACHER, TASK_STUDENT)  # params {"body": {...}, "head_<task>": ...}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """What a run is. `config` is the run's config as JSON (empty for a converted model); `encoder`
+  None only for a task student without a Transformer (a BiLSTM)."""
+
+  kind: str
+  encoder: EncoderConfig | None
+  config: dict = dataclasses.field(default_factory=dict)
+  head: dict | None = None  # a fine-tuned model's task head ({"kind": "classification", ...})
+  tasks: tuple[str, ...] = ()  # the task(s) its heads were trained on
+  heads: tuple[tuple[str, int], ...] = ()  # a multi-task run's (task, outputs) per head
+  student: dict = dataclasses.field(default_factory=dict)  # a task student's `student` settings
+  vocab_size: int = 0  # a task student's tokenizer size
+  untrained: tuple[str, ...] = ()  # parameters the objective never trained (exported as initialised)
+  heldout: dict | None = None  # the corpus blocks a distillation never trained on
+  sentence_embedding: dict | None = None  # the teacher's pooling and the learnt Dense map's shape
+  source: str | None = None  # the Hugging Face directory a converted run holds
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise UserError(f"unknown run kind {self.kind!r}: known kinds are {', '.join(KINDS)}")
+
+  def transformer(self, where: str) -> EncoderConfig:
+    """The run's Transformer encoder; a one-line error for a student that has none."""
+    if self.encoder is None:
+      raise UserError(
+        f"{where} holds a {self.student.get('kind')} student, which has no Transformer encoder to load or "
+        f"export: its dev metrics are in results.json"
+      )
+    return self.encoder
+
+  @property
+  def multi_task(self) -> bool:
+    return self.kind in MULTI_TASK
+
+  @property
+  def teacher(self) -> str | None:
+    """The teacher it learnt from: a model path (distillation) or runs (task distillation)."""
+    teacher = self.config.get("teacher")
+    return teacher.get("path") if isinstance(teacher, dict) else teacher
+
+  @property
+  def objective(self) -> str | None:
+    return self.config.get("loss", {}).get("objective")
+
+  def to_json(self) -> dict:
+    out = dataclasses.asdict(self)
+    out["encoder"] = None if self.encoder is None else self.encoder.to_dict()
+    return {"version": VERSION, **out}
+
+  @classmethod
+  def from_json(cls, d: dict) -> "RunRecord":
+    """A record of this version, or the untyped metadata of the releases before it."""
+    version = d.get("version", 0)
+    if not isinstance(version, int) or version > VERSION:
+      raise UserError(
+        f"this run's record has version {version!r}, newer than this minilm_jax reads ({VERSION}): "
+        f"upgrade minilm_jax to read it"
+      )
+    fields = dict(d) if version else _from_unversioned(d)
+    fields.pop("version", None)
+    known = {f.name for f in dataclasses.fields(cls)}
+    if set(fields) - known:
+      raise UserError(f"this run's record has unknown fields {sorted(set(fields) - known)}: upgrade minilm_jax")
+    encoder = fields.get("encoder")
+    return cls(
+      **{
+        **fields,
+        "encoder": None if encoder is None else EncoderConfig.from_dict(encoder),
+        "tasks": tuple(fields.get("tasks", ())),
+        "heads": tuple((task, int(width)) for task, width in fields.get("heads", ())),
+        "untrained": tuple(fields.get("untrained") or ()),
+      }
+    )
+
+
+def _from_unversioned(meta: dict) -> dict:
+  """The fields of the metadata the releases before version 1 wrote: its kind told by `model`
+  (the multi-task runs), `head` (fine-tuning) or `source` (a converted model); `task` for `tasks`."""
+  fields = {k: v for k, v in meta.items() if k not in ("model", "task")}
+  if meta.get("model") == "refined_teacher":
+    fields["kind"] = REFINED_TEACHER
+  elif meta.get("model") == "student":
+    fields["kind"] = TASK_STUDENT
+  elif "head" in meta:
+    fields["kind"], fields["tasks"] = FINETUNING, [meta["task"]]
+  elif "source" in meta:
+    fields["kind"] = CONVERTED
+  else:
+    fields["kind"] = DISTILLATION
+  fields.setdefault("encoder", None)
+  return fields
