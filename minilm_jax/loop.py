@@ -49,83 +49,30 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-# Config fields the training programs have (each program's config has some of them): the least
-# allowed value, and for probabilities the bound they must stay below.
-_RANGES = {
-  **dict.fromkeys(
-    (
-      "log_every",
-      "epochs",
-      "seeds",
-      "batch_size",
-      "eval_batch_size",
-      "checkpoint.every",
-      "checkpoint.keep",
-      "optimizer.accumulate_steps",
-      "student.num_layers",
-      "student.hidden_size",
-      "student.num_heads",
-      "student.intermediate_size",
-      "student.vocab_size",
-      "student.embed_dim",
-      "student.hidden",
-      "student.fc",
-      "loss.num_relation_heads",
-      "etd.num_sentences",
-      "data.num_proc",
-      "n_best",
-      "max_answer_length",
-      "doc_stride",
-      "augment.size_factor",
-      "mesh.model",
-    ),
-    (1, None),
-  ),
-  **dict.fromkeys(
-    (
-      "seed",
-      "etd.seed",
-      "augment.seed",
-      "num_steps",
-      "optimizer.warmup_steps",
-      "loss.query_chunk",
-      "optimizer.lr",
-      "optimizer.eps",
-      "optimizer.weight_decay",
-      "optimizer.clip_norm",
-      "optimizer.rho",
-      "augment.n_iter",
-      "loss.embedding_weight",
-      "data.heldout_blocks",
-      "student.max_words",  # 0: every word of the vectors file
-      "data.epochs",  # 0: num_steps
-    ),
-    (0, None),
-  ),
-  **dict.fromkeys(
-    (
-      "student.dropout",
-      "dropout",
-      "optimizer.b1",
-      "optimizer.b2",
-      "augment.p_mask",
-      "augment.p_pos",
-      "optimizer.warmup_proportion",
-    ),
-    (0, 1),
-  ),
-  "data.max_seq_length": (2, None),
-  "max_seq_length": (2, None),  # [CLS] and [SEP]
+# Fields every training program's config has: the least value allowed, and the bound a value
+# must stay below (None: none). Each program's config module adds its own beside its defaults
+# (`RANGES` of distill/config.py, finetuning/config.py, task_distill/config.py).
+TRAINING_RANGES = {
+  "seed": (0, None),
+  "num_steps": (0, None),
+  "epochs": (1, None),
+  "batch_size": (1, None),
+  "eval_batch_size": (1, None),
+  "log_every": (1, None),
+  "checkpoint.every": (1, None),
+  "checkpoint.keep": (1, None),
+  "mesh.model": (1, None),
 }
 
 
-def check_ranges(config):
-  """One line for the first field that is out of its range, or a float that is not finite."""
+def check_ranges(config, ranges: dict):
+  """One line for the first field that is out of its range (`ranges`: field -> (least, below)), or a
+  float that is not finite."""
   flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
   for field, value in flat.items():
     if isinstance(value, float) and not math.isfinite(value):
       raise UserError(f"{field}={value} is not a finite number: give it a value")
-  for field, (least, below) in _RANGES.items():
+  for field, (least, below) in ranges.items():
     value = flat.get(field)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
       continue
@@ -138,15 +85,15 @@ def check_ranges(config):
     raise UserError(f"mesh.data={mesh_data} is out of range: use -1 (every device) or a count of at least 1")
 
 
-def begin_run(config, workdir: str):
+def begin_run(config, workdir: str, ranges: dict):
   """Checks shared by every training program before anything is loaded or written: a workdir to
-  write to, fields in range, and (with several processes) that every process was started with the
-  same config."""
+  write to, fields in `ranges` (the program's config module's `RANGES`), and (with several
+  processes) that every process was started with the same config."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
   if os.path.isfile(workdir):
     raise UserError(f"--workdir {workdir} is a file: name a directory for the run's checkpoints, metrics and results")
-  check_ranges(config)
+  check_ranges(config, ranges)
   check_same_config(config_json(config))
   _check_resumable(config, workdir)
 

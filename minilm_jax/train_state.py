@@ -35,6 +35,21 @@ def restore_or_init(checkpoints, init_fn, args: tuple, shardings):
   return state, data["next_batch"]
 
 
+# The optimizer fields of every training program (`adamw_config`'s and the callers' warm-up), as
+# `loop.check_ranges` reads them: (least, bound to stay below).
+OPTIMIZER_RANGES = {
+  "optimizer.lr": (0, None),
+  "optimizer.b1": (0, 1),
+  "optimizer.b2": (0, 1),
+  "optimizer.eps": (0, None),
+  "optimizer.weight_decay": (0, None),
+  "optimizer.clip_norm": (0, None),
+  "optimizer.accumulate_steps": (1, None),
+  "optimizer.warmup_steps": (0, None),
+  "optimizer.warmup_proportion": (0, 1),
+}
+
+
 def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
   """AdamW settings as the papers use them (betas 0.9/0.999, weight decay 0.01); callers add their warm-up field.
   `accumulate_steps` K splits every batch into K micro-batches whose gradients are averaged before

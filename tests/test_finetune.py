@@ -19,7 +19,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.run import FineTuning
-from minilm_jax.models.heads import task_model
+from minilm_jax.models.heads import abstract_model_params, task_model
 from minilm_jax.tasks import get_task
 
 
@@ -330,7 +330,7 @@ def test_every_finetune_config_builds(name):
   task = get_task(config.task)
   from minilm_jax.models.encoder import EncoderConfig
 
-  shapes = runs.abstract_model_params(EncoderConfig(num_layers=2), task.head(config))
+  shapes = abstract_model_params(EncoderConfig(num_layers=2), task.head(config))
   assert "encoder" in shapes and len(shapes) == (4 if task.head(config)["kind"] == "seq2seq" else 2)
   assert config.batch_size > 0 and config.grid.lrs and config.grid.epochs
 

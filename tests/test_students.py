@@ -156,7 +156,7 @@ def test_transformer_student_averages_cls_of_the_teachers_first_layers(minilm_di
   import transformers
 
   from conftest import SENTENCES
-  from minilm_jax.distill.task_specific import transformer_init
+  from minilm_jax.task_distill.run import transformer_init
 
   model, teacher_params, tokenizer = minilm
   student = make_student(

@@ -13,12 +13,13 @@ import pytest
 
 from conftest import ROOT, WORDNET_EXCERPT, load_config_module, run_distill_task
 from minilm_jax import parallel
-from minilm_jax.distill.task_specific import TaskDistillation, teacher_logits
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.config import base_config, mkd_config, task_distillation_config
+from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.multitask import MultiTaskFineTuning, task_features
 from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.task_distill.config import mkd_config, task_distillation_config
+from minilm_jax.task_distill.run import TaskDistillation, teacher_logits
 from minilm_jax.tasks import get_task
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.

@@ -12,10 +12,10 @@ import pytest
 from conftest import WORDNET_EXCERPT, run_distill_task
 from minilm_jax import hf, runs
 from minilm_jax.data import word_vectors
-from minilm_jax.distill.task_specific import TaskDistillation
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.config import task_distillation_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
+from minilm_jax.task_distill.config import task_distillation_config
+from minilm_jax.task_distill.run import TaskDistillation
 
 DIM = 8
 WORDS = ["the", "of", "a", "plant", "family", "Araceae", "genus", "tropical", "flowers", "Fedora", "zygote"]

@@ -12,7 +12,7 @@ augmentation). The thesis's word2vec start (section
 3.4.1, multichannel): `--config.student.word_vectors=GoogleNews-vectors-negative300.bin` (a local file).
 """
 
-from minilm_jax.finetuning.config import task_distillation_config
+from minilm_jax.task_distill.config import task_distillation_config
 
 
 def get_config():

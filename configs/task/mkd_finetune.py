@@ -15,7 +15,7 @@ thesis leaves open: "other parameters remain the same" keeps MKD's objective, th
 the task's augmented set; `--config.objective=hard` fine-tunes on the gold labels (no teacher).
 """
 
-from minilm_jax.finetuning.config import mkd_config
+from minilm_jax.task_distill.config import mkd_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ Section 4.3.2's settings (`mkd_config`): BiLSTM 256 units, task layers 512, Adam
 16 epochs, gradient norm clipped to 1, masking-only augmentation.
 """
 
-from minilm_jax.finetuning.config import mkd_config
+from minilm_jax.task_distill.config import mkd_config
 
 
 def get_config():

@@ -8,7 +8,7 @@ The thesis initialises from pre-trained BERT-base (`student.init`); by default t
 encoder. Otherwise section 4.3.2's settings, as MKD-LSTM.
 """
 
-from minilm_jax.finetuning.config import mkd_config
+from minilm_jax.task_distill.config import mkd_config
 
 
 def get_config():

@@ -29,8 +29,8 @@ import numpy as np
 
 from minilm_jax.benchmarks.distill import parse_shape
 from minilm_jax.benchmarks.timing import block
-from minilm_jax.finetuning.config import mkd_config, task_distillation_config
-from minilm_jax.models.students import make_student, refined_teacher
+from minilm_jax.models.students import make_student, refined_teacher, student_kind
+from minilm_jax.task_distill.config import mkd_config, task_distillation_config
 
 VOCAB = 30522  # BERT's WordPiece vocabulary: the students' too (the thesis's MKD students use WordPiece)
 
@@ -92,7 +92,7 @@ def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str =
   rng = np.random.default_rng(0)
   rows = []
   for name, kind, pair, model in _models(teacher, vocab):
-    joint = kind in ("teacher", "transformer")
+    joint = kind == "teacher" or student_kind(kind).joint  # the teacher reads the joint sequence too
     params = jax.jit(model.init, static_argnums=2)(
       jax.random.key(0), _batch(joint, pair, 1, seq_len, vocab, rng), "task"
     )

@@ -17,9 +17,10 @@ are dev accuracy after the last epoch.
 import os
 import tempfile
 
-from minilm_jax.distill.task_specific import TaskDistillation
-from minilm_jax.finetuning.config import base_config, task_distillation_config
+from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.task_distill.config import task_distillation_config
+from minilm_jax.task_distill.run import TaskDistillation
 
 TASK = "wordnet_supersense"
 

@@ -2,7 +2,28 @@
 
 import ml_collections
 
-from minilm_jax.train_state import adamw_config
+from minilm_jax.loop import TRAINING_RANGES
+from minilm_jax.train_state import OPTIMIZER_RANGES, adamw_config
+
+# The fields of `base_config` that have a range (`loop.check_ranges`): (least, bound to stay below).
+RANGES = {
+  **TRAINING_RANGES,
+  **OPTIMIZER_RANGES,
+  **dict.fromkeys(
+    ("student.num_layers", "student.hidden_size", "student.num_heads", "student.intermediate_size"), (1, None)
+  ),
+  "student.vocab_size": (1, None),
+  "student.dropout": (0, 1),
+  "loss.num_relation_heads": (1, None),
+  "loss.query_chunk": (0, None),  # 0: the full relation matrices
+  "loss.embedding_weight": (0, None),
+  "etd.num_sentences": (1, None),
+  "etd.seed": (0, None),
+  "data.max_seq_length": (2, None),  # [CLS] and [SEP]
+  "data.num_proc": (1, None),
+  "data.heldout_blocks": (0, None),
+  "data.epochs": (0, None),  # 0: num_steps
+}
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from minilm_jax import embeddings, parallel, runs
 from minilm_jax.data.corpus import BatchStream, first_sentences, split_heldout
 from minilm_jax.data.prepared import corpus_blocks
+from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, evaluators, losses
 from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
@@ -185,7 +186,7 @@ class Distillation:
   """Everything a run needs, built and validated before any compute; `run()` then trains."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir)
+    begin_run(config, workdir, distill_config.RANGES)
     evaluators.check_specs(config)
     self.config, self.workdir = config, workdir
     if config.student.init not in ("random", "etd"):

@@ -10,6 +10,7 @@ rows, the initial parameters and the optimizer.
 """
 
 import json
+from collections.abc import Callable
 
 import datasets
 import jax
@@ -18,13 +19,13 @@ import ml_collections
 
 from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
-from minilm_jax.distill.logit_losses import hard_label_loss, task_loss
 from minilm_jax.errors import UserError
+from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, make_train_step
 from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import dummy_ids
-from minilm_jax.models.students import KINDS, make_student, refined_teacher
+from minilm_jax.models.students import make_student, refined_teacher, student_kind
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
@@ -98,16 +99,16 @@ def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_
 class MultiTaskRun:
   """A subclass builds what is its own (the model, its teachers, ...) and then this constructor with
   what every multi-task run has: its `tasks`, `tokenizer`, `model` (a body and a head per task),
-  whether the model reads the `joint` sequence, the `logit_losses` `objective` and the batch column
-  it reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `record`."""
+  whether the model reads the `joint` sequence, its `loss(task, logits, batch)` and the batch column
+  that loss reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `record`."""
 
   selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
 
   def __init__(
-    self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, objective: str, target: str, desc: str
+    self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, loss: Callable, target: str, desc: str
   ):
     self.config, self.workdir, self.mesh, self.tasks, self.tokenizer = config, workdir, mesh, tasks, tokenizer
-    self.model, self.joint, self.objective, self.target, self.desc = model, joint, objective, target, desc
+    self.model, self.joint, self.loss, self.target, self.desc = model, joint, loss, target, desc
     self._build()
 
   def _training_rows(self, task) -> datasets.Dataset:
@@ -146,7 +147,7 @@ class MultiTaskRun:
     abstract = jax.eval_shape(self._init_state, jax.random.key(0))
     self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
     check_accumulation(c.optimizer.accumulate_steps, c.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_steps = {t.name: self._make_step(t.name) for t in self.tasks}
+    self.train_steps = {t.name: self._make_step(t) for t in self.tasks}
     self.predictors = {
       t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params, c.eval_batch_size, self.inputs(t))
       for t in self.tasks
@@ -162,13 +163,12 @@ class MultiTaskRun:
   def forward(self, task: str):
     return lambda params, batch: self.model.apply({"params": params}, batch, task)
 
-  def _make_step(self, task: str):
+  def _make_step(self, task):
     """The jitted train step on one task's batch (each task's inputs and head give it its own compile)."""
-    temperature = self.config.get("temperature", 1.0)
 
     def loss_of(params, batch, rngs):
-      logits = self.model.apply({"params": params}, batch, task, deterministic=False, rngs=rngs)
-      return task_loss(self.objective, logits, batch, temperature)
+      logits = self.model.apply({"params": params}, batch, task.name, deterministic=False, rngs=rngs)
+      return self.loss(task, logits, batch)
 
     return make_train_step(
       loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, self.config.optimizer.accumulate_steps
@@ -189,7 +189,7 @@ class MultiTaskRun:
       outputs = self.predictors[name](params, features, desc=f"evaluate {name} {split}")
       results.update({f"{name}/{split}/{k}": v for k, v in task.score(task.predict(outputs), examples).items()})
       labels = jnp.asarray(examples["label"], jnp.int32 if task.labels else jnp.float32)
-      results[f"{name}/{split}/loss"] = float(hard_label_loss(jnp.asarray(outputs, jnp.float32), labels))
+      results[f"{name}/{split}/loss"] = float(task.loss(jnp.asarray(outputs, jnp.float32), {"label": labels}))
     return results
 
   def run(self):
@@ -211,7 +211,7 @@ class MultiTaskFineTuning(MultiTaskRun):
   The fine-tuning config's settings (AdamW, warm-up, epochs, dropout) apply."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir)
+    begin_run(config, workdir, finetuning_config.RANGES)
     tasks = parse_tasks(config.task)
     encoder_config, self._encoder_params, tokenizer = runs.load_encoder(config.init, config.dtype, "init")[:3]
     encoder_config.check_length(config.max_seq_length, "max_seq_length")
@@ -225,7 +225,7 @@ class MultiTaskFineTuning(MultiTaskRun):
       tokenizer=tokenizer,
       model=refined_teacher(self.encoder_config, self.heads),
       joint=True,
-      objective="hard",
+      loss=lambda task, logits, batch: task.loss(logits, batch),  # the tasks' own, on the gold labels
       target="label",
       desc=f"multi-task refine {config.task}",
     )
@@ -260,7 +260,7 @@ def read_multitask_run(workdir: str, mesh, step: int | None = None):
   else:
     student = ml_collections.ConfigDict(record.student)
     model = make_student(student, record.heads, record.vocab_size, record.encoder)
-    joint = KINDS[student.kind] == "joint"
+    joint = student_kind(student.kind).joint
   tasks = [get_task(name) for name in record.tasks]
   abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
   abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))

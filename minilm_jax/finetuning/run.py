@@ -14,6 +14,7 @@ import optax
 
 from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
+from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
@@ -89,7 +90,7 @@ class FineTuning:
   """A fine-tuning run, built and validated before any compute; `run()` trains and evaluates."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir)
+    begin_run(config, workdir, finetuning_config.RANGES)
     self.config, self.workdir = config, workdir
     self.task = get_task(config.task, config)
     self.head = self.task.head(config)

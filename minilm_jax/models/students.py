@@ -7,18 +7,15 @@ vectors of every layer averaged). The multi-task refined teacher (section 4.1.1)
 `[CLS]` (`EncoderBody` with the "pooler" readout) with one linear output layer per task.
 """
 
+import dataclasses
+from collections.abc import Callable
+
 import flax.linen as nn
 import jax.numpy as jnp
 
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig
 from minilm_jax.models.lstm import BiAttentiveBody, BiLSTMBody
-
-# How each kind reads a batch: "separate" sentences without special tokens (the LSTMs), or the
-# "joint" `[CLS] a [SEP] b [SEP]` sequence of the teacher (the Transformer). Every kind takes
-# single-sentence and pair tasks. "siamese_bilstm" is the BiLSTM under the name runs written before
-# one BiLSTM took both kinds of task used for its pair form; they load as they were.
-KINDS = {"bilstm": "separate", "siamese_bilstm": "separate", "biattentive": "separate", "transformer": "joint"}
 
 
 class EncoderBody(nn.Module):
@@ -69,26 +66,55 @@ class MultiTaskModel(nn.Module):
     return {name: head(self.body(batch[name], deterministic)).astype(jnp.float32) for name, head in heads.items()}
 
 
+def _lstm(body: type) -> Callable:
+  def build(student, vocab_size: int, encoder_config):
+    # Runs written before word vectors existed have no `word_vectors` in their student block.
+    multichannel = bool(student.get("word_vectors")) and student.get("multichannel", False)
+    return body(vocab_size, student.embed_dim, student.hidden, multichannel)
+
+  return build
+
+
+def _transformer(student, vocab_size: int, encoder_config: EncoderConfig | None):
+  if encoder_config is None:
+    raise UserError("a transformer student needs the encoder config of the run it starts from")
+  return EncoderBody(
+    encoder_config.replace(
+      num_layers=student.num_layers, hidden_dropout=student.dropout, attention_dropout=student.dropout
+    )
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class StudentKind:
+  """One kind of student. `joint`: it reads its teacher's `[CLS] a [SEP] b [SEP]` sequence (and
+  starts from the first layers of an encoder); else each sentence on its own, without special
+  tokens, as words (its vocabulary may be `student.word_vectors`'). `body(student block,
+  vocab_size, encoder config) -> nn.Module`. Every kind takes single-sentence and pair tasks."""
+
+  joint: bool
+  body: Callable[..., nn.Module]
+
+
+STUDENTS = {
+  "bilstm": StudentKind(joint=False, body=_lstm(BiLSTMBody)),
+  # The BiLSTM under the name runs written before one BiLSTM took both kinds of task used for its
+  # pair form; they load as they were.
+  "siamese_bilstm": StudentKind(joint=False, body=_lstm(BiLSTMBody)),
+  "biattentive": StudentKind(joint=False, body=_lstm(BiAttentiveBody)),
+  "transformer": StudentKind(joint=True, body=_transformer),
+}
+
+
+def student_kind(kind: str) -> StudentKind:
+  if kind not in STUDENTS:
+    raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(STUDENTS)}")
+  return STUDENTS[kind]
+
+
 def make_student(student, heads: tuple, vocab_size: int, encoder_config: EncoderConfig | None = None) -> MultiTaskModel:
   """The student of a config's `student` block; `encoder_config` is the teacher's (Transformer kind)."""
-  kind = student.kind
-  # Runs written before word vectors existed have no `word_vectors` in their student block.
-  multichannel = bool(student.get("word_vectors")) and student.get("multichannel", False)
-  body: nn.Module
-  if kind == "bilstm" or kind == "siamese_bilstm":
-    body = BiLSTMBody(vocab_size, student.embed_dim, student.hidden, multichannel)
-  elif kind == "biattentive":
-    body = BiAttentiveBody(vocab_size, student.embed_dim, student.hidden, multichannel)
-  elif kind == "transformer":
-    if encoder_config is None:
-      raise UserError("a transformer student needs the encoder config of the run it starts from")
-    body = EncoderBody(
-      encoder_config.replace(
-        num_layers=student.num_layers, hidden_dropout=student.dropout, attention_dropout=student.dropout
-      )
-    )
-  else:
-    raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
+  body = student_kind(student.kind).body(student, vocab_size, encoder_config)
   return MultiTaskModel(body, tuple(heads), student.fc)
 
 

@@ -1,4 +1,5 @@
-"""Reading a run's workdir as a model, and making a run of a Hugging Face encoder.
+"""Reading a run's workdir, a Hugging Face directory or (online) a hub name as a model, and making a
+run of a Hugging Face encoder.
 
 A workdir (of distillation, fine-tuning, task distillation or `convert --from-hf`) holds Orbax
 checkpoints whose record (`RunRecord`) says what the run is, and the tokenizer in `tokenizer/`.
@@ -12,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from minilm_jax import embeddings, hf, hub, parallel
+from minilm_jax import embeddings, hf, parallel
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import abstract_model_params
@@ -20,6 +21,28 @@ from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
 from minilm_jax.runs.record import CONVERTED, RunRecord
 
 TOKENIZER_DIR = "tokenizer"
+
+
+# Models named by the Hugging Face hub: a name that is not a local path is downloaded (online).
+def _download(name: str) -> str:
+  from huggingface_hub import snapshot_download
+
+  try:
+    return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+  except Exception as e:  # offline, unknown repository, ...: the hub's exception types vary by version
+    raise UserError(
+      f"{name!r} is not a local directory and could not be fetched from the hub "
+      f"({type(e).__name__}): pass a local Hugging Face directory or a run's workdir"
+    ) from None
+
+
+def local_dir(path: str, what: str = "model") -> str:
+  """`path` when it exists; a hub name's downloaded snapshot (online); else one line naming `what`."""
+  if os.path.exists(path):
+    return path
+  if not path or path.startswith((".", "/", "~")) or path.count("/") > 1:
+    raise UserError(f"{what} {path} does not exist: pass a Hugging Face directory or a run's workdir")
+  return _download(path)
 
 
 def read_record(workdir: str, step: int | None = None) -> RunRecord:
@@ -65,7 +88,7 @@ def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_hea
   if is_run(path):
     run = read_run(path, dtype=dtype)
     return hf.LoadedModel(run.config, run.params["encoder"] if run.head else run.params, run.tokenizer)
-  path = hub.local_dir(path, what)
+  path = local_dir(path, what)
   if not os.path.exists(os.path.join(path, "config.json")):
     raise UserError(
       f"{what} {path} is neither a run's workdir (no checkpoints/) nor a Hugging Face directory (no config.json)"
@@ -77,7 +100,7 @@ def encoder_config_of(path: str, what: str = "model") -> EncoderConfig:
   """The encoder architecture of a run's workdir or a Hugging Face directory, without reading its weights."""
   if is_run(path):
     return read_record(path).transformer(f"{what} {path}")
-  return hf.read_config(hub.local_dir(path, what))
+  return hf.read_config(local_dir(path, what))
 
 
 def sentence_pipeline_of(path: str, default_length: int):
@@ -85,7 +108,7 @@ def sentence_pipeline_of(path: str, default_length: int):
   a sentence-transformers directory's, or mean pooling for a plain encoder."""
   if is_run(path):
     return sentence_pipeline(path, read_record(path))
-  return embeddings.read_pipeline(hub.local_dir(path), default_length)
+  return embeddings.read_pipeline(local_dir(path), default_length)
 
 
 def sentence_pipeline(workdir: str, record: RunRecord, step: int | None = None):
@@ -106,7 +129,7 @@ def sentence_pipeline(workdir: str, record: RunRecord, step: int | None = None):
 
 def load_tokenizer_of(path: str, what: str = "model"):
   """The tokenizer of a run's workdir, of a Hugging Face directory or (online) of a hub name."""
-  path = hub.local_dir(path, what)
+  path = local_dir(path, what)
   return hf.load_tokenizer(os.path.join(path, TOKENIZER_DIR) if is_run(path) else path)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from functools import partial
 from typing import Any
 
 import datasets
@@ -23,7 +24,6 @@ import optax
 
 from minilm_jax import parallel, runs
 from minilm_jax.data import augment, word_vectors
-from minilm_jax.distill.logit_losses import check_objective
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
@@ -38,9 +38,11 @@ from minilm_jax.loop import begin_run
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model
-from minilm_jax.models.students import KINDS, make_student
+from minilm_jax.models.students import make_student, student_kind
 from minilm_jax.outputs import write_json
 from minilm_jax.runs.record import FINETUNING, REFINED_TEACHER, TASK_STUDENT, RunRecord
+from minilm_jax.task_distill import config as task_distill_config
+from minilm_jax.task_distill.losses import TARGETS, check_objective, task_loss
 
 
 def task_optimizer(opt):
@@ -112,9 +114,9 @@ def teacher_logits(
   logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
   if jax.process_index() == 0:
     os.makedirs(cache_dir, exist_ok=True)
-    partial = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
-    np.save(partial, logits)
-    os.replace(partial, path)
+    pending = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
+    np.save(pending, logits)
+    os.replace(pending, path)
   return logits
 
 
@@ -133,18 +135,17 @@ class TaskDistillation(MultiTaskRun):
   the thesis's students)."""
 
   def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir)
+    begin_run(config, workdir, task_distill_config.RANGES)
     tasks = parse_tasks(config.tasks)
     mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
     # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes on.
     self._start = self._continue_from(config, tasks, mesh) if config.student.from_run else None
     kind = config.student.kind
-    if kind not in KINDS:
-      raise UserError(f"student.kind={kind!r} is not a student: choose one of {', '.join(KINDS)}")
+    joint = student_kind(kind).joint
     for task in tasks:
       check_objective(config.objective, task.head()["num_labels"], task.name)
     teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
-    target = "label" if config.objective == "hard" else "teacher_logits"
+    target = TARGETS[config.objective]
     vectors = config.student.word_vectors and self._start is None
     if not teacher_runs and (target == "teacher_logits" or not (vectors or self._start)):
       raise UserError(
@@ -166,7 +167,7 @@ class TaskDistillation(MultiTaskRun):
     self.encoder_config, self._init_body = None, None
     if self._start is not None:
       self.encoder_config = self._start.encoder_config
-    elif kind == "transformer":
+    elif joint:  # the Transformer starts from an encoder's first layers
       body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
       self.encoder_config, self._init_body = body.config, transformer_init(body.params, config.student.num_layers)
     self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
@@ -177,8 +178,8 @@ class TaskDistillation(MultiTaskRun):
       tasks=tasks,
       tokenizer=tokenizer,
       model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
-      joint=KINDS[kind] == "joint",
-      objective=config.objective,
+      joint=joint,
+      loss=partial(task_loss, config.objective, temperature=config.temperature),
       target=target,
       desc=f"distill {config.tasks} -> {kind}",
     )
@@ -210,7 +211,7 @@ class TaskDistillation(MultiTaskRun):
   def _word_tokenizer(self, student, tasks, seed: int):
     """The word-level tokenizer of `student.word_vectors` over the tasks' training words; keeps the
     embedding table it gives the words for `_init_params`."""
-    if student.kind not in KINDS or KINDS[student.kind] == "joint":
+    if student_kind(student.kind).joint:
       raise UserError(
         f"student.word_vectors is for the LSTM students, and student.kind={student.kind!r} reads "
         f"its teacher's WordPiece tokens: use bilstm or biattentive, or leave word_vectors empty"
@@ -269,7 +270,11 @@ class TaskDistillation(MultiTaskRun):
     return task_optimizer(self.config.optimizer), lambda step: jnp.asarray(self.config.optimizer.lr)
 
   def summary(self) -> dict:
-    return {"tasks": [t.name for t in self.tasks], "student": self.config.student.kind, "objective": self.objective}
+    return {
+      "tasks": [t.name for t in self.tasks],
+      "student": self.config.student.kind,
+      "objective": self.config.objective,
+    }
 
   def record(self) -> RunRecord:
     return RunRecord(
