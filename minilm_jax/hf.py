@@ -30,6 +30,9 @@ class LoadedModel(NamedTuple):
   tokenizer: Any = None
   head: dict | None = None  # a fine-tuned run's task head ({"kind": ...}); None: an encoder
   mlm_head: dict | None = None  # the masked-LM head's parameters, when asked for and saved
+  # A run's sentence-embedding pipeline (pooling, Dense kernel or None), when asked for: read with
+  # its weights, from the same opening of its checkpoints.
+  sentence_pipeline: tuple | None = None
 
 
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).

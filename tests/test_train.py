@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, load_config_module, read_metrics, tiny_config, train_command
+from conftest import ROOT, WORDNET_EXCERPT, load_config_module, read_metrics, tiny_config, train_command
 from minilm_jax import parallel, runs
+from minilm_jax.distill.evaluators import evaluator
 from minilm_jax.distill.trainer import Distillation, init_state, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
@@ -123,17 +124,34 @@ def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   assert saved == last_logged and saved < 100000
 
 
-def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path):
-  """Teacher-assistant chain: teacher -> assistant (a run) -> student, the assistant read from its workdir."""
+def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monkeypatch):
+  """Teacher-assistant chain: teacher -> assistant (a run) -> student, the assistant read from its
+  workdir, its checkpoints opened once for the whole run: its weights, its record and the Dense map
+  of its sentence embeddings (learnt by the embedding objective), which the evaluators at two
+  lengths apply to its embeddings."""
   assistant = str(tmp_path / "assistant")
-  Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2}), assistant).run()
-  student = Distillation(
-    tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8}),
-    str(tmp_path / "student"),
-  )
+  Distillation(
+    tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2, "loss.embedding_weight": 1.0}), assistant
+  ).run()
+  assistant_params = _final_params(assistant)
+  opened = []
+  open_checkpoints = runs.RunCheckpoints.__init__
+
+  def counted(self, workdir, *args, **kwargs):
+    opened.append(os.path.abspath(workdir))
+    open_checkpoints(self, workdir, *args, **kwargs)
+
+  monkeypatch.setattr(runs.RunCheckpoints, "__init__", counted)
+  config = tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8})
+  for name, length in (("short", 16), ("long", 32)):
+    config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
+  student = Distillation(config, str(tmp_path / "student"))
   assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), _final_params(assistant))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), assistant_params)
   student.run()
+  assert opened.count(os.path.abspath(assistant)) == 1, opened
+  teacher_rows = [m for m in read_metrics(str(tmp_path / "student")) if "eval/short/teacher/mrr@10" in m]
+  assert teacher_rows, "the evaluators scored the teacher"
 
 
 def _config_cases():

@@ -86,6 +86,7 @@ class Context:
   student_pooling: embeddings.Pooling
   teacher: Encoder
   teacher_params: dict
+  teacher_pipeline: tuple | None  # a run teacher's (pooling, Dense), read with its weights; None: read its files
   heldout_stream: BatchStream | None
   heldout_step: Callable | None  # (params, batch, teacher_params) -> {loss terms}
   _student_encoders: dict = dataclasses.field(default_factory=dict)
@@ -103,7 +104,7 @@ class Context:
 
   def teacher_encoder(self, length: int) -> SentenceEncoder:
     if length not in self._teacher_encoders:
-      pooling, dense = runs.sentence_pipeline_of(self.config.teacher.path, length)
+      pooling, dense = self.teacher_pipeline or runs.sentence_pipeline_of(self.config.teacher.path, length)
       encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length)
       self._teacher_encoders[length] = encoder.use(self.teacher_params, dense)
     return self._teacher_encoders[length]

@@ -162,14 +162,15 @@ def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) ->
   return DistillationStep(teacher, student, objective, tx, schedule, train_step, accumulate)
 
 
-def teacher_pooling(config):
+def teacher_pooling(config, pipeline: tuple | None = None):
   """The teacher's sentence-embedding pooling: what the embedding objective matches, and what the
-  student's sentence-transformers export repeats. A pipeline the objective cannot reproduce (or a
-  teacher with its own Dense map) is an error only when the objective is used; otherwise the
-  export falls back to mean pooling."""
+  student's sentence-transformers export repeats. `pipeline`: the teacher's (pooling, Dense), when
+  reading its weights gave it (a run's); else read from its files. A pipeline the objective cannot
+  reproduce (or a teacher with its own Dense map) is an error only when the objective is used;
+  otherwise the export falls back to mean pooling."""
   uses = uses_embedding_term(config.loss)
   try:
-    pooling, dense = runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
+    pooling, dense = pipeline or runs.sentence_pipeline_of(config.teacher.path, config.data.max_seq_length)
   except UserError:
     if uses:
       raise
@@ -192,13 +193,17 @@ class Distillation:
     if config.student.init not in ("random", "etd"):
       raise UserError(f"student.init={config.student.init!r}: use random or etd")
     # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
-    teacher_config, teacher_params, tokenizer, _, mlm_head = runs.load_encoder(
-      config.teacher.path, config.dtype, "teacher.path", mlm_head=True
+    # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
+    teacher = runs.load_encoder(
+      config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True
     )
+    teacher_config, teacher_params, tokenizer, _, mlm_head = teacher[:5]
     self.tokenizer = tokenizer
     masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
     self.mesh = mesh or parallel.make_mesh()
-    self.step = build_step(config, teacher_config, self.mesh, masking, teacher_pooling(config))
+    self.step = build_step(
+      config, teacher_config, self.mesh, masking, teacher_pooling(config, teacher.sentence_pipeline)
+    )
     self.teacher, self.student, self.objective = self.step.teacher, self.step.student, self.step.objective
     if self.objective.needs.mlm_head and mlm_head is None:
       raise UserError(
@@ -221,7 +226,7 @@ class Distillation:
     )
     if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
       config.num_steps = config.data.epochs * self.stream.batches_per_epoch
-      self.step = build_step(config, teacher_config, self.mesh, masking, teacher_pooling(config))
+      self.step = build_step(config, teacher_config, self.mesh, masking, self.objective.pooling)
     self.heldout, heldout_stream, heldout_step = None, None, None
     if heldout is not None:
       self.heldout = {"blocks": len(heldout), "first_block": heldout.start}
@@ -239,6 +244,7 @@ class Distillation:
         self.objective.pooling,
         self.teacher,
         self.teacher_params,
+        teacher.sentence_pipeline,
         heldout_stream,
         heldout_step,
       ),

@@ -55,12 +55,18 @@ def read_record(workdir: str, step: int | None = None) -> RunRecord:
 
 
 def read_run(
-  workdir: str, step: int | None = None, dtype: str = "float32", mesh=None, tokenizer: bool = True
+  workdir: str,
+  step: int | None = None,
+  dtype: str = "float32",
+  mesh=None,
+  tokenizer: bool = True,
+  sentence_pipeline: bool = False,
 ) -> hf.LoadedModel:
   """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
   for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
-  False: more checkpoints of a run already read) its tokenizer. With `mesh`, the parameters are
-  restored straight onto it, sharded by `parallel`'s rules."""
+  False: more checkpoints of a run already read) its tokenizer; with `sentence_pipeline`, its
+  sentence embeddings' pooling and Dense kernel (`sentence_pipeline`). The checkpoints are opened
+  once. With `mesh`, the parameters are restored straight onto it, sharded by `parallel`'s rules."""
   ckpt = RunCheckpoints(workdir, read_only=True)
   try:
     record = ckpt.read_record(step)
@@ -73,21 +79,29 @@ def read_run(
       params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
     else:
       params = ckpt.restore_params(abstract, step)
+    pipeline = _sentence_pipeline(ckpt, record, step) if sentence_pipeline else None
   finally:
     ckpt.close()
-  return hf.LoadedModel(config, params, load_tokenizer_of(workdir) if tokenizer else None, head)
+  return hf.LoadedModel(
+    config, params, load_tokenizer_of(workdir) if tokenizer else None, head, sentence_pipeline=pipeline
+  )
 
 
-def load_encoder(path: str, dtype: str = "float32", what: str = "model", mlm_head: bool = False) -> hf.LoadedModel:
+def load_encoder(
+  path: str, dtype: str = "float32", what: str = "model", mlm_head: bool = False, sentence_pipeline: bool = False
+) -> hf.LoadedModel:
   """The encoder (config, encoder params, tokenizer) of a run's workdir, a Hugging Face directory, or
   (when online) a hub name; with `mlm_head`, a Hugging Face checkpoint's masked-LM head too, from
-  the same read of its weights (runs and encoder-only checkpoints have none). `what` names the
-  path in errors ("teacher.path", "init", ...)."""
+  the same read of its weights (runs and encoder-only checkpoints have none); with
+  `sentence_pipeline`, a run's sentence-embedding pipeline from the same read (a Hugging Face
+  directory's is in its files: `sentence_pipeline_of`). `what` names the path in errors
+  ("teacher.path", "init", ...)."""
   if not path:
     raise UserError(f"{what} is empty: set it to a Hugging Face directory or a run's workdir")
   if is_run(path):
-    run = read_run(path, dtype=dtype)
-    return hf.LoadedModel(run.config, run.params["encoder"] if run.head else run.params, run.tokenizer)
+    run = read_run(path, dtype=dtype, sentence_pipeline=sentence_pipeline)
+    encoder = run.params["encoder"] if run.head else run.params
+    return hf.LoadedModel(run.config, encoder, run.tokenizer, sentence_pipeline=run.sentence_pipeline)
   path = local_dir(path, what)
   if not os.path.exists(os.path.join(path, "config.json")):
     raise UserError(
@@ -114,17 +128,21 @@ def sentence_pipeline_of(path: str, default_length: int):
 def sentence_pipeline(workdir: str, record: RunRecord, step: int | None = None):
   """(pooling, Dense kernel or None) of a run's sentence embeddings: its teacher's pooling and the
   map to the teacher's width that the embedding objective learnt (mean pooling for other runs)."""
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    return _sentence_pipeline(ckpt, record, step)
+  finally:
+    ckpt.close()
+
+
+def _sentence_pipeline(ckpt: RunCheckpoints, record: RunRecord, step: int | None):
   embedding = record.sentence_embedding or {}
   config = record.encoder or EncoderConfig()
   pooling = embeddings.Pooling.from_dict({"max_seq_length": min(512, config.max_position_embeddings), **embedding})
   if not embedding.get("dense"):
     return pooling, None
-  ckpt = RunCheckpoints(workdir, read_only=True)
-  try:
-    target = {"projection": {"embedding": {"kernel": jax.ShapeDtypeStruct(tuple(embedding["dense"]), jnp.float32)}}}
-    return pooling, ckpt.restore_params(target, step)["projection"]["embedding"]["kernel"]
-  finally:
-    ckpt.close()
+  target = {"projection": {"embedding": {"kernel": jax.ShapeDtypeStruct(tuple(embedding["dense"]), jnp.float32)}}}
+  return pooling, ckpt.restore_params(target, step)["projection"]["embedding"]["kernel"]
 
 
 def load_tokenizer_of(path: str, what: str = "model"):
