@@ -33,6 +33,7 @@ class LoadedModel(NamedTuple):
   # A run's sentence-embedding pipeline (pooling, Dense kernel or None), when asked for: read with
   # its weights, from the same opening of its checkpoints.
   sentence_pipeline: tuple | None = None
+  record: Any = None  # a run's `RunRecord`, read with its weights; None for a Hugging Face directory
 
 
 # Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).

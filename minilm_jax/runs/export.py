@@ -13,7 +13,7 @@ from minilm_jax import embeddings, hf
 from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SEQ2SEQ
 from minilm_jax.runs.checkpoints import is_run
-from minilm_jax.runs.reading import read_record, read_run, sentence_pipeline
+from minilm_jax.runs.reading import read_run
 
 
 def export_run(workdir: str, out_dir: str, step: int | None = None, sentence_transformers: bool = False):
@@ -25,8 +25,8 @@ def export_run(workdir: str, out_dir: str, step: int | None = None, sentence_tra
     raise UserError(
       f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run"
     )
-  config, params, tokenizer, head = read_run(workdir, step)[:4]
-  record = read_record(workdir, step)
+  run = read_run(workdir, step, sentence_pipeline=sentence_transformers)  # one opening of the checkpoints
+  config, params, tokenizer, head, record = run.config, run.params, run.tokenizer, run.head, run.record
   if sentence_transformers and head is not None:
     raise UserError(
       f"{workdir} is a fine-tuned {head['kind']} model, not a sentence encoder: export it without "
@@ -43,7 +43,8 @@ def export_run(workdir: str, out_dir: str, step: int | None = None, sentence_tra
   if head is not None and head["kind"] == SEQ2SEQ:
     _write_seq2seq_layout(out_dir, record.config, head)
   if sentence_transformers:
-    embeddings.save_sentence_transformers(out_dir, *sentence_pipeline(workdir, record, step), width=config.hidden_size)
+    assert run.sentence_pipeline is not None  # read_run gives it when asked, as it was above
+    embeddings.save_sentence_transformers(out_dir, *run.sentence_pipeline, width=config.hidden_size)
   if record.untrained:
     print(
       f"warning: {len(record.untrained)} parameters never received a gradient under "

@@ -64,9 +64,10 @@ def read_run(
 ) -> hf.LoadedModel:
   """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
   for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
-  False: more checkpoints of a run already read) its tokenizer; with `sentence_pipeline`, its
-  sentence embeddings' pooling and Dense kernel (`sentence_pipeline`). The checkpoints are opened
-  once. With `mesh`, the parameters are restored straight onto it, sharded by `parallel`'s rules."""
+  False: more checkpoints of a run already read) its tokenizer, and its record; with
+  `sentence_pipeline`, its sentence embeddings' pooling and Dense kernel (`sentence_pipeline`). The
+  checkpoints are opened once. With `mesh`, the parameters are restored straight onto it, sharded by
+  `parallel`'s rules."""
   ckpt = RunCheckpoints(workdir, read_only=True)
   try:
     record = ckpt.read_record(step)
@@ -83,7 +84,7 @@ def read_run(
   finally:
     ckpt.close()
   return hf.LoadedModel(
-    config, params, load_tokenizer_of(workdir) if tokenizer else None, head, sentence_pipeline=pipeline
+    config, params, load_tokenizer_of(workdir) if tokenizer else None, head, sentence_pipeline=pipeline, record=record
   )
 
 
@@ -118,24 +119,20 @@ def encoder_config_of(path: str, what: str = "model") -> EncoderConfig:
 
 
 def sentence_pipeline_of(path: str, default_length: int):
-  """(pooling, Dense kernel or None) of a model's sentence embeddings: a run's (`sentence_pipeline`),
+  """(pooling, Dense kernel or None) of a model's sentence embeddings: a run's (`_sentence_pipeline`),
   a sentence-transformers directory's, or mean pooling for a plain encoder."""
   if is_run(path):
-    return sentence_pipeline(path, read_record(path))
+    ckpt = RunCheckpoints(path, read_only=True)
+    try:
+      return _sentence_pipeline(ckpt, ckpt.read_record(), None)
+    finally:
+      ckpt.close()
   return embeddings.read_pipeline(local_dir(path), default_length)
 
 
-def sentence_pipeline(workdir: str, record: RunRecord, step: int | None = None):
-  """(pooling, Dense kernel or None) of a run's sentence embeddings: its teacher's pooling and the
-  map to the teacher's width that the embedding objective learnt (mean pooling for other runs)."""
-  ckpt = RunCheckpoints(workdir, read_only=True)
-  try:
-    return _sentence_pipeline(ckpt, record, step)
-  finally:
-    ckpt.close()
-
-
 def _sentence_pipeline(ckpt: RunCheckpoints, record: RunRecord, step: int | None):
+  """A run's sentence embeddings: its teacher's pooling and the map to the teacher's width that the
+  embedding objective learnt (mean pooling for other runs)."""
   embedding = record.sentence_embedding or {}
   config = record.encoder or EncoderConfig()
   pooling = embeddings.Pooling.from_dict({"max_seq_length": min(512, config.max_position_embeddings), **embedding})
