@@ -253,19 +253,19 @@ class MultiTaskFineTuning(MultiTaskRun):
 def read_multitask_run(workdir: str, mesh, step: int | None = None):
   """(model, params restored onto `mesh`, tokenizer, tasks, joint) of a multi-task run's checkpoint
   (latest, or `step`): a refined teacher, or a task student of any kind. `joint`: the model reads
-  the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own)."""
-  record = runs.read_record(workdir, step)
-  if record.kind == REFINED_TEACHER:
-    model, joint = refined_teacher(record.transformer(workdir), record.heads), True
-  else:
-    student = ml_collections.ConfigDict(record.student)
-    model = make_student(student, record.heads, record.vocab_size, record.encoder)
-    joint = student_kind(student.kind).joint
-  tasks = [get_task(name) for name in record.tasks]
-  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
-  abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
+  the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own). The checkpoints are opened once."""
   ckpt = runs.RunCheckpoints(workdir, read_only=True)
   try:
+    record = ckpt.read_record(step)
+    if record.kind == REFINED_TEACHER:
+      model, joint = refined_teacher(record.transformer(workdir), record.heads), True
+    else:
+      student = ml_collections.ConfigDict(record.student)
+      model = make_student(student, record.heads, record.vocab_size, record.encoder)
+      joint = student_kind(student.kind).joint
+    tasks = [get_task(name) for name in record.tasks]
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
+    abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
     params = ckpt.restore_params(abstract, step)
   finally:
     ckpt.close()

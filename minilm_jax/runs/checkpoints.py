@@ -2,9 +2,8 @@
 
 A workdir holds `checkpoints/<step>/{state,data,meta}` (`meta`: the run's `RunRecord`). Saves are
 asynchronous (the arrays are copied to host before `save` returns, so the state can be donated
-right after). Orbax writes each
-step to a temporary directory and renames it when complete, so an interrupted save never shadows
-the previous checkpoint.
+right after). Orbax writes each step to a temporary directory and renames it when complete, so an
+interrupted save never shadows the previous checkpoint.
 """
 
 import glob
