@@ -76,7 +76,19 @@ _TRAIN_STEPS = flags.DEFINE_integer(
   lower_bound=0,
 )
 _MODELS = flags.DEFINE_list("models", None, "students: the models to fine-tune (default: every baseline and recipe).")
-_DATA_DIR = flags.DEFINE_string("data_dir", "", "students: the task's data folder (default: Debian's WordNet).")
+_TASKS = flags.DEFINE_list(
+  "tasks",
+  list(students.DEFAULT_TASKS),
+  "students: the tasks, each a name, name=DATA (its folder or file; the VADER tasks: vaderSentiment's "
+  "source package) or custom=FOLDER (train and dev files with columns text and label).",
+)
+_SEEDS = flags.DEFINE_integer("seeds", 3, "students: fine-tuning runs per model and task.", lower_bound=1)
+_RESULTS = flags.DEFINE_string(
+  "results",
+  "",
+  "students: a JSON Lines file every measurement is appended to as it is done; a rerun given the same "
+  "file measures only what it lacks (the suite takes hours: a stopped one resumes, more seeds add to it).",
+)
 _TARGET_LENGTH = flags.DEFINE_integer(
   "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1
 )
@@ -115,7 +127,9 @@ SUITES = {
     _STEPS.value if _STEPS.present else 300,
     _BATCH.value or 64,
     (_seq_lens() or [64])[0],
-    data_dir=_DATA_DIR.value,
+    tasks=_TASKS.value,
+    seeds=_SEEDS.value,
+    results=_RESULTS.value,
     models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
   ),
   "generate": lambda: generation.run(

@@ -11,6 +11,7 @@ exactly what `sentence_embeddings` does.
 import dataclasses
 import json
 import os
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -46,31 +47,43 @@ def read_pipeline(model_dir: str, default_length: int):
     return Pooling(max_seq_length=default_length), None
   with open(modules_file) as f:
     modules = json.load(f)
-  kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-  unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Dense", "Normalize"})
+  types = [m["type"].rsplit(".", 1)[-1] for m in modules]
+  unknown = sorted(set(types) - set(_MODULE_READERS))
   if unknown:
     raise UserError(
       f"{model_dir}'s sentence-transformers pipeline has modules {unknown} that we do not reproduce: "
       f"use a model made of Transformer, Pooling, Dense and Normalize"
     )
-  mode, dense = "mean", None
-  for kind, module in zip(kinds, modules):
-    config = _read_json(os.path.join(model_dir, module["path"], "config.json")) if kind in ("Pooling", "Dense") else {}
-    if kind == "Pooling":
-      modes = [
-        m for m in ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens") if config.get(f"pooling_mode_{m}")
-      ]
-      if modes not in (["mean_tokens"], ["cls_token"]):
-        raise UserError(f"{model_dir} pools by {modes}: we reproduce mean or CLS pooling alone")
-      mode = "mean" if modes == ["mean_tokens"] else "cls"
-    elif kind == "Dense":
-      if config.get("bias", True) or not config.get("activation_function", "").endswith("Identity"):
-        raise UserError(f"{model_dir}'s Dense module has a bias or an activation: we reproduce a linear map alone")
-      dense = load_file(os.path.join(model_dir, module["path"], "model.safetensors"))["linear.weight"].T
+  read: dict[str, Any] = {"mode": "mean", "dense": None}
+  for module_type, module in zip(types, modules):
+    reader = _MODULE_READERS[module_type]
+    if reader is not None:
+      folder = os.path.join(model_dir, module["path"])
+      read.update(reader(model_dir, folder, _read_json(os.path.join(folder, "config.json"))))
   length = default_length
   if os.path.isfile(os.path.join(model_dir, "sentence_bert_config.json")):
     length = _read_json(os.path.join(model_dir, "sentence_bert_config.json")).get("max_seq_length", default_length)
-  return Pooling(mode=mode, normalize="Normalize" in kinds, max_seq_length=length), dense
+  return Pooling(mode=read["mode"], normalize="Normalize" in types, max_seq_length=length), read["dense"]
+
+
+def _read_pooling(model_dir: str, folder: str, config: dict) -> dict:
+  modes = [
+    m for m in ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens") if config.get(f"pooling_mode_{m}")
+  ]
+  if modes not in (["mean_tokens"], ["cls_token"]):
+    raise UserError(f"{model_dir} pools by {modes}: we reproduce mean or CLS pooling alone")
+  return {"mode": "mean" if modes == ["mean_tokens"] else "cls"}
+
+
+def _read_dense(model_dir: str, folder: str, config: dict) -> dict:
+  if config.get("bias", True) or not config.get("activation_function", "").endswith("Identity"):
+    raise UserError(f"{model_dir}'s Dense module has a bias or an activation: we reproduce a linear map alone")
+  return {"dense": load_file(os.path.join(folder, "model.safetensors"))["linear.weight"].T}
+
+
+# The sentence-transformers modules we reproduce, and what each one's folder sets (None: nothing to
+# read; the Transformer is the encoder itself, Normalize a flag).
+_MODULE_READERS = {"Transformer": None, "Pooling": _read_pooling, "Dense": _read_dense, "Normalize": None}
 
 
 def pool(hidden_BxLxD, mask_BxL, mode: str):
@@ -93,15 +106,20 @@ def sentence_embeddings(hidden_BxLxD, mask_BxL, pooling: Pooling, dense_kernel=N
   return x
 
 
-def embedding_loss(student_BxD, teacher_BxD, kind: str):
-  """ "mse": the squared distance summed over features, averaged over sentences (for normalised
-  embeddings 2 - 2 cos, on the scale of the relation KLs); "cosine": 1 - cos, averaged."""
-  if kind == "mse":
-    return jnp.mean(jnp.sum((student_BxD - teacher_BxD) ** 2, axis=-1))
+def _cosine_distance(student_BxD, teacher_BxD):
   cos = jnp.sum(student_BxD * teacher_BxD, axis=-1) / jnp.maximum(
     jnp.linalg.norm(student_BxD, axis=-1) * jnp.linalg.norm(teacher_BxD, axis=-1), 1e-12
   )
   return jnp.mean(1.0 - cos)
+
+
+# loss.embedding_loss -> (student [B, D], teacher [B, D]) -> scalar. "mse": the squared distance
+# summed over features, averaged over sentences (for normalised embeddings 2 - 2 cos, on the scale
+# of the relation KLs); "cosine": 1 - cos, averaged.
+EMBEDDING_LOSSES = {
+  "mse": lambda student_BxD, teacher_BxD: jnp.mean(jnp.sum((student_BxD - teacher_BxD) ** 2, axis=-1)),
+  "cosine": _cosine_distance,
+}
 
 
 def save_sentence_transformers(out_dir: str, pooling: Pooling, dense_kernel=None, *, width: int):

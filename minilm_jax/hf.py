@@ -18,6 +18,7 @@ from flax import traverse_util
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import MODEL_TYPES, EncoderConfig, abstract_params, init_params
+from minilm_jax.models.heads import MLM_WEIGHTS, head_kind
 
 log = logging.getLogger(__name__)
 
@@ -36,37 +37,6 @@ class LoadedModel(NamedTuple):
   record: Any = None  # a run's `RunRecord`, read with its weights; None for a Hugging Face directory
 
 
-# Task heads, as transformers' Bert*For* models name them (the encoder then sits under `bert.`).
-_HEAD_TABLE: dict[str, tuple[tuple[str, str, str], ...]] = {
-  "classification": (
-    ("classifier/kernel", "classifier.weight", "linear"),
-    ("classifier/bias", "classifier.bias", "copy"),
-  ),
-  "span": (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
-}
-# The masked-LM head (decoder weights tied to the word embeddings): BERT's and RoBERTa's names.
-_MLM_TABLE = {
-  "bert": (
-    ("transform/kernel", "cls.predictions.transform.dense.weight", "linear"),
-    ("transform/bias", "cls.predictions.transform.dense.bias", "copy"),
-    ("transform_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", "copy"),
-    ("transform_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", "copy"),
-    ("bias", "cls.predictions.bias", "copy"),
-  ),
-  "roberta": (
-    ("transform/kernel", "lm_head.dense.weight", "linear"),
-    ("transform/bias", "lm_head.dense.bias", "copy"),
-    ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
-    ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"),
-    ("bias", "lm_head.bias", "copy"),
-  ),
-}
-_HEAD_TABLE["seq2seq"] = _MLM_TABLE["bert"]  # UniLM's sequence-to-sequence model is BERT's masked LM
-_HEAD_ARCHITECTURES = {
-  "classification": "BertForSequenceClassification",
-  "span": "BertForQuestionAnswering",
-  "seq2seq": "BertForMaskedLM",
-}
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
 _MODEL_PREFIXES = ("bert.", "roberta.")
@@ -91,8 +61,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "v
 
 
 def _name_pairs(num_layers):
-  """Yields (our path, HF name, kind) for every parameter of a `num_layers` encoder (`models.layout`).
-  "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
+  """Yields (our path, HF name, how) for every parameter of a `num_layers` encoder (`models.layout`).
+  How: "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
   for ours, theirs, row in layout.named_params(num_layers):
     yield ours, theirs, "linear" if row.linear else "copy"
 
@@ -186,15 +156,15 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
   tensors = {_normalise_name(k): v for k, v in raw.items()}
   expected = traverse_util.flatten_dict(abstract_params(config), sep="/")
   flat, missing = {}, []
-  for ours, theirs, kind in _name_pairs(config.num_layers):
+  for ours, theirs, how in _name_pairs(config.num_layers):
     if theirs not in tensors:
       missing.append((ours, theirs))
       continue
-    value = tensors[theirs].T if kind == "linear" else tensors[theirs]
+    value = tensors[theirs].T if how == "linear" else tensors[theirs]
     if value.shape != expected[ours].shape:
       raise UserError(
         f"{model_dir}: tensor {theirs} has shape {tuple(tensors[theirs].shape)}, but config.json implies "
-        f"{tuple(expected[ours].shape[::-1] if kind == 'linear' else expected[ours].shape)}: "
+        f"{tuple(expected[ours].shape[::-1] if how == 'linear' else expected[ours].shape)}: "
         f"config and weights do not match"
       )
     flat[ours] = np.asarray(value, np.float32)
@@ -213,20 +183,20 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
 
 def _convert(flat, pairs):
   out = {}
-  for ours, theirs, kind in pairs:
+  for ours, theirs, how in pairs:
     value = np.asarray(flat[ours], np.float32)
-    out[theirs] = np.ascontiguousarray(value.T if kind == "linear" else value)
+    out[theirs] = np.ascontiguousarray(value.T if how == "linear" else value)
   return out
 
 
 def _mlm_head(tensors: dict, config: EncoderConfig):
   """The masked-LM head's parameters among a checkpoint's tensors, or None when it was saved without one."""
-  table = _MLM_TABLE["bert" if config.model_type == "bert" else "roberta"]
+  table = MLM_WEIGHTS["bert" if config.model_type == "bert" else "roberta"]
   if any(theirs not in tensors for _, theirs, _ in table):
     return None
   flat = {
-    ours: np.asarray(tensors[theirs].T if kind == "linear" else tensors[theirs], np.float32)
-    for ours, theirs, kind in table
+    ours: np.asarray(tensors[theirs].T if how == "linear" else tensors[theirs], np.float32)
+    for ours, theirs, how in table
   }
   return jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
 
@@ -238,7 +208,7 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict | None = None) -> di
     return _convert(flat, _name_pairs(config.num_layers))
   encoder = {k[len("encoder/") :]: v for k, v in flat.items() if k.startswith("encoder/")}
   tensors = {"bert." + k: v for k, v in _convert(encoder, _name_pairs(config.num_layers)).items()}
-  tensors.update(_convert(flat, _HEAD_TABLE[head["kind"]]))
+  tensors.update(_convert(flat, head_kind(head).hf_weights))
   return tensors
 
 
@@ -246,22 +216,14 @@ def config_with_head(config: EncoderConfig, head: dict | None = None) -> dict:
   d = config_to_hf(config)
   if head is None:
     return d
-  d["architectures"] = [_HEAD_ARCHITECTURES[head["kind"]]]
-  if head["kind"] == "classification":
-    labels = head.get("labels") or [f"LABEL_{i}" for i in range(head["num_labels"])]
-    d.update(
-      num_labels=head["num_labels"],
-      id2label=dict(enumerate(labels)),
-      label2id={l: i for i, l in enumerate(labels)},
-      problem_type="regression" if head["num_labels"] == 1 else "single_label_classification",
-    )
-  return d
+  kind = head_kind(head)
+  return {**d, "architectures": [kind.hf_architecture], **kind.hf_config(head)}
 
 
 def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict | None = None):
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
-  `head` ({"kind": "classification", "num_labels": n, "labels": [...]} or {"kind": "span"}), `params`
-  are a task model's and the directory loads as BertForSequenceClassification / BertForQuestionAnswering."""
+  `head` (a head description, `models.heads.HEADS`), `params` are a task model's and the directory
+  loads as the head's transformers class (BertForSequenceClassification, ...)."""
   from safetensors.numpy import save
 
   if head is not None and config.model_type != "bert":
@@ -269,13 +231,8 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
       f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
       f"from BERT's): export the encoder alone"
     )
-  if head is not None and head["kind"] == "classification":
-    outputs = params["classifier"]["kernel"].shape[-1]
-    if outputs != head["num_labels"] or len(head.get("labels") or [None] * outputs) != outputs:
-      raise UserError(
-        f"the classifier has {outputs} outputs but the head names {head['num_labels']} labels: "
-        f"the checkpoint does not belong to this task's label set"
-      )
+  if head is not None:
+    head_kind(head).check_params(params, head)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config_with_head(config, head), f, indent=2)

@@ -21,6 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (minilm_jax/data/wordnet/), so the suite runs without `apt-get install wordnet-base` and reads the
 # same rows everywhere.
 WORDNET_EXCERPT = os.path.join(ROOT, "minilm_jax", "data", "wordnet")
+# The first lines of the VADER paper's ratings (tests/data/vader/README.md): the VADER tasks' data.
+VADER_EXCERPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vader")
 
 SENTENCES = [
   "The quick brown fox jumps over the lazy dog.",

@@ -4,6 +4,7 @@ unused layers cost nothing, and the program writes the rows it prints."""
 import json
 import subprocess
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import WORDNET_EXCERPT, program_stderr
+from conftest import VADER_EXCERPT, WORDNET_EXCERPT, program_stderr
 from minilm_jax import parallel
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
 from minilm_jax.distill import losses
@@ -243,27 +244,114 @@ def test_bench_data_rows(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus):
-  """Each baseline and recipe distils (or not), fine-tunes on the WordNet excerpt and gets a dev score."""
+def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
+  """Each baseline and recipe distils (or not), is probed frozen and fine-tuned with two seeds on two
+  tasks from different sources (WordNet's definitions, VADER's movie reviews), and is ranked; a rerun
+  with the same results file measures nothing again."""
   from minilm_jax.benchmarks import students
 
-  models = ("teacher", "first_layers", "random", "minilm_etd", "minilm_etd_embedding")
-  rows = students.run(
+  models = ("teacher", "first_layers", "uniform_layers", "minilm_etd_embedding")
+  tasks = (f"wordnet_supersense={WORDNET_EXCERPT}", f"vader_movies={VADER_EXCERPT}")
+  results = tmp_path / "measured.jsonl"
+  suite = partial(
+    students.run,
     tiny_teacher,
     "1x32",
     steps=2,
     batch=8,
     length=32,
-    data_dir=WORDNET_EXCERPT,
+    tasks=tasks,
+    seeds=2,
     finetune_epochs=1,
     finetune_lr=1e-3,
     corpus=tiny_corpus,
     relation_heads=4,
     models=models,
     mesh=parallel.make_mesh(2),  # 2 of the 8 fake devices: the 2 cores run 4x fewer replicas
+    results=str(results),
   )
+  rows = suite()
+  measured = results.read_text().splitlines()
+  assert len(measured) == 4 * 2 * (1 + 2)  # models x tasks x (probe + seeds)
+  assert suite() == rows and results.read_text().splitlines() == measured
   assert [r["model"] for r in rows] == list(models)
-  assert [r["distill_tokens"] for r in rows] == [0, 0, 0, 2 * 8 * 32, 2 * 8 * 32]
-  assert all(0.0 <= r["dev/accuracy"] <= 1.0 for r in rows)
+  assert [r["distill_tokens"] for r in rows] == [0, 0, 0, 2 * 8 * 32]
+  for r in rows:
+    for task in ("wordnet_supersense", "vader_movies"):
+      assert 0.0 <= r[f"{task}/ft"] <= 1.0 and r[f"{task}/ft_std"] >= 0.0 and 0.0 <= r[f"{task}/probe"] <= 1.0
+    assert r["mean/ft"] == pytest.approx((r["wordnet_supersense/ft"] + r["vader_movies/ft"]) / 2, abs=1e-4)
+  assert sorted(r["ft_rank"] for r in rows) == sorted(r["probe_rank"] for r in rows) == [1, 2, 3, 4]
+  assert "ft_gap_closed" in rows[3] and "ft_gap_closed" not in rows[0]
   with pytest.raises(UserError, match="unknown students \\['bogus'\\]"):
     students.run(tiny_teacher, "1x32", models=("bogus",))
+  with pytest.raises(UserError, match="vader_tweets read vaderSentiment's source package|VADER tasks read"):
+    students.run(tiny_teacher, "1x32", tasks=("vader_tweets",), models=("teacher",))
+  with pytest.raises(UserError, match="--tasks squad1: the suite fine-tunes and probes classification tasks"):
+    students.run(tiny_teacher, "1x32", tasks=("squad1",), models=("teacher",))
+
+
+def test_bench_students_through_the_program(tiny_teacher, tmp_path):
+  """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh."""
+  out = tmp_path / "students.json"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "minilm_jax.bench",
+      "students",
+      "--teacher",
+      tiny_teacher,
+      "--models",
+      "teacher",
+      "--tasks",
+      f"vader_tweets={VADER_EXCERPT}",
+      "--seeds",
+      "1",
+      "--seq_len",
+      "16",
+      "--json",
+      str(out),
+    ],
+    capture_output=True,
+    text=True,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  (row,) = json.load(open(out))
+  assert row["model"] == "teacher" and 0 <= row["vader_tweets/probe"] <= 1 and row["vader_tweets/ft_std"] == 0
+  assert "teacher" in proc.stdout and "vader_tweets/ft" in proc.stdout
+
+
+def test_bench_students_ranks_and_noise():
+  """Ranks by the mean over tasks; within noise means closer than twice the standard error of the
+  difference (seeds for fine-tuning, the dev set's sampling error for the probe); the share of the
+  gap from the better layer-dropping baseline to the teacher."""
+  from minilm_jax.benchmarks.students import ModelScores, rank
+
+  def model(name, ft_a, ft_b, probe):
+    m = ModelScores(name, "3x384", 0)
+    m.finetuned = {"a": ft_a, "b": ft_b}
+    m.probe = {"a": (probe, 1000), "b": (None, 0)}  # b: a sentence-pair task, no probe
+    return m
+
+  rows = rank(
+    [
+      model("teacher", [0.90, 0.92, 0.91], [0.80, 0.80, 0.80], 0.90),
+      model("first_layers", [0.70, 0.70, 0.70], [0.60, 0.60, 0.60], 0.70),
+      model("uniform_layers", [0.80, 0.80, 0.80], [0.70, 0.70, 0.70], 0.80),
+      # 0.8 on average, one seed far off: within noise of uniform_layers though its mean is higher
+      model("minilm_etd", [0.80, 0.90, 0.80], [0.70, 0.75, 0.71], 0.81),
+    ],
+    ["a", "b"],
+  )
+  by = {r["model"]: r for r in rows}
+  assert [by[m]["ft_rank"] for m in ("teacher", "minilm_etd", "uniform_layers", "first_layers")] == [1, 2, 3, 4]
+  per_seed = np.mean([[0.80, 0.90, 0.80], [0.70, 0.75, 0.71]], axis=0)
+  assert by["minilm_etd"]["mean/ft_std"] == pytest.approx(np.std(per_seed, ddof=1), abs=1e-4)
+  assert by["minilm_etd"]["ft_within_noise_of"] == "uniform_layers"
+  assert by["first_layers"]["ft_within_noise_of"] == "-"  # no spread: any difference is beyond noise
+  gap = by["minilm_etd"]["ft_gap_closed"]
+  assert gap == pytest.approx((per_seed.mean() - 0.75) / (0.855 - 0.75), abs=0.01)
+  # probe: one task of 1,000 examples, standard error about 0.013: 0.81 and 0.80 are within noise
+  assert by["minilm_etd"]["probe_within_noise_of"] == "uniform_layers"
+  assert by["minilm_etd"]["probe_gap_closed"] == pytest.approx(0.1, abs=1e-6)
+  assert by["teacher"]["mean/probe"] == 0.9 and by["teacher"]["b/probe"] is None

@@ -85,8 +85,8 @@ def test_sentence_embeddings_pool_mean_or_cls_and_normalise():
   kernel = jnp.asarray([[0.0], [2.0]])
   np.testing.assert_allclose(embeddings.sentence_embeddings(hidden, mask, embeddings.Pooling("mean"), kernel), [[4.0]])
   a, b = jnp.asarray([[0.6, 0.8]]), jnp.asarray([[1.0, 0.0]])
-  assert float(embeddings.embedding_loss(a, b, "mse")) == pytest.approx(0.4**2 + 0.8**2)
-  assert float(embeddings.embedding_loss(a, b, "cosine")) == pytest.approx(0.4)
+  assert float(embeddings.EMBEDDING_LOSSES["mse"](a, b)) == pytest.approx(0.4**2 + 0.8**2)
+  assert float(embeddings.EMBEDDING_LOSSES["cosine"](a, b)) == pytest.approx(0.4)
 
 
 def test_pipelines_read_from_model_directories(minilm_dir, tiny_teacher, tmp_path):

@@ -100,3 +100,62 @@ def test_xdist_groups_reach_the_scheduler(request):
   if not getattr(request.config.option, "loadgroup", False):  # set in xdist's workers under loadgroup
     pytest.skip("not under pytest-xdist's loadgroup scheduling")
   assert request.node.nodeid.endswith("@lint"), request.node.nodeid
+
+
+# The modules that declare kinds, and the only ones that may test a value against one: task heads,
+# run records, task students, distillation objectives, task-distillation objectives, evaluators.
+REGISTRIES = {
+  "minilm_jax/models/heads.py",
+  "minilm_jax/runs/record.py",
+  "minilm_jax/models/students.py",
+  "minilm_jax/distill/objectives.py",
+  "minilm_jax/task_distill/losses.py",
+  "minilm_jax/distill/evaluators.py",
+}
+
+
+def _kind_like(node) -> bool:
+  """`kind`, `x.kind`, `x["kind"]` or `x.get("kind")`."""
+  if isinstance(node, ast.Name):
+    return node.id == "kind"
+  if isinstance(node, ast.Attribute):
+    return node.attr == "kind"
+  if isinstance(node, ast.Subscript):
+    return isinstance(node.slice, ast.Constant) and node.slice.value == "kind"
+  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+    return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "kind"
+  return False
+
+
+def _is_head(node) -> bool:
+  return (isinstance(node, ast.Name) and node.id == "head") or (isinstance(node, ast.Attribute) and node.attr == "head")
+
+
+def kind_tests(source: str) -> list:
+  """Line numbers of the tests of a kind (`kind == ...`, `x.kind in (...)`, `head["kind"] != ...`)
+  and of the key-presence tests on a head description (`"labels" in head`, `head.get(...)`)."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Compare):
+      operands = [node.left, *node.comparators]
+      presence = any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and _is_head(node.comparators[-1])
+      if presence or any(_kind_like(o) for o in operands):
+        found.append(node.lineno)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+      if _is_head(node.func.value):
+        found.append(node.lineno)
+  return found
+
+
+def test_kinds_are_tested_in_their_registries_alone():
+  """Heads, run records, students and objectives are registries: code elsewhere asks an entry
+  (`head_kind(head).generates`, `record.multi_task`, `student_kind(kind).joint`), it does not test
+  which kind it holds or which keys a head has."""
+  assert kind_tests('if head["kind"] == SEQ2SEQ: pass\nx = record.kind in (A, B)\ny = "labels" in head') == [1, 2, 3]
+  assert kind_tests("z = head.get('masked_targets')\nw = kind_of(head).generates") == [1]
+  offenders = []
+  for path in sorted(glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)):
+    name = os.path.relpath(path, ROOT)
+    if name not in REGISTRIES:
+      offenders += [f"{name}:{line}" for line in kind_tests(open(path).read())]
+  assert not offenders, f"kind or head-key tests outside the registries: {offenders}"

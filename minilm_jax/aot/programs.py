@@ -29,7 +29,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning import run as finetuning
 from minilm_jax.finetuning.steps import MODEL_INPUTS, Predictor
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
-from minilm_jax.models.heads import CLASSIFICATION, SEQ2SEQ, LMHead, abstract_model_params
+from minilm_jax.models.heads import LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
 from minilm_jax.train_state import TrainState
 
@@ -169,10 +169,8 @@ def _task_columns(task, head: dict, config, mesh, batch: int) -> dict:
       continue
     if name == "labels":  # sequence-to-sequence: the target's tokens and its end token
       shape, dtype = (batch, config.seq2seq.target_length + 1), jnp.int32
-    elif name == "label" and head["kind"] == CLASSIFICATION and head["num_labels"] == 1:
-      shape, dtype = (batch,), jnp.float32  # regression
     elif name in ("label", "start_positions", "end_positions"):
-      shape, dtype = (batch,), jnp.int32
+      shape, dtype = (batch,), head_kind(head).label_dtype(head)
     else:
       raise UserError(f"task {task.name}: aot does not know the shape of its column {name!r}")
     columns[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
@@ -190,7 +188,7 @@ def _encoder_flops(step, head, length: int, training: bool) -> float | None:
   """Per-token FLOPs of the encoder, forward, or forward and backward (3 times) with the scores
   rematerialised in training; a sequence-to-sequence model's output layer is extra, and not
   counted (None)."""
-  if head["kind"] == SEQ2SEQ:
+  if head_kind(head).generates:
     return None
   config = step.encoder_config
   if not training:

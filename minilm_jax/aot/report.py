@@ -123,9 +123,9 @@ def cudnn_attention_flops(hlo_text: str) -> float:
   the backward's five (the scores recomputed, then the gradients of values, probabilities,
   queries and keys) 10 B H L^2 K."""
   total = 0.0
-  for kind, b, length, heads, k in _CUDNN_CALL.findall(hlo_text):
+  for call_target, b, length, heads, k in _CUDNN_CALL.findall(hlo_text):
     per_product = 2.0 * int(b) * int(heads) * int(length) ** 2 * int(k)
-    total += per_product * (5 if "Backward" in kind else 2)
+    total += per_product * (5 if "Backward" in call_target else 2)
   return total
 
 

@@ -66,18 +66,26 @@ def _batch(joint: bool, pair: bool, batch: int, seq_len: int, vocab: int, rng) -
   return out
 
 
+# (student kind, reads pairs) -> its row, in the order of the rows after each input's teacher.
+STUDENT_NAMES = {
+  ("bilstm", False): "distilled BiLSTM",
+  ("bilstm", True): "distilled BiLSTM (siamese)",
+  ("biattentive", True): "MKD-LSTM (bi-attentive)",
+  ("transformer", True): "MKD-Transformer (3 layers)",
+}
+
+
 def _models(teacher: str, vocab: int):
-  """(name, kind, reads pairs, model) in the order of the rows."""
+  """(name, kind, reads the joint sequence, reads pairs, model) in the order of the rows."""
   encoder = parse_shape(teacher).replace(vocab_size=vocab)
   students = _student_configs()
   heads = (("task", 2),)
   label = f"teacher {teacher}" + {"12x768": " (BERT-base)", "24x1024": " (BERT-large)"}.get(teacher, "")
-  yield label, "teacher", False, refined_teacher(encoder, heads)
-  yield "distilled BiLSTM", "bilstm", False, make_student(students["bilstm"], heads, vocab)
-  yield label, "teacher", True, refined_teacher(encoder, heads)
-  yield "distilled BiLSTM (siamese)", "bilstm", True, make_student(students["bilstm"], heads, vocab)
-  yield "MKD-LSTM (bi-attentive)", "biattentive", True, make_student(students["biattentive"], heads, vocab)
-  yield "MKD-Transformer (3 layers)", "transformer", True, make_student(students["transformer"], heads, vocab, encoder)
+  for pair in (False, True):
+    yield label, "teacher", True, pair, refined_teacher(encoder, heads)  # the teacher reads the joint sequence
+    for (kind, pairs), name in STUDENT_NAMES.items():
+      if pairs == pair:
+        yield name, kind, student_kind(kind).joint, pair, make_student(students[kind], heads, vocab, encoder)
 
 
 def _without_embeddings(params) -> int:
@@ -91,8 +99,7 @@ def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str =
   """`vocab`: the word vocabulary of every model (BERT's; a test's tiny one compiles faster)."""
   rng = np.random.default_rng(0)
   rows = []
-  for name, kind, pair, model in _models(teacher, vocab):
-    joint = kind == "teacher" or student_kind(kind).joint  # the teacher reads the joint sequence too
+  for name, kind, joint, pair, model in _models(teacher, vocab):
     params = jax.jit(model.init, static_argnums=2)(
       jax.random.key(0), _batch(joint, pair, 1, seq_len, vocab, rng), "task"
     )

@@ -1,7 +1,10 @@
-"""`students` suite: which student is worth fine-tuning, at one distillation budget.
+"""`students` suite: which student is worth fine-tuning, at one distillation budget, over several
+tasks and seeds.
 
-Every model is fine-tuned the same way on one task (default `wordnet_supersense`, offline) and
-scored on its dev set: the teacher itself, what a user gets without distillation (the teacher's
+Every model is scored on each task two ways: fine-tuned (mean-pooled encoder + linear head, the
+same optimiser and epochs for every model, `seeds` runs each; the last epoch's dev score, nothing
+picked on the dev set) and probed frozen (scikit-learn's logistic regression on its sentence
+embeddings). The models: the teacher itself, what a user gets without distillation (the teacher's
 first or evenly spaced layers, a random student of the same shape), and MiniLM students distilled
 for the same number of tokens with each recipe worth comparing:
 
@@ -12,23 +15,39 @@ for the same number of tokens with each recipe worth comparing:
 - `minilmv2_etd`: MiniLMv2's Q-Q, K-K, V-V relations with 48 relation heads from the teacher's
   second-to-last layer (its upper-middle layer for a 6-layer teacher);
 - `hidden_mse_etd`: attention KL plus the last layer's hidden states (MSE).
+
+Noise: a fine-tuned score's is the standard deviation over seeds (of the task's score, and of the
+mean over tasks); a frozen probe's is the dev set's sampling error, sqrt(p (1 - p) / n). Two models
+are within noise when their means differ by less than twice the standard error of the difference.
 """
 
+import dataclasses
+import glob
 import json
 import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from minilm_jax import runs
+import numpy as np
+
+from minilm_jax import parallel, runs
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
+from minilm_jax.distill.evaluators import probe_accuracy
 from minilm_jax.distill.trainer import Distillation
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config as finetune_config
+from minilm_jax.finetuning.embedding_eval import SentenceEncoder
 from minilm_jax.finetuning.run import FineTuning
-from minilm_jax.tasks import get_task, selection_metric
+from minilm_jax.tasks import custom, get_task, selection_metric
+from minilm_jax.tasks.glue import ClassificationTask
 
+# One task per source of text: WordNet's definitions, Rotten Tomatoes snippets, tweets.
+DEFAULT_TASKS = ("wordnet_supersense", "vader_movies", "vader_tweets")
 BASELINES = ("teacher", "first_layers", "uniform_layers", "random")
 RECIPES: dict[str, dict[str, Any]] = {
   "minilm_random": {"init": "random", "lr": 1e-3},
@@ -73,15 +92,226 @@ def _student(
   return c
 
 
-def _finetune(init: str, task: str, data_dir: str, epochs: int, length: int, lr: float, mesh, workdir: str) -> float:
+@dataclasses.dataclass(frozen=True)
+class BenchTask:
+  """One task of the suite: its name, its data (a folder or file; empty: the task's default) and,
+  for `custom`, the fine-tuning config's `data` fields."""
+
+  name: str
+  data_dir: str = ""
+  custom_data: Any = None
+
+  @property
+  def label(self) -> str:
+    return os.path.basename(self.data_dir.rstrip("/")) if self.name == "custom" else self.name
+
+  def task(self):
+    return custom.custom_task(self.custom_data) if self.name == "custom" else get_task(self.name)
+
+
+def parse_tasks(specs) -> list:
+  """`--tasks` entries: a task's name, `name=DATA` (its folder or file), or `custom=FOLDER` (the
+  user's `train` and `dev` files there, CSV, TSV, JSON Lines or Parquet, columns `text` and `label`)."""
+  tasks = []
+  for spec in specs:
+    name, _, data_dir = spec.partition("=")
+    if name == "custom":
+      tasks.append(BenchTask(name, data_dir, _custom_data(data_dir)))
+      continue
+    bench_task = BenchTask(name, data_dir)
+    task = bench_task.task()
+    if not isinstance(task, ClassificationTask) or task.labels is None:
+      raise UserError(f"--tasks {name}: the suite fine-tunes and probes classification tasks")
+    tasks.append(bench_task)
+  for t in tasks:  # an unknown name or missing data is a one-line error now, not after the first distillation
+    t.task().load("dev", t.data_dir)
+  if not tasks:
+    raise UserError(
+      "--tasks names no task: e.g. --tasks wordnet_supersense,vader_movies=DIR/vaderSentiment-3.3.2.tar.gz"
+    )
+  return tasks
+
+
+_SUFFIXES = ".csv, .tsv, .jsonl or .parquet"
+
+
+def _custom_data(folder: str):
+  if not os.path.isdir(folder):
+    raise UserError(f"--tasks custom={folder}: give a folder holding train and dev files ({_SUFFIXES})")
+  found = {}
+  for split in ("train", "dev"):
+    paths = sorted(glob.glob(os.path.join(folder, f"{split}.*")))
+    if not paths:
+      raise UserError(f"--tasks custom={folder}: the folder has no {split} file ({split} with {_SUFFIXES})")
+    found[split] = paths[0]
+  data = finetune_config().data
+  data.train, data.dev = found["train"], found["dev"]
+  return data
+
+
+def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, lr: float, mesh, workdir: str):
   c = finetune_config()
-  c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task, init, data_dir, epochs, length
-  c.optimizer.lr, c.checkpoint.every = lr, 10**9
+  c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task.name, init, task.data_dir, epochs, length
+  if task.custom_data is not None:
+    c.data = task.custom_data
+  c.seed, c.optimizer.lr, c.checkpoint.every = seed, lr, 10**9
   # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
   _, results = FineTuning(c, workdir, mesh).run()
-  return results[selection_metric(get_task(task))]
+  return results[selection_metric(task.task())]
+
+
+def _probe(init: str, task: BenchTask, length: int, mesh) -> tuple:
+  """Frozen-probe dev accuracy of `init`'s sentence embeddings, and the dev set's size; None for a
+  sentence-pair task."""
+  if len(task.task().text_columns) != 1:
+    return None, 0
+  encoder = SentenceEncoder.load(init, mesh, 64, length)
+  train, dev = task.task().load("train", task.data_dir), task.task().load("dev", task.data_dir)
+  embed = lambda texts, split: encoder(list(texts), desc=f"probe {task.label} {split}")
+  accuracy = probe_accuracy(
+    embed(train["text_a"], "train"), np.asarray(train["label"]), embed(dev["text_a"], "dev"), np.asarray(dev["label"])
+  )
+  return accuracy, len(dev)
+
+
+@dataclasses.dataclass
+class ModelScores:
+  """One model's dev scores: fine-tuned per task and seed, frozen probe per task."""
+
+  model: str
+  student: str
+  distill_tokens: int
+  distill_minutes: float = 0.0
+  finetuned: dict[str, list] = dataclasses.field(default_factory=dict)  # task -> score per seed
+  probe: dict[str, tuple] = dataclasses.field(default_factory=dict)  # task -> (accuracy or None, dev size)
+
+  def finetuned_mean(self) -> tuple:
+    """The mean over tasks and its standard error: each seed's mean over tasks, across seeds."""
+    per_seed_mean = np.mean([scores for scores in self.finetuned.values()], axis=0)
+    return float(per_seed_mean.mean()), _standard_error(per_seed_mean)
+
+  def probe_mean(self) -> tuple:
+    """The mean over the probed tasks and its standard error (the dev sets' sampling errors)."""
+    probed = [(p, n) for p, n in self.probe.values() if p is not None]
+    if not probed:
+      return None, 0.0
+    errors = [p * (1 - p) / n for p, n in probed]
+    return float(np.mean([p for p, _ in probed])), float(np.sqrt(sum(errors)) / len(probed))
+
+  def row(self, tasks) -> dict:
+    row: dict[str, Any] = {"model": self.model, "student": self.student, "distill_tokens": self.distill_tokens}
+    row["distill_min"] = round(self.distill_minutes, 1)
+    for t in tasks:
+      if t in self.finetuned:
+        row[f"{t}/ft"] = round(float(np.mean(self.finetuned[t])), 4)
+        row[f"{t}/ft_std"] = round(_std(self.finetuned[t]), 4)
+      if t in self.probe:
+        row[f"{t}/probe"] = None if self.probe[t][0] is None else round(self.probe[t][0], 4)
+    if len(self.finetuned) == len(tasks):
+      per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
+      row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
+      row["mean/probe"] = None if self.probe_mean()[0] is None else round(self.probe_mean()[0], 4)
+    return row
+
+
+def _std(values) -> float:
+  return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def _standard_error(values) -> float:
+  return _std(values) / np.sqrt(len(values))
+
+
+def rank(models: list, tasks: list) -> list:
+  """Rows of `models` with each one's rank by the mean over tasks (fine-tuned and probed), the share
+  of the gap from the better layer-dropping baseline to the teacher that it closes, and the models
+  it is within noise of (means closer than twice the standard error of their difference)."""
+  rows = [m.row(tasks) for m in models]
+  for kind, mean_of in (("ft", ModelScores.finetuned_mean), ("probe", ModelScores.probe_mean)):
+    means = {m.model: mean_of(m) for m in models if mean_of(m)[0] is not None}
+    order = sorted(means, key=lambda name: -means[name][0])
+    baselines = [means[b][0] for b in ("first_layers", "uniform_layers") if b in means]
+    for row in rows:
+      name = row["model"]
+      if name not in means:
+        continue
+      row[f"{kind}_rank"] = order.index(name) + 1
+      if baselines and "teacher" in means and name in RECIPES:
+        gap = means["teacher"][0] - max(baselines)
+        row[f"{kind}_gap_closed"] = round((means[name][0] - max(baselines)) / gap, 2) if gap > 0 else None
+      mean, error = means[name]
+      ties = [o for o in order if o != name and abs(mean - means[o][0]) < 2 * np.hypot(error, means[o][1])]
+      row[f"{kind}_within_noise_of"] = ",".join(ties) or "-"
+  return rows
+
+
+class MeasurementLog:
+  """Measurements (a probe's (accuracy, dev size), a fine-tuning seed's score) by what determines
+  them, kept in a JSON Lines file when given one: a suite of hours that stops resumes from it."""
+
+  def __init__(self, path: str):
+    self.path, self.entries, self.distill_minutes = path, dict[str, dict](), dict[str, float]()
+    if path and os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+          try:
+            entry = json.loads(line)
+            self.entries[entry["key"]] = entry
+          except (ValueError, KeyError, TypeError):
+            raise UserError(f"{path}:{number} is not a line this suite wrote: pass another --results file") from None
+
+  @staticmethod
+  def _key(key) -> str:
+    return json.dumps(key, sort_keys=True)
+
+  def __contains__(self, key) -> bool:
+    return self._key(key) in self.entries
+
+  def __getitem__(self, key) -> dict:
+    return self.entries[self._key(key)]
+
+  def add(self, key, value, distill_minutes: float):
+    entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes}
+    self.entries[entry["key"]] = entry
+    if self.path:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+@dataclasses.dataclass
+class _Model:
+  """One model of the suite, distilled (or, for the teacher and the baselines, written) when a
+  measurement first needs it: not at all when the log holds every one."""
+
+  name: str
+  teacher: str
+  config: Any  # its distillation config; None for the teacher
+  workdir: str
+  mesh: Any
+  log: MeasurementLog
+  key: dict  # what its scores depend on besides the task and seed
+  path: str | None = None
+  distill_minutes: float = 0.0
+
+  def measured(self, task: BenchTask, what, measure: Callable[[str], Any]):
+    """`what` ("probe" or a seed) of `task`: from the log, else `measure(model path)` now."""
+    key = (self.key, f"{task.name}={task.data_dir}", what)
+    if key not in self.log:
+      self.log.add(key, measure(self._path()), self.distill_minutes)
+    self.distill_minutes = self.log[key]["distill_minutes"]
+    return self.log[key]["value"]
+
+  def _path(self) -> str:
+    if self.path is None:
+      started = time.perf_counter()
+      self.path = self.teacher
+      if self.config is not None:
+        self.path = self.workdir
+        Distillation(self.config, self.path, self.mesh).run()
+      self.distill_minutes = (time.perf_counter() - started) / 60 if self.name in RECIPES else 0.0
+    return self.path
 
 
 def run(
@@ -90,16 +320,20 @@ def run(
   steps: int = 300,
   batch: int = 64,
   length: int = 64,
-  task: str = "wordnet_supersense",
-  data_dir: str = "",
+  tasks=DEFAULT_TASKS,
+  seeds: int = 3,
   finetune_epochs: int = 3,
   finetune_lr: float = 1e-4,
   corpus: str = "demo",
   relation_heads: int = 12,
   models=BASELINES + tuple(RECIPES),
   mesh=None,
+  results: str = "",
 ) -> list:
-  """One row per model: its dev score after fine-tuning and the tokens it was distilled on."""
+  """One row per model: its fine-tuned (mean and standard deviation over seeds) and frozen-probe dev
+  scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
+  JSON Lines file that every measurement is appended to as it is done; a run given the same file
+  measures only what it does not hold yet (the same model, settings, task and seed)."""
   teacher = teacher or demo_teacher()
   try:
     shape = tuple(int(n) for n in student.split("x"))
@@ -108,28 +342,31 @@ def run(
   unknown = [m for m in models if m not in BASELINES and m not in RECIPES]
   if unknown:
     raise UserError(f"unknown students {unknown}: choose from {', '.join(BASELINES + tuple(RECIPES))}")
-  metric = selection_metric(get_task(task))
+  bench_tasks = parse_tasks(tasks)
+  mesh = parallel.make_mesh() if mesh is None else mesh
   teacher_config = runs.encoder_config_of(teacher, what="--teacher")
-  rows = []
+  log = MeasurementLog(results)
+  scores = {}
   with tempfile.TemporaryDirectory() as tmp:
     for name in models:
-      init = teacher
+      config = None
       if name != "teacher":
-        init = os.path.join(tmp, name)
-        Distillation(
-          _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads), init, mesh
-        ).run()
-      score = _finetune(
-        init, task, data_dir, finetune_epochs, length, finetune_lr, mesh, os.path.join(tmp, f"{name}_ft")
-      )
+        config = _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads)
+      key = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
+      key.update(finetune_epochs=finetune_epochs, finetune_lr=finetune_lr, length=length)
+      model = _Model(name, teacher, config, os.path.join(tmp, name), mesh, log, key)
       tokens = steps * batch * length if name in RECIPES else 0
-      rows.append(
-        {
-          "model": name,
-          "student": "teacher" if name == "teacher" else student,
-          "distill_tokens": tokens,
-          metric: round(score, 4),
-        }
-      )
-      logging.warning("bench students: %s", json.dumps(rows[-1]))  # each row as it is done: the suite is long
-  return rows
+      scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
+      for t in bench_tasks:
+        scores[name].probe[t.label] = tuple(
+          model.measured(t, "probe", partial(_probe, task=t, length=length, mesh=mesh))
+        )
+        finetune = partial(_finetune, task=t, epochs=finetune_epochs, length=length, lr=finetune_lr, mesh=mesh)
+        scores[name].finetuned[t.label] = [
+          model.measured(t, seed, partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}"))
+          for seed in range(seeds)
+        ]
+        scores[name].distill_minutes = model.distill_minutes
+        # each result as it is done: the suite is long
+        logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores[name].row([t.label])))
+  return rank([scores[m] for m in models], [t.label for t in bench_tasks])

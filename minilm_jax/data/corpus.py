@@ -38,16 +38,16 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
   for f in files:
     if not os.path.isfile(f):
       raise UserError(f"corpus file {f} does not exist: fix data.corpus")
-  kinds = {_BUILDERS.get(os.path.splitext(f)[1], "text") for f in files}
-  if len(kinds) > 1:
-    raise UserError(f"data.corpus mixes file kinds {sorted(kinds)}: use files of one kind")
-  kind = kinds.pop()
-  if kind == "json":
+  builders = {_BUILDERS.get(os.path.splitext(f)[1], "text") for f in files}
+  if len(builders) > 1:
+    raise UserError(f"data.corpus mixes file kinds {sorted(builders)}: use files of one kind")
+  builder = builders.pop()
+  if builder == "json":
     for f in files:
       _check_json_start(f)
   with datasets_errors_unlogged():
     try:
-      return datasets.load_dataset(kind, data_files=files, split="train")
+      return datasets.load_dataset(builder, data_files=files, split="train")
     except Exception as e:
       raise UserError(f"could not read corpus {corpus}: {root_cause(e)}: fix or remove the file") from None
 

@@ -100,8 +100,8 @@ def top_indices(
   `reverse` (`reversed_types`). `scores` as `importance.taylor_scores` returns. Without hidden
   consistency each layer keeps the top dimensions of its own MHA input."""
 
-  def top(kind):
-    sign = 1.0 if kind in reverse else -1.0
+  def top(neuron_type):
+    sign = 1.0 if neuron_type in reverse else -1.0
     return lambda s, k: np.sort(np.argsort(sign * np.asarray(s), kind="stable")[:k])
 
   hidden_top, head_top, ffn_top = top("hidden"), top("head"), top("ffn")

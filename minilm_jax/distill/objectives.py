@@ -51,7 +51,6 @@ from minilm_jax.models import layout
 from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
 from minilm_jax.models.heads import LMHead
 
-EMBEDDING_LOSSES = ("mse", "cosine")
 LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 
 
@@ -358,9 +357,8 @@ class Objective:
       t_embedding = embeddings.sentence_embeddings(teacher.layers[-1].hidden, mask, self.pooling)
       kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
       s_embedding = embeddings.sentence_embeddings(student.layers[-1].hidden, mask, self.pooling, kernel)
-      terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * embeddings.embedding_loss(
-        s_embedding, t_embedding, self.embedding_loss
-      )
+      distance = embeddings.EMBEDDING_LOSSES[self.embedding_loss]
+      terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * distance(s_embedding, t_embedding)
     return terms
 
 
@@ -389,9 +387,9 @@ def make_objective(
   weight = loss_config.embedding_weight
   if needs.embedding_term and weight == 0:  # the term alone: its weight only scales the learning rate
     weight = 1.0
-  if loss_config.embedding_loss not in EMBEDDING_LOSSES:
+  if loss_config.embedding_loss not in embeddings.EMBEDDING_LOSSES:
     raise UserError(
-      f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(EMBEDDING_LOSSES)}"
+      f"unknown loss.embedding_loss {loss_config.embedding_loss!r}: use one of {', '.join(embeddings.EMBEDDING_LOSSES)}"
     )
   if weight > 0 and needs.mlm_head:
     raise UserError(

@@ -257,12 +257,12 @@ def read_multitask_run(workdir: str, mesh, step: int | None = None):
   ckpt = runs.RunCheckpoints(workdir, read_only=True)
   try:
     record = ckpt.read_record(step)
-    if record.kind == REFINED_TEACHER:
-      model, joint = refined_teacher(record.transformer(workdir), record.heads), True
-    else:
+    if record.task_student:
       student = ml_collections.ConfigDict(record.student)
       model = make_student(student, record.heads, record.vocab_size, record.encoder)
       joint = student_kind(student.kind).joint
+    else:
+      model, joint = refined_teacher(record.transformer(workdir), record.heads), True
     tasks = [get_task(name) for name in record.tasks]
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
     abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))

@@ -20,7 +20,7 @@ from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
 from minilm_jax.loop import begin_run
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
-from minilm_jax.models.heads import SEQ2SEQ, abstract_model_params, init_task_params, task_model
+from minilm_jax.models.heads import abstract_model_params, head_kind, init_task_params, masked_targets, task_model
 from minilm_jax.runs.record import FINETUNING, RunRecord
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets
@@ -48,7 +48,7 @@ def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderC
   """`encoder_config` covering `config.max_seq_length`: a sequence-to-sequence model past its
   position table gets the table repeated (UniLM's CNN/DailyMail setting, total length 768 on a
   512-position model); any other model must fit."""
-  if config.max_seq_length > encoder_config.max_position_embeddings and head["kind"] == SEQ2SEQ:
+  if config.max_seq_length > encoder_config.max_position_embeddings and head_kind(head).generates:
     return encoder_config.replace(max_position_embeddings=config.max_seq_length)
   encoder_config.check_length(config.max_seq_length, "max_seq_length")
   return encoder_config
@@ -63,11 +63,8 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   tx, schedule = make_optimizer(config.optimizer, num_steps)
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
   state_shardings = parallel.tree_shardings(abstract, mesh)
-  task_loss_of = task.loss
-  if head["kind"] == SEQ2SEQ:
-    task_loss_of = partial(task.loss, label_smoothing=config.seq2seq.label_smoothing)
-  loss_of = lambda params, batch, rngs: task_loss_of(apply_model(model, params, batch, False, rngs), batch)
-  if head.get("masked_targets"):  # UniLM's form: a fresh choice of masked target tokens every step
+  loss_of = lambda params, batch, rngs: task.loss(apply_model(model, params, batch, False, rngs), batch, config)
+  if masked_targets(head):  # UniLM's form: a fresh choice of masked target tokens every step
     one_pass_loss_of = loss_of
     mask = partial(
       mask_targets,
@@ -95,7 +92,7 @@ class FineTuning:
     self.task = get_task(config.task, config)
     self.head = self.task.head(config)
     # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
-    pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=self.head["kind"] == SEQ2SEQ)
+    pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=head_kind(self.head).generates)
     encoder_config, encoder_params, self.tokenizer = pretrained[:3]
     fitted = fit_positions(config, encoder_config, self.head)
     if fitted != encoder_config:
@@ -126,7 +123,7 @@ class FineTuning:
     self.tx, self.train_step, self.state_shardings = self.step.tx, self.step.train_step, self.step.state_shardings
     self.predict = Predictor(self.step.predict_forward, self.mesh, self.state_shardings.params, config.eval_batch_size)
     self._pretrained = {"encoder": encoder_params}
-    if self.head["kind"] == SEQ2SEQ:
+    if head_kind(self.head).generates:
       self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))
     self.checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
 

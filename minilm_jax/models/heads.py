@@ -2,10 +2,15 @@
 (pooler -> dropout -> `classifier`), BertForQuestionAnswering (`qa_outputs` on every token) and
 BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from minilm_jax.errors import UserError
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import ACTIVATIONS, Encoder, EncoderConfig, KVCache, abstract_params, dummy_ids
 
@@ -205,19 +210,111 @@ class Seq2SeqLM(nn.Module):
     return self._logits(out.last_hidden_state[:, -1]), keys, values
 
 
+# The masked-LM head's parameters (decoder weights tied to the word embeddings) as transformers
+# names them: BERT's `cls.predictions` and RoBERTa's `lm_head`. (our name, theirs, how: "linear" is
+# a kernel stored [in, out] here and [out, in] in PyTorch.)
+MLM_WEIGHTS = {
+  "bert": (
+    ("transform/kernel", "cls.predictions.transform.dense.weight", "linear"),
+    ("transform/bias", "cls.predictions.transform.dense.bias", "copy"),
+    ("transform_LayerNorm/scale", "cls.predictions.transform.LayerNorm.weight", "copy"),
+    ("transform_LayerNorm/bias", "cls.predictions.transform.LayerNorm.bias", "copy"),
+    ("bias", "cls.predictions.bias", "copy"),
+  ),
+  "roberta": (
+    ("transform/kernel", "lm_head.dense.weight", "linear"),
+    ("transform/bias", "lm_head.dense.bias", "copy"),
+    ("transform_LayerNorm/scale", "lm_head.layer_norm.weight", "copy"),
+    ("transform_LayerNorm/bias", "lm_head.layer_norm.bias", "copy"),
+    ("bias", "lm_head.bias", "copy"),
+  ),
+}
+
+
+def _classification_config(head: dict) -> dict:
+  """transformers' config.json fields of a classifier: its labels, and regression for one output."""
+  labels = head.get("labels") or [f"LABEL_{i}" for i in range(head["num_labels"])]
+  return {
+    "num_labels": head["num_labels"],
+    "id2label": dict(enumerate(labels)),
+    "label2id": {l: i for i, l in enumerate(labels)},
+    "problem_type": "regression" if head["num_labels"] == 1 else "single_label_classification",
+  }
+
+
+def _check_classifier(params, head: dict):
+  outputs = params["classifier"]["kernel"].shape[-1]
+  if outputs != head["num_labels"] or len(head.get("labels") or [None] * outputs) != outputs:
+    raise UserError(
+      f"the classifier has {outputs} outputs but the head names {head['num_labels']} labels: "
+      f"the checkpoint does not belong to this task's label set"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadKind:
+  """A kind of task head, declared once: its Flax module, the transformers class and tensor names it
+  exports as, and what a run of it does differently from the others. A head description (a run's
+  record) is a dict {"kind": <a key of HEADS>, ...the module's fields}."""
+
+  module: Callable[[EncoderConfig, dict], nn.Module]
+  hf_architecture: str  # the transformers class an export loads as (the encoder under `bert.`)
+  hf_weights: tuple  # (our name, transformers' name, "linear" | "copy") of the head's parameters
+  hf_config: Callable[[dict], dict] = lambda head: {}  # its own config.json fields
+  label_dtype: Callable[[dict], Any] = lambda head: jnp.int32  # of the training labels
+  check_params: Callable[[Any, dict], None] = lambda params, head: None  # a one-line error if they do not fit
+  # UniLM's sequence-to-sequence model, BERT's masked LM over source + target: it starts from the
+  # pre-trained masked-LM head, may repeat a position table too short for source + target, decodes
+  # with beam search, is exported with its input layout, and its analytic FLOPs are not counted.
+  generates: bool = False
+  positions: Callable[[dict], int] = lambda head: 0  # extra positions its model's inputs hold
+
+
+HEADS = {
+  CLASSIFICATION: HeadKind(
+    lambda config, head: SequenceClassifier(config, head["num_labels"]),
+    "BertForSequenceClassification",
+    (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
+    hf_config=_classification_config,
+    check_params=_check_classifier,
+    label_dtype=lambda head: jnp.float32 if head["num_labels"] == 1 else jnp.int32,  # one output: regression
+  ),
+  SPAN: HeadKind(
+    lambda config, head: SpanExtractor(config),
+    "BertForQuestionAnswering",
+    (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
+  ),
+  SEQ2SEQ: HeadKind(
+    lambda config, head: Seq2SeqLM(config, head["target_length"], masked_targets(head)),
+    "BertForMaskedLM",
+    MLM_WEIGHTS["bert"],
+    generates=True,
+    positions=lambda head: head["target_length"],
+  ),
+}
+
+
+def masked_targets(head: dict) -> bool:
+  """A sequence-to-sequence head trained in UniLM's masked form (predicting [MASK]ed target tokens)
+  rather than in one pass; the field is absent from the other heads."""
+  return bool(head.get("masked_targets", False))
+
+
+def head_kind(head: dict) -> HeadKind:
+  if head.get("kind") not in HEADS:
+    raise UserError(f"unknown task head {head.get('kind')!r}: a run's head is one of {', '.join(HEADS)}")
+  return HEADS[head["kind"]]
+
+
 def task_model(config: EncoderConfig, head: dict) -> nn.Module:
-  """The model for a head description {"kind": "classification", "num_labels": n}, {"kind": "span"}
-  or {"kind": "seq2seq", "target_length": n}."""
-  if head["kind"] == CLASSIFICATION:
-    return SequenceClassifier(config, head["num_labels"])
-  if head["kind"] == SEQ2SEQ:
-    return Seq2SeqLM(config, head["target_length"], head.get("masked_targets", False))
-  return SpanExtractor(config)
+  """The model for a head description, e.g. {"kind": "classification", "num_labels": n}, {"kind":
+  "span"} or {"kind": "seq2seq", "target_length": n}."""
+  return head_kind(head).module(config, head)
 
 
 def init_task_params(config: EncoderConfig, head: dict, rng):
   """Random parameters of the task model for `head`."""
-  ids = dummy_ids(8 + head.get("target_length", 0))  # a seq2seq model's source and target blocks
+  ids = dummy_ids(8 + head_kind(head).positions(head))  # a seq2seq model's source and target blocks
   return task_model(config, head).init(rng, ids, jnp.ones_like(ids))["params"]
 
 

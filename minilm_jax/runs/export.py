@@ -11,7 +11,7 @@ from flax import traverse_util
 
 from minilm_jax import embeddings, hf
 from minilm_jax.errors import UserError
-from minilm_jax.models.heads import SEQ2SEQ
+from minilm_jax.models.heads import head_kind, masked_targets
 from minilm_jax.runs.checkpoints import is_run
 from minilm_jax.runs.reading import read_run
 
@@ -40,7 +40,7 @@ def export_run(workdir: str, out_dir: str, step: int | None = None, sentence_tra
       f"{broken[0]}): export an earlier --step, or retrain with a lower learning rate"
     )
   hf.save(out_dir, config, params, tokenizer, head)
-  if head is not None and head["kind"] == SEQ2SEQ:
+  if head is not None and head_kind(head).generates:
     _write_seq2seq_layout(out_dir, record.config, head)
   if sentence_transformers:
     assert run.sentence_pipeline is not None  # read_run gives it when asked, as it was above
@@ -73,7 +73,7 @@ def _write_seq2seq_layout(out_dir: str, config: dict, head: dict):
     "prediction": (
       "UniLM's masked targets: the target block holds the tokens chosen so far and a [MASK] after them; the "
       "[MASK]'s output predicts the next token, which then replaces it; [SEP] ends the output"
-      if head.get("masked_targets")
+      if masked_targets(head)
       else "the first target token from the source's last real token ([SEP]), each next token from the one "
       "before it; [SEP] ends the output"
     ),

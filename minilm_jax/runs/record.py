@@ -19,8 +19,24 @@ FINETUNING = "finetuning"  # an encoder with one task's head (`python -m minilm_
 REFINED_TEACHER = "refined_teacher"  # one encoder with a head per task (MKD's multi-task teacher)
 TASK_STUDENT = "task_student"  # a task-distilled student with a head per task (`python -m minilm_jax.distill_task`)
 CONVERTED = "converted"  # a Hugging Face encoder as a run (`python -m minilm_jax.convert --from-hf`)
-KINDS = (DISTILLATION, FINETUNING, REFINED_TEACHER, TASK_STUDENT, CONVERTED)
-MULTI_TASK = (REFINED_TEACHER, TASK_STUDENT)  # params {"body": {...}, "head_<task>": ...}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKind:
+  """What readers do differently with a kind of run, declared once."""
+
+  multi_task: bool = False  # params {"body": {...}, "head_<task>": ...}, read by `read_multitask_run`
+  task_student: bool = False  # its body is a task student built from `record.student` (else a Transformer)
+  teaches_tasks: bool = False  # task distillation can learn its tasks from it (it has their heads)
+
+
+KINDS = {
+  DISTILLATION: RunKind(),
+  FINETUNING: RunKind(teaches_tasks=True),
+  REFINED_TEACHER: RunKind(multi_task=True, teaches_tasks=True),
+  TASK_STUDENT: RunKind(multi_task=True, task_student=True),
+  CONVERTED: RunKind(),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +72,15 @@ class RunRecord:
 
   @property
   def multi_task(self) -> bool:
-    return self.kind in MULTI_TASK
+    return KINDS[self.kind].multi_task
+
+  @property
+  def task_student(self) -> bool:
+    return KINDS[self.kind].task_student
+
+  @property
+  def teaches_tasks(self) -> bool:
+    return KINDS[self.kind].teaches_tasks
 
   @property
   def teacher(self) -> str | None:

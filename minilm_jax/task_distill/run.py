@@ -40,7 +40,7 @@ from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import make_student, student_kind
 from minilm_jax.outputs import write_json
-from minilm_jax.runs.record import FINETUNING, REFINED_TEACHER, TASK_STUDENT, RunRecord
+from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
 from minilm_jax.task_distill.losses import TARGETS, check_objective, task_loss
 
@@ -74,7 +74,7 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
         f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
       )
     record = runs.read_record(run)
-    for name in record.tasks if record.kind in (FINETUNING, REFINED_TEACHER) else ():
+    for name in record.tasks if record.teaches_tasks else ():
       teaches.setdefault(name, run)
   missing = [t.name for t in tasks if t.name not in teaches]
   if missing:
@@ -87,7 +87,7 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
 
 def _teacher(run: str, task, mesh):
   """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
-  if runs.read_record(run).kind == REFINED_TEACHER:
+  if runs.read_record(run).multi_task:  # a refined teacher: one encoder, a head per task
     model, params, tokenizer, _, _ = read_multitask_run(run, mesh)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
   encoder_config, params, tokenizer, head = runs.read_run(run, mesh=mesh)[:4]
@@ -190,7 +190,7 @@ class TaskDistillation(MultiTaskRun):
     block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
     source = config.student.from_run
     record = runs.read_record(source) if runs.is_run(source) else None
-    if record is None or record.kind != TASK_STUDENT:
+    if record is None or not record.task_student:
       raise UserError(
         f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
         f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"

@@ -1,15 +1,15 @@
 """Downstream tasks, by name: their data, features, losses, predictions and metrics.
 
 `TASKS` is the registry: each task module contributes its own `TASKS` entries (GLUE and XNLI in
-`glue`, SQuAD and MLQA in `squad`, the WordNet tasks in `wordnet`, the sequence-to-sequence tasks in
-`seq2seq`); `custom` builds a task from a config's `data.*` fields. A new task of an existing kind
-is one entry in its module's `TASKS`.
+`glue`, SQuAD and MLQA in `squad`, the WordNet tasks in `wordnet`, sentence sentiment in `vader`,
+the sequence-to-sequence tasks in `seq2seq`); `custom` builds a task from a config's `data.*`
+fields. A new task of an existing kind is one entry in its module's `TASKS`.
 """
 
 from minilm_jax.errors import UserError
-from minilm_jax.tasks import custom, glue, seq2seq, squad, wordnet
+from minilm_jax.tasks import custom, glue, seq2seq, squad, vader, wordnet
 
-TASKS = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS, **seq2seq.TASKS}
+TASKS = {**glue.TASKS, **squad.TASKS, **wordnet.TASKS, **vader.TASKS, **seq2seq.TASKS}
 
 
 def get_task(name: str, config=None):

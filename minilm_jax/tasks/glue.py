@@ -9,6 +9,7 @@ or -1 for unlabelled test rows), `idx` and `group` (XNLI's language, else empty)
 import csv
 import dataclasses
 import os
+import zlib
 
 import datasets
 import jax.numpy as jnp
@@ -26,6 +27,13 @@ csv.field_size_limit(1 << 24)  # some GLUE rows (QQP, MNLI parses) exceed csv's 
 def example_columns() -> dict[str, list]:
   """A classification task's examples as columns, empty (`text_b` None for single sentences)."""
   return {"text_a": [], "text_b": [], "label": [], "idx": [], "group": []}
+
+
+def fixed_subset(rows: dict, split: str, size: int) -> datasets.Dataset:
+  """A fixed, shuffled subset of `size` rows of `example_columns` (every row when fewer): the
+  small-data tasks' splits, the same on every machine."""
+  order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(rows["label"]))[:size]
+  return datasets.Dataset.from_dict({k: [v[i] for i in order] for k, v in rows.items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +165,7 @@ class ClassificationTask:
     examples = self.load(split, config.data_dir, config.language)
     return self.features(examples, tokenizer, config.max_seq_length), examples
 
-  def loss(self, logits_BxC, batch):
+  def loss(self, logits_BxC, batch, config=None):
     """Cross-entropy (classification) or MSE (regression), averaged over the batch."""
     if self.labels is None:
       return jnp.mean((logits_BxC[:, 0] - batch["label"]) ** 2)

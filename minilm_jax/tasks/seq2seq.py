@@ -149,9 +149,11 @@ class Seq2SeqTask:
     features = self.features(examples, tokenizer, config.max_seq_length, s.target_length, mask_prob(config) > 0)
     return features, References(examples, tokenizer)
 
-  def loss(self, logits_BxTxV, batch, label_smoothing: float = 0.0):
-    """Cross-entropy against the labels smoothed by `label_smoothing` (that share spread evenly
-    over the vocabulary), averaged over the batch's target tokens."""
+  def loss(self, logits_BxTxV, batch, config=None):
+    """Cross-entropy against the labels smoothed by the config's `seq2seq.label_smoothing` (that
+    share spread evenly over the vocabulary; none without a config), averaged over the batch's
+    target tokens."""
+    label_smoothing = config.seq2seq.label_smoothing if config is not None else 0.0
     labels = batch["labels"]
     real = labels >= 0
     logp = jax.nn.log_softmax(logits_BxTxV, axis=-1)

@@ -214,7 +214,7 @@ class SquadTask:
     features = map_batches(examples, windows, f"{self.name} {split} windows", with_indices=True)
     return features, examples
 
-  def loss(self, outputs, batch):
+  def loss(self, outputs, batch, config=None):
     start_logits, end_logits = outputs
     ce = optax.softmax_cross_entropy_with_integer_labels
     return jnp.mean(ce(start_logits, batch["start_positions"]) + ce(end_logits, batch["end_positions"])) / 2

@@ -22,7 +22,7 @@ import datasets
 import numpy as np
 
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.glue import ClassificationTask, example_columns
+from minilm_jax.tasks.glue import ClassificationTask, example_columns, fixed_subset
 
 WORDNET_DIR = "/usr/share/wordnet"
 # The excerpt that ships with the package (data/wordnet/make_excerpt.py): every synset both tasks'
@@ -82,12 +82,6 @@ def split_of(offset: str) -> str:
   return "dev" if zlib.crc32(offset.encode()) % 5 == 0 else "train"
 
 
-def _take(rows: dict, split: str) -> datasets.Dataset:
-  """A fixed, shuffled subset of `_SIZES[split]` rows (every row when fewer)."""
-  order = np.random.default_rng(zlib.crc32(split.encode())).permutation(len(rows["label"]))[: _SIZES[split]]
-  return datasets.Dataset.from_dict({k: [v[i] for i in order] for k, v in rows.items()})
-
-
 @dataclasses.dataclass(frozen=True)
 class SupersenseTask(ClassificationTask):
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
@@ -100,7 +94,7 @@ class SupersenseTask(ClassificationTask):
         rows["label"].append((self.labels or ()).index(_LEXNAMES[s.lexfile]))
         rows["idx"].append(int(s.offset))
         rows["group"].append("")
-    return _take(rows, split)
+    return fixed_subset(rows, split, _SIZES[split])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +125,7 @@ class ExampleMatchTask(ClassificationTask):
         rows["label"].append(label)
         rows["idx"].append(int(s.offset))
         rows["group"].append("")
-    return _take(rows, split)
+    return fixed_subset(rows, split, _SIZES[split])
 
 
 def _check_split(task: str, split: str):
