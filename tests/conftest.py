@@ -274,3 +274,19 @@ def run_distill_task(config_file: str, workdir, *overrides: str):
 
   command = [sys.executable, "-m", "minilm_jax.distill_task", "--config", config_file, "--workdir", str(workdir)]
   return subprocess.run([*command, *overrides], capture_output=True, text=True, cwd=ROOT)
+
+
+def count_checkpoint_openings(monkeypatch) -> list:
+  """The absolute workdirs of every `RunCheckpoints` opened from now on, in order: how often a run's
+  checkpoints are read."""
+  from minilm_jax import runs
+
+  opened = []
+  open_checkpoints = runs.RunCheckpoints.__init__
+
+  def counted(self, workdir, *args, **kwargs):
+    opened.append(os.path.abspath(workdir))
+    open_checkpoints(self, workdir, *args, **kwargs)
+
+  monkeypatch.setattr(runs.RunCheckpoints, "__init__", counted)
+  return opened

@@ -54,6 +54,16 @@ def test_top_and_bottom_layer_selection():
   assert etd.select_layers(12, 4, "bottom") == [0, 1, 2, 3]
 
 
+def test_listed_layer_selection():
+  """etd.layers lists the teacher's layers, 1-based: "1,2,6" keeps the first two and the last of six."""
+  assert etd.select_layers(6, 3, "1,2,6") == [0, 1, 5]
+  for listed in ("1,2", "2,1,6", "1,1,6", "0,2,6", "1,2,7", "1,two,6"):
+    with pytest.raises(UserError, match=f"etd.layers='{listed}': list 3 of the teacher's layers 1..6, ascending"):
+      etd.select_layers(6, 3, listed)
+  with pytest.raises(UserError, match="unknown layer selection 'middle'.*or list the teacher's layers"):
+    etd.select_layers(6, 3, "middle")
+
+
 def test_full_width_extraction_reproduces_the_teacher(teacher_params):
   full = {
     "hidden": np.arange(24),

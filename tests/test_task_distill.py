@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, WORDNET_EXCERPT, load_config_module, run_distill_task
+from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_config_module, run_distill_task
 from minilm_jax import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
@@ -19,7 +19,7 @@ from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.multitask import MultiTaskFineTuning, task_features
 from minilm_jax.finetuning.run import FineTuning
 from minilm_jax.task_distill.config import mkd_config, task_distillation_config
-from minilm_jax.task_distill.run import TaskDistillation, teacher_logits
+from minilm_jax.task_distill.run import TaskDistillation, find_teachers, teacher_logits
 from minilm_jax.tasks import get_task
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -84,11 +84,15 @@ def _student_config(tasks, teacher, **student):
 
 
 @pytest.mark.slow
-def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_path, teachers):
+def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_path, teachers, monkeypatch):
+  """... and the teacher run's checkpoints are opened once for its record and step, once more for its
+  weights when its logits are not cached yet."""
   task = "wordnet_supersense"
   c = _student_config(task, teachers[task])
   c.cache_dir = str(tmp_path / "cache")
+  opened = count_checkpoint_openings(monkeypatch)
   run = TaskDistillation(c, str(tmp_path / "a"))
+  assert opened.count(os.path.abspath(teachers[task])) == 2, opened
   assert 3000 < len(run.stream.streams[task].rows) <= 4000  # 2,000 originals and up to one copy each
   _, results = run.run()
   assert 0 <= results[f"{task}/dev/accuracy"] <= 1
@@ -99,6 +103,7 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   # A second run on the same augmented set reads the teacher logits from the cache.
   stamp = os.path.getmtime(os.path.join(c.cache_dir, cached[0]))
   again = TaskDistillation(c, str(tmp_path / "b"))
+  assert opened.count(os.path.abspath(teachers[task])) == 3, opened  # the record alone: the logits were cached
   assert os.listdir(c.cache_dir) == cached and os.path.getmtime(os.path.join(c.cache_dir, cached[0])) == stamp
   assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
   # Rerunning the finished run resumes after its last step and reports the saved model's scores.
@@ -121,7 +126,8 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
 
   task = get_task("wordnet_examples")
   examples = task.load("dev", WORDNET_EXCERPT).select(range(16))
-  logits = teacher_logits(teachers[task.name], task, examples, 32, 16, parallel.make_mesh(), str(tmp_path))
+  teacher = find_teachers([teachers[task.name]], [task])[task.name]
+  logits = teacher_logits(teacher, task, examples, 32, 16, parallel.make_mesh(), str(tmp_path))
   runs.export_run(teachers[task.name], str(tmp_path / "hf"))
   model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
   tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, WORDNET_EXCERPT, load_config_module, read_metrics, tiny_config, train_command
+from conftest import (
+  ROOT,
+  WORDNET_EXCERPT,
+  count_checkpoint_openings,
+  load_config_module,
+  read_metrics,
+  tiny_config,
+  train_command,
+)
 from minilm_jax import parallel, runs
 from minilm_jax.distill.evaluators import evaluator
 from minilm_jax.distill.trainer import Distillation, init_state, student_config
@@ -134,14 +142,7 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
     tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2, "loss.embedding_weight": 1.0}), assistant
   ).run()
   assistant_params = _final_params(assistant)
-  opened = []
-  open_checkpoints = runs.RunCheckpoints.__init__
-
-  def counted(self, workdir, *args, **kwargs):
-    opened.append(os.path.abspath(workdir))
-    open_checkpoints(self, workdir, *args, **kwargs)
-
-  monkeypatch.setattr(runs.RunCheckpoints, "__init__", counted)
+  opened = count_checkpoint_openings(monkeypatch)
   config = tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8})
   for name, length in (("short", 16), ("long", 32)):
     config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)

@@ -49,6 +49,7 @@ def test_labels_are_the_sign_of_the_mean_rating_and_the_splits_partition_the_fil
       seen.update(zip(split["text_a"], split["label"]))
     assert seen == expected  # every rated sentence once, in one split, with its sign
     assert not set(splits["train"]["text_a"]) & set(splits["dev"]["text_a"])
+    assert all(set(split["label"]) == {0, 1} for split in splits.values())  # both classes in each split
     assert 0.1 < len(splits["dev"]) / len(expected) < 0.35
 
 

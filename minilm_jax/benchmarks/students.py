@@ -14,7 +14,11 @@ for the same number of tokens with each recipe worth comparing:
 - `minilm_etd_embedding`: plus the sentence-embedding MSE, which trains the last layer's block;
 - `minilmv2_etd`: MiniLMv2's Q-Q, K-K, V-V relations with 48 relation heads from the teacher's
   second-to-last layer (its upper-middle layer for a 6-layer teacher);
-- `hidden_mse_etd`: attention KL plus the last layer's hidden states (MSE).
+- `hidden_mse_etd`: attention KL plus the last layer's hidden states (MSE);
+- `minilm_first_embedding`: the MiniLM relations and the embedding MSE from the teacher's first
+  layers (the better start on some tasks after fine-tuning);
+- `tinybert_layerwise_etd`: TinyBERT's layer-wise transfer from the evenly spaced layers: every
+  student layer learns its teacher layer's attention and hidden states, the embeddings too.
 
 Noise: a fine-tuned score's is the standard deviation over seeds (of the task's score, and of the
 mean over tasks); a frozen probe's is the dev set's sampling error, sqrt(p (1 - p) / n). Two models
@@ -55,6 +59,8 @@ RECIPES: dict[str, dict[str, Any]] = {
   "minilm_etd_embedding": {"init": "etd", "embedding_weight": 1.0},
   "minilmv2_etd": {"init": "etd", "relations": "minilmv2", "relation_heads": 48, "teacher_layer": -2},
   "hidden_mse_etd": {"init": "etd", "objective": "hidden_mse"},
+  "minilm_first_embedding": {"init": "etd", "layers": "bottom", "embedding_weight": 1.0},
+  "tinybert_layerwise_etd": {"init": "etd", "objective": "tinybert_layerwise"},
 }
 
 
@@ -78,7 +84,7 @@ def _student(
   c.student.num_heads = teacher_config.num_heads
   c.student.intermediate_size = shape[1] * teacher_config.intermediate_size // teacher_config.hidden_size
   c.student.init = "random" if name in ("random", "minilm_random") else "etd"
-  c.etd.layers = "bottom" if name == "first_layers" else "uniform"
+  c.etd.layers = recipe.get("layers", "bottom" if name == "first_layers" else "uniform")
   c.teacher.layer = recipe.get("teacher_layer", -1)
   c.loss.objective = recipe.get("objective", "minilm")
   c.loss.relations = recipe.get("relations", "minilm")

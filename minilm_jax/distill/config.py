@@ -52,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.etd = ml_collections.ConfigDict()
   c.etd.method = "rand"  # "rand" (ETD-Rand) or "impt" (ETD-Impt: Taylor importance; needs the teacher's MLM head)
   c.etd.hidden_consistency = True  # False: the ETD-wo-hidn-con ablation
-  c.etd.layers = "uniform"  # "uniform", "top" or "bottom"
+  c.etd.layers = "uniform"  # "uniform", "top" or "bottom", or the teacher's layers listed (1-based): "1,2,6"
   c.etd.num_sentences = 10000  # ETD-Impt scores over the corpus's first sentences
   # ETD-Impt keeps the least important neurons of these types instead (ETD table 2's ablations):
   # "" (none), "all", or a comma list of ffn, head, hidden.

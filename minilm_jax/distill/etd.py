@@ -40,12 +40,15 @@ def reversed_types(reverse: str) -> frozenset:
 
 
 def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uniform") -> list:
-  """0-based teacher layers for the student's layers. Uniform: teacher layer m * L / M for student layer m (1-based)."""
+  """0-based teacher layers for the student's layers. Uniform: teacher layer m * L / M for student
+  layer m (1-based); or the teacher's layers listed, 1-based and ascending ("1,2,6")."""
   if not 0 < student_layers <= teacher_layers:
     raise UserError(
       f"a {student_layers}-layer student cannot be taken from a {teacher_layers}-layer teacher: "
       f"use at most {teacher_layers} layers"
     )
+  if strategy[:1].isdigit():
+    return _listed_layers(strategy, teacher_layers, student_layers)
   if strategy == "uniform":
     if teacher_layers % student_layers:
       raise UserError(
@@ -58,7 +61,25 @@ def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uni
     return list(range(teacher_layers - student_layers, teacher_layers))
   if strategy == "bottom":
     return list(range(student_layers))
-  raise UserError(f"unknown layer selection {strategy!r}: use one of {', '.join(DEPTH_STRATEGIES)}")
+  raise UserError(
+    f"unknown layer selection {strategy!r}: use one of {', '.join(DEPTH_STRATEGIES)}, or list the teacher's "
+    f"layers (1-based), e.g. 1,2,6"
+  )
+
+
+def _listed_layers(listed: str, teacher_layers: int, student_layers: int) -> list:
+  try:
+    layers = [int(n) for n in listed.split(",")]
+  except ValueError:
+    layers = []
+  if (
+    len(layers) != student_layers or layers != sorted(set(layers)) or not 1 <= layers[0] <= layers[-1] <= teacher_layers
+  ):
+    raise UserError(
+      f"etd.layers={listed!r}: list {student_layers} of the teacher's layers 1..{teacher_layers}, ascending, "
+      f"one per student layer (e.g. {','.join(str(n + 1) for n in range(student_layers))})"
+    )
+  return [n - 1 for n in layers]
 
 
 def check_extractable(teacher: EncoderConfig, student: EncoderConfig):

@@ -173,11 +173,18 @@ class RunCheckpoints:
 
   def read_record(self, step=None) -> RunRecord:
     """The run's record at `step` (default: the newest step whose record can be read back)."""
-    return RunRecord.from_json(
-      self._restore_intact(
-        step, lambda s: self.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-      ).meta
-    )
+    return self.read_step_and_record(step)[1]
+
+  def read_step_and_record(self, step=None) -> tuple[int, RunRecord]:
+    """(the step read, the run's record there): `step`, or the newest step whose record can be read."""
+    read = {}
+
+    def restore(s):
+      read["step"] = s
+      return self.manager.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+
+    record = RunRecord.from_json(self._restore_intact(step, restore).meta)
+    return read["step"], record
 
   def restore(self, abstract_state, step=None):
     """(state, data position, record) of `step` (default: the newest that can be read), placed as

@@ -64,18 +64,33 @@ def transformer_init(encoder_params: dict, num_layers: int) -> dict:
   return {"encoder": layout.first_layers(encoder_params, num_layers)}
 
 
+@dataclasses.dataclass(frozen=True)
+class TeacherRun:
+  """A task-distillation teacher as `find_teachers` read it: its workdir, the checkpoint step whose
+  record was read (the weights and the logits cache follow that step), and the record."""
+
+  path: str
+  step: int
+  record: RunRecord
+
+
 def find_teachers(teacher_runs: list, tasks: list) -> dict:
   """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
-  multi-task refined teacher trained on it)}; a one-line error for a task that has none."""
-  teaches: dict[str, str] = {}
+  multi-task refined teacher trained on it)} as `TeacherRun`s; a one-line error for a task that has
+  none. Each run's checkpoints are opened once here."""
+  teaches: dict[str, TeacherRun] = {}
   for run in teacher_runs:
     if not runs.is_run(run):
       raise UserError(
         f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
       )
-    record = runs.read_record(run)
-    for name in record.tasks if record.teaches_tasks else ():
-      teaches.setdefault(name, run)
+    ckpt = runs.RunCheckpoints(run, read_only=True)
+    try:
+      teacher = TeacherRun(run, *ckpt.read_step_and_record())
+    finally:
+      ckpt.close()
+    for name in teacher.record.tasks if teacher.record.teaches_tasks else ():
+      teaches.setdefault(name, teacher)
   missing = [t.name for t in tasks if t.name not in teaches]
   if missing:
     raise UserError(
@@ -85,31 +100,29 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
   return {t.name: teaches[t.name] for t in tasks}
 
 
-def _teacher(run: str, task, mesh):
-  """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run."""
-  if runs.read_record(run).multi_task:  # a refined teacher: one encoder, a head per task
-    model, params, tokenizer, _, _ = read_multitask_run(run, mesh)
+def _teacher(teacher: TeacherRun, task, mesh):
+  """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run, at
+  the step its record was read at."""
+  if teacher.record.multi_task:  # a refined teacher: one encoder, a head per task
+    model, params, tokenizer, _, _ = read_multitask_run(teacher.path, mesh, teacher.step)
     return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
-  encoder_config, params, tokenizer, head = runs.read_run(run, mesh=mesh)[:4]
+  encoder_config, params, tokenizer, head = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:4]
   assert head is not None  # `find_teachers` takes only fine-tuning runs (with their head) and refined teachers
   return task_forward(task_model(encoder_config, head)), params, tokenizer
 
 
 def teacher_logits(
-  run: str, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
+  teacher: TeacherRun, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
 ) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
   the cache when the same teacher checkpoint already labelled the same texts at the same length."""
-  ckpt = runs.RunCheckpoints(run, read_only=True)
-  step = ckpt.latest_step()
-  ckpt.close()
-  digest = hashlib.sha256(json.dumps([os.path.abspath(run), step, task.name, max_len]).encode())
+  digest = hashlib.sha256(json.dumps([os.path.abspath(teacher.path), teacher.step, task.name, max_len]).encode())
   for a, b in zip(examples["text_a"], examples["text_b"]):
     digest.update(f"{a}\x00{b}\x01".encode())
   path = os.path.join(cache_dir, f"{task.name}-teacher-{digest.hexdigest()[:20]}.npy")
   if os.path.isfile(path):
     return np.load(path)
-  forward, params, tokenizer = _teacher(run, task, mesh)
+  forward, params, tokenizer = _teacher(teacher, task, mesh)
   predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
   logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
   if jax.process_index() == 0:
