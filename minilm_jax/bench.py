@@ -82,12 +82,15 @@ _TASKS = flags.DEFINE_list(
   "students: the tasks, each a name, name=DATA (its folder or file; the VADER tasks: vaderSentiment's "
   "source package) or custom=FOLDER (train and dev files with columns text and label).",
 )
-_SEEDS = flags.DEFINE_integer("seeds", 3, "students: fine-tuning runs per model and task.", lower_bound=1)
+_SEEDS = flags.DEFINE_integer(
+  "seeds", 3, "students: fine-tuning runs per model and task (0: the frozen probes alone).", lower_bound=0
+)
 _RESULTS = flags.DEFINE_string(
   "results",
   "",
   "students: a JSON Lines file every measurement is appended to as it is done; a rerun given the same "
-  "file measures only what it lacks (the suite takes hours: a stopped one resumes, more seeds add to it).",
+  "file measures only what it lacks (the suite takes hours: a stopped one resumes, more seeds add to it); "
+  "the distilled students are kept beside it.",
 )
 _TARGET_LENGTH = flags.DEFINE_integer(
   "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1

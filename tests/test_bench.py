@@ -2,6 +2,7 @@
 unused layers cost nothing, and the program writes the rows it prints."""
 
 import json
+import os
 import subprocess
 import sys
 from functools import partial
@@ -274,6 +275,10 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   measured = results.read_text().splitlines()
   assert len(measured) == 3 * 2 * (1 + 2)  # models x tasks x (probe + seeds)
   assert suite() == rows and results.read_text().splitlines() == measured
+  assert sorted(os.listdir(tmp_path / "measured_models"))[0].startswith("first_layers_")  # kept for reruns
+  probes = suite(seeds=0)  # the frozen probes alone, all from the results file
+  assert [r["mean/probe"] for r in probes] == [r["mean/probe"] for r in rows] and "mean/ft" not in probes[0]
+  assert results.read_text().splitlines() == measured
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:

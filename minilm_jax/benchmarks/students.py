@@ -27,6 +27,7 @@ are within noise when their means differ by less than twice the standard error o
 
 import dataclasses
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -194,7 +195,10 @@ class ModelScores:
   probe: dict[str, tuple] = dataclasses.field(default_factory=dict)  # task -> (accuracy or None, dev size)
 
   def finetuned_mean(self) -> tuple:
-    """The mean over tasks and its standard error: each seed's mean over tasks, across seeds."""
+    """The mean over tasks and its standard error: each seed's mean over tasks, across seeds (None
+    without fine-tuning)."""
+    if not all(self.finetuned.values()):
+      return None, 0.0
     per_seed_mean = np.mean([scores for scores in self.finetuned.values()], axis=0)
     return float(per_seed_mean.mean()), _standard_error(per_seed_mean)
 
@@ -210,15 +214,16 @@ class ModelScores:
     row: dict[str, Any] = {"model": self.model, "student": self.student, "distill_tokens": self.distill_tokens}
     row["distill_min"] = round(self.distill_minutes, 1)
     for t in tasks:
-      if t in self.finetuned:
+      if self.finetuned.get(t):
         row[f"{t}/ft"] = round(float(np.mean(self.finetuned[t])), 4)
         row[f"{t}/ft_std"] = round(_std(self.finetuned[t]), 4)
       if t in self.probe:
         row[f"{t}/probe"] = None if self.probe[t][0] is None else round(self.probe[t][0], 4)
-    if len(self.finetuned) == len(tasks):
+    if len(self.finetuned) == len(tasks) and all(self.finetuned.values()):
       per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
       row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
-      row["mean/probe"] = None if self.probe_mean()[0] is None else round(self.probe_mean()[0], 4)
+    if len(self.probe) == len(tasks) and self.probe_mean()[0] is not None:
+      row["mean/probe"] = round(self.probe_mean()[0], 4)
     return row
 
 
@@ -271,6 +276,14 @@ class MeasurementLog:
   @staticmethod
   def _key(key) -> str:
     return json.dumps(key, sort_keys=True)
+
+  def model_dir(self, tmp: str, name: str, key) -> str:
+    """Where a model is distilled: beside the log when there is one (a rerun finds it done, and
+    its later seeds need no distillation again), else in `tmp`."""
+    if not self.path:
+      return os.path.join(tmp, name)
+    digest = hashlib.sha256(self._key(key).encode()).hexdigest()[:12]
+    return os.path.join(f"{os.path.splitext(self.path)[0]}_models", f"{name}_{digest}")
 
   def __contains__(self, key) -> bool:
     return self._key(key) in self.entries
@@ -339,7 +352,8 @@ def run(
   """One row per model: its fine-tuned (mean and standard deviation over seeds) and frozen-probe dev
   scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
   JSON Lines file that every measurement is appended to as it is done; a run given the same file
-  measures only what it does not hold yet (the same model, settings, task and seed)."""
+  measures only what it does not hold yet (the same model, settings, task and seed), and keeps the
+  distilled students beside it (`<results>_models/`). `seeds` 0: the frozen probes alone."""
   teacher = teacher or demo_teacher()
   try:
     shape = tuple(int(n) for n in student.split("x"))
@@ -360,7 +374,7 @@ def run(
         config = _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads)
       key = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
       key.update(finetune_epochs=finetune_epochs, finetune_lr=finetune_lr, length=length)
-      model = _Model(name, teacher, config, os.path.join(tmp, name), mesh, log, key)
+      model = _Model(name, teacher, config, log.model_dir(tmp, name, key), mesh, log, key)
       tokens = steps * batch * length if name in RECIPES else 0
       scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
       for t in bench_tasks:
