@@ -85,6 +85,11 @@ _TASKS = flags.DEFINE_list(
 _SEEDS = flags.DEFINE_integer(
   "seeds", 3, "students: fine-tuning runs per model and task (0: the frozen probes alone).", lower_bound=0
 )
+_CORPUS = flags.DEFINE_string(
+  "corpus",
+  "demo",
+  "students: the distillation corpus (data.corpus: demo, or local .txt/.json/.jsonl/.parquet files).",
+)
 _RESULTS = flags.DEFINE_string(
   "results",
   "",
@@ -132,6 +137,7 @@ SUITES = {
     (_seq_lens() or [64])[0],
     tasks=_TASKS.value,
     seeds=_SEEDS.value,
+    corpus=_CORPUS.value,
     results=_RESULTS.value,
     models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
   ),
