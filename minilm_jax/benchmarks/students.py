@@ -263,7 +263,7 @@ class MeasurementLog:
   them, kept in a JSON Lines file when given one: a suite of hours that stops resumes from it."""
 
   def __init__(self, path: str):
-    self.path, self.entries, self.distill_minutes = path, dict[str, dict](), dict[str, float]()
+    self.path, self.entries = path, dict[str, dict]()
     if path and os.path.exists(path):
       with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -277,12 +277,12 @@ class MeasurementLog:
   def _key(key) -> str:
     return json.dumps(key, sort_keys=True)
 
-  def model_dir(self, tmp: str, name: str, key) -> str:
-    """Where a model is distilled: beside the log when there is one (a rerun finds it done, and
-    its later seeds need no distillation again), else in `tmp`."""
+  def model_dir(self, tmp: str, name: str, distilled: dict) -> str:
+    """Where a model is distilled (named by its distillation settings): beside the log when there
+    is one (a rerun finds it done, and its later seeds need no distillation again), else in `tmp`."""
     if not self.path:
       return os.path.join(tmp, name)
-    digest = hashlib.sha256(self._key(key).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(self._key(distilled).encode()).hexdigest()[:12]
     return os.path.join(f"{os.path.splitext(self.path)[0]}_models", f"{name}_{digest}")
 
   def __contains__(self, key) -> bool:
@@ -372,9 +372,9 @@ def run(
       config = None
       if name != "teacher":
         config = _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads)
-      key = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
-      key.update(finetune_epochs=finetune_epochs, finetune_lr=finetune_lr, length=length)
-      model = _Model(name, teacher, config, log.model_dir(tmp, name, key), mesh, log, key)
+      distilled = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
+      key = {**distilled, "finetune_epochs": finetune_epochs, "finetune_lr": finetune_lr, "length": length}
+      model = _Model(name, teacher, config, log.model_dir(tmp, name, distilled), mesh, log, key)
       tokens = steps * batch * length if name in RECIPES else 0
       scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
       for t in bench_tasks:
