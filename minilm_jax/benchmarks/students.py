@@ -26,6 +26,7 @@ are within noise when their means differ by less than twice the standard error o
 """
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -112,7 +113,9 @@ class BenchTask:
   def label(self) -> str:
     return os.path.basename(self.data_dir.rstrip("/")) if self.name == "custom" else self.name
 
+  @functools.cached_property
   def task(self):
+    """The task, built once: a custom task reads its training file for the class names."""
     return custom.custom_task(self.custom_data) if self.name == "custom" else get_task(self.name)
 
 
@@ -126,12 +129,12 @@ def parse_tasks(specs) -> list:
       tasks.append(BenchTask(name, data_dir, _custom_data(data_dir)))
       continue
     bench_task = BenchTask(name, data_dir)
-    task = bench_task.task()
+    task = bench_task.task
     if not isinstance(task, ClassificationTask) or task.labels is None:
       raise UserError(f"--tasks {name}: the suite fine-tunes and probes classification tasks")
     tasks.append(bench_task)
   for t in tasks:  # an unknown name or missing data is a one-line error now, not after the first distillation
-    t.task().load("dev", t.data_dir)
+    t.task.load("dev", t.data_dir)
   if not tasks:
     raise UserError(
       "--tasks names no task: e.g. --tasks wordnet_supersense,vader_movies=DIR/vaderSentiment-3.3.2.tar.gz"
@@ -166,16 +169,16 @@ def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, l
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
   _, results = FineTuning(c, workdir, mesh).run()
-  return results[selection_metric(task.task())]
+  return results[selection_metric(task.task)]
 
 
 def _probe(init: str, task: BenchTask, length: int, mesh) -> tuple:
   """Frozen-probe dev accuracy of `init`'s sentence embeddings, and the dev set's size; None for a
   sentence-pair task."""
-  if len(task.task().text_columns) != 1:
+  if len(task.task.text_columns) != 1:
     return None, 0
   encoder = SentenceEncoder.load(init, mesh, 64, length)
-  train, dev = task.task().load("train", task.data_dir), task.task().load("dev", task.data_dir)
+  train, dev = task.task.load("train", task.data_dir), task.task.load("dev", task.data_dir)
   embed = lambda texts, split: encoder(list(texts), desc=f"probe {task.label} {split}")
   accuracy = probe_accuracy(
     embed(train["text_a"], "train"), np.asarray(train["label"]), embed(dev["text_a"], "dev"), np.asarray(dev["label"])
