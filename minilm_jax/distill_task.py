@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.program import run_program
-from minilm_jax.task_distill.run import TaskDistillation, run_lr_grid
+from minilm_jax.task_distill.run import build_task_distillation, run_lr_grid
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Task distillation config (configs/task/*.py).", lock_config=True
@@ -27,7 +27,7 @@ def main(argv):
     rows, best = run_lr_grid(_CONFIG.value, _WORKDIR.value)
     print(f"lowest mean dev loss {rows[best]['dev_loss']:.4f} at lr {rows[best]['lr']:g}: {rows[best]['workdir']}")
   else:
-    TaskDistillation(_CONFIG.value, _WORKDIR.value).run()
+    build_task_distillation(_CONFIG.value, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

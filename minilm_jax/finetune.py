@@ -14,8 +14,8 @@ from ml_collections import config_flags
 
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.grid import run_grid
-from minilm_jax.finetuning.multitask import MultiTaskFineTuning
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.multitask import build_multitask_finetuning
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -36,9 +36,9 @@ def main(argv):
   elif _CONFIG.value.seeds > 1 and not multi_task:
     run_grid(_CONFIG.value, _WORKDIR.value, settings=[(_CONFIG.value.optimizer.lr, _CONFIG.value.epochs)])
   elif multi_task:
-    MultiTaskFineTuning(_CONFIG.value, _WORKDIR.value).run()
+    build_multitask_finetuning(_CONFIG.value, _WORKDIR.value).run()
   else:
-    FineTuning(_CONFIG.value, _WORKDIR.value).run()
+    build_finetuning(_CONFIG.value, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Rerunning the same command with the same workdir resumes from the latest complet
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
@@ -17,7 +17,7 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
-  Distillation(_CONFIG.value, _WORKDIR.value).run()
+  build_distillation(_CONFIG.value, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

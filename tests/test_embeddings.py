@@ -16,7 +16,7 @@ from flax import traverse_util
 from conftest import ROOT, SENTENCES, WORDNET_EXCERPT, tiny_config
 from minilm_jax import embeddings, parallel
 from minilm_jax.distill.objectives import Objective, Outputs
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import embedding_eval
@@ -145,8 +145,8 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
   workdir = str(tmp_path / "run")
   config = tiny_config(minilm_dir, tiny_corpus, **{"loss.embedding_weight": 1.0, "num_steps": 4})
   config.loss.num_relation_heads = 4
-  run = Distillation(config, workdir)
-  assert run.untrained == _POOLER and run.objective.projection_shapes() == {"embedding": (16, 384)}
+  run = build_distillation(config, workdir)
+  assert list(run.untrained) == _POOLER and run.objective.projection_shapes() == {"embedding": (16, 384)}
   run.run()
   metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert all(np.isfinite(m["loss_embedding_mse"]) for m in metrics)

@@ -301,10 +301,10 @@ def test_distillation_starts_from_the_extracted_student(tiny_teacher, tiny_corpu
   """student.init=etd with num_steps=0 writes the ETD-Rand student as a run: the extraction on its own."""
   from conftest import tiny_config
   from minilm_jax import runs
-  from minilm_jax.distill.trainer import Distillation
+  from minilm_jax.distill.trainer import build_distillation
 
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=0, **{"student.init": "etd", "etd.seed": 7})
-  Distillation(config, str(tmp_path / "etd")).run()
+  build_distillation(config, str(tmp_path / "etd")).run()
   params = runs.read_run(str(tmp_path / "etd")).params
   teacher_config = hf.read_config(tiny_teacher)
   teacher_params = hf.load(tiny_teacher).params
@@ -319,21 +319,21 @@ def test_distillation_starts_from_the_extracted_student(tiny_teacher, tiny_corpu
 
 def test_etd_impt_without_mlm_head_is_one_line_error(tiny_teacher, tiny_corpus, tmp_path):
   from conftest import tiny_config
-  from minilm_jax.distill.trainer import Distillation
+  from minilm_jax.distill.trainer import build_distillation
 
   config = tiny_config(tiny_teacher, tiny_corpus, **{"student.init": "etd", "etd.method": "impt"})
   with pytest.raises(
     UserError, match="no masked-LM head, so ETD-Impt has no importance scores: use --config.etd.method=rand"
   ):
-    Distillation(config, str(tmp_path / "w"))
+    build_distillation(config, str(tmp_path / "w"))
 
 
 def test_etd_impt_end_to_end_with_an_mlm_teacher(tmp_path, tiny_corpus, tiny_mlm_teacher):
   """A teacher saved as BertForMaskedLM: ETD-Impt scores its neurons on the corpus and extracts the student."""
   from conftest import tiny_config
-  from minilm_jax.distill.trainer import Distillation
+  from minilm_jax.distill.trainer import build_distillation
 
-  run = Distillation(
+  run = build_distillation(
     tiny_config(
       tiny_mlm_teacher,
       tiny_corpus,

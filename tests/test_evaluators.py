@@ -14,7 +14,7 @@ from scipy import stats
 from conftest import SENTENCES, apply_overrides, tiny_config
 from minilm_jax import parallel, runs
 from minilm_jax.distill import evaluators
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 
 # Sentences of two kinds for the probe and the retrieval: questions about one topic and another.
@@ -97,7 +97,7 @@ def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, ti
   from sklearn.linear_model import LogisticRegression
 
   workdir = str(tmp_path / "run")
-  run = Distillation(_config(tiny_teacher, tiny_corpus, tmp_path), workdir)
+  run = build_distillation(_config(tiny_teacher, tiny_corpus, tmp_path), workdir)
   # The last 16 blocks are held out: the training stream reads only the blocks before them.
   first_heldout = run.heldout["first_block"]
   assert run.heldout["blocks"] == 16 and len(run.stream.rows) == first_heldout
@@ -164,7 +164,7 @@ def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, ti
   assert kept == sorted({3, best})
 
   # Resumed for 2 more steps: the new evaluations (4 and 5) are logged once, the earlier not again.
-  Distillation(_config(tiny_teacher, tiny_corpus, tmp_path, num_steps=5), workdir).run()
+  build_distillation(_config(tiny_teacher, tiny_corpus, tmp_path, num_steps=5), workdir).run()
   steps = [r["step"] for r in _rows(workdir) if "eval/heldout/loss" in r]
   assert steps == [0, 2, 3, 4, 5]
 
@@ -178,7 +178,7 @@ def test_heldout_loss_on_eight_devices_equals_one_device(tiny_teacher, tiny_corp
   config.checkpoint.best = ""
   scores = []
   for mesh in (parallel.make_mesh(), parallel.make_mesh(devices=jax.devices()[:1])):
-    run = Distillation(config, str(tmp_path / f"run{len(scores)}"), mesh=mesh)
+    run = build_distillation(config, str(tmp_path / f"run{len(scores)}"), mesh=mesh)
     state, _ = run.initial_state()
     scores.append(run.evaluators(0, state.params))
   assert len(jax.devices()) == 8
@@ -205,6 +205,6 @@ def test_bad_evaluator_configs_are_one_line_before_anything_is_written(
   config = _config(tiny_teacher, tiny_corpus, tmp_path, **change)
   workdir = str(tmp_path / "run")
   with pytest.raises(UserError) as error:
-    Distillation(config, workdir)
+    build_distillation(config, workdir)
   assert message in str(error.value) and "\n" not in str(error.value)
   assert not os.path.exists(workdir)

@@ -10,7 +10,7 @@ from conftest import tiny_config
 from minilm_jax import parallel
 from minilm_jax.distill import losses, objectives
 from minilm_jax.distill.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
-from minilm_jax.distill.trainer import Distillation, init_state, make_train_step
+from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
 
@@ -183,7 +183,7 @@ def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, object
   config = tiny_config(
     tiny_teacher, tiny_corpus, num_steps=2, **{"loss.objective": objective, "loss.layer_map": layer_map}
   )
-  run = Distillation(config, str(tmp_path / objective))
+  run = build_distillation(config, str(tmp_path / objective))
   state = run.run()
   if objective != "layer_to_layer":
     assert state.params["projection"]  # the student (16 wide) learns a map to the teacher's 32
@@ -193,7 +193,7 @@ def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, object
 
 def test_unknown_objective(tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="unknown loss.objective 'kd'"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "kd"}), str(tmp_path / "w"))
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "kd"}), str(tmp_path / "w"))
 
 
 def test_soft_label_kl_matches_numpy():
@@ -228,14 +228,16 @@ def test_mlm_mask_rates_and_special_tokens():
 
 
 def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_mlm_teacher, tiny_teacher):
-  state = Distillation(
+  state = build_distillation(
     tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}), str(tmp_path / "kd")
   ).run()
   assert state.params["mlm_head"]["bias"].shape == (30522,)
   rows = [__import__("json").loads(l) for l in open(tmp_path / "kd" / "metrics.jsonl")]
   assert all(np.isfinite(r["loss_mlm_kd"]) and r["loss_mlm_kd"] > 0 for r in rows)
   with pytest.raises(UserError, match="needs the teacher's masked-LM head"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "mlm_kd"}), str(tmp_path / "no_head"))
+    build_distillation(
+      tiny_config(tiny_teacher, tiny_corpus, **{"loss.objective": "mlm_kd"}), str(tmp_path / "no_head")
+    )
 
 
 def test_a_new_objective_is_one_registered_function(monkeypatch):

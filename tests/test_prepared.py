@@ -16,7 +16,7 @@ from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, program_stder
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -82,11 +82,11 @@ def test_two_processes_read_disjoint_rows_that_make_up_the_global_batch(prepared
 
 def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared, tiny_teacher, tiny_corpus, tmp_path):
   straight = tiny_config(tiny_teacher, tiny_corpus, num_steps=4, **{"data.prepared": prepared})
-  Distillation(straight, str(tmp_path / "straight")).run()
-  Distillation(
+  build_distillation(straight, str(tmp_path / "straight")).run()
+  build_distillation(
     tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"data.prepared": prepared}), str(tmp_path / "resumed")
   ).run()
-  Distillation(straight, str(tmp_path / "resumed")).run()
+  build_distillation(straight, str(tmp_path / "resumed")).run()
   assert [m["loss"] for m in read_metrics(str(tmp_path / "resumed"))] == [
     m["loss"] for m in read_metrics(str(tmp_path / "straight"))
   ]
@@ -94,12 +94,12 @@ def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared
 
 def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="holds blocks of 32 tokens but data.max_seq_length=64"):
-    Distillation(
+    build_distillation(
       tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": prepared, "data.max_seq_length": 64}),
       str(tmp_path / "a"),
     )
   with pytest.raises(UserError, match="holds no manifest.json: prepare the corpus there first"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(tmp_path)}), str(tmp_path / "b"))
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(tmp_path)}), str(tmp_path / "b"))
   other = tmp_path / "other"
   os.makedirs(other)
   for name in os.listdir(prepared):  # the same shards under a manifest of another vocabulary
@@ -109,7 +109,7 @@ def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teach
   manifest["tokenizer"]["vocab_sha256"] = "0" * 64
   (other / "manifest.json").write_text(json.dumps(manifest))
   with pytest.raises(UserError, match="was prepared with another tokenizer \\(vocab_sha256 differ\\)"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(other)}), str(tmp_path / "c"))
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(other)}), str(tmp_path / "c"))
 
 
 def test_a_damaged_or_missing_shard_is_one_line_naming_it(prepared, tiny_teacher, tmp_path):

@@ -21,7 +21,7 @@ from conftest import (
   tiny_config,
 )
 from minilm_jax import parallel
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
 
@@ -74,13 +74,13 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
     ("optimizer.accumulate_steps", 0),
   ):
     with pytest.raises(UserError, match=f"{field}={value} is out of range"):
-      Distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
+      build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
   assert not workdir.exists()
 
 
 def test_checkpoints_follow_the_schedule_and_the_last_step(tiny_teacher, tiny_corpus, tmp_path):
   """Saved: every `checkpoint.every` steps and the last; not step 1 (Orbax's own first-save rule)."""
-  run = Distillation(
+  run = build_distillation(
     tiny_config(tiny_teacher, tiny_corpus, num_steps=5, **{"checkpoint.every": 2, "checkpoint.keep": 5}),
     str(tmp_path / "w"),
   )
@@ -103,7 +103,7 @@ def test_a_resumed_run_drops_what_was_logged_after_its_checkpoint(tmp_path):
 
 def test_zero_accumulation_or_one_that_does_not_split_the_batch(tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="accumulate_steps=3 does not split the 8 examples"):
-    Distillation(
+    build_distillation(
       tiny_config(tiny_teacher, tiny_corpus, **{"optimizer.accumulate_steps": 3}),
       str(tmp_path / "w"),
       mesh=parallel.make_mesh(1),
@@ -141,7 +141,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
 
   workdir = str(tmp_path / "w")
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3})
-  Distillation(config, workdir).run()
+  build_distillation(config, workdir).run()
   data_files = [
     f
     for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**"), recursive=True)
@@ -157,7 +157,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   assert len(said) == 2 and "cannot be read" in said[0] and "exported as initialised" in said[1], said
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
   config.num_steps = 4
-  run = Distillation(config, workdir)
+  run = build_distillation(config, workdir)
   run.run()
   said = output_lines(capfd.readouterr().err)
   assert len(said) == 1 and "warning: the checkpoint of step 3" in said[0] and "using step 2" in said[0], said
@@ -498,7 +498,7 @@ def finished_run(tmp_path_factory, tiny_teacher, tiny_corpus):
 
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.keep": 2})
-  Distillation(config, workdir).run()
+  build_distillation(config, workdir).run()
   steps = {step: runs.read_run(workdir, step=step).params for step in (1, 2)}
   return workdir, steps
 

@@ -18,7 +18,7 @@ from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.generation import DecodeSettings, beam_search, generate
 from minilm_jax.models.heads import Seq2SeqLM, real_positions, seq2seq_mask
@@ -198,7 +198,7 @@ def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_t
   evaluation decodes it the same way (its own score again)."""
   run = str(tmp_path / "masked")
   config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=1, **{"seq2seq.mask_prob": 0.7})
-  _, results = FineTuning(config, run).run()
+  _, results = build_finetuning(config, run).run()
   assert runs.read_record(run).head == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
   (row,) = evaluate_runs([run], str(tmp_path / "eval"), batch_size=8)
   assert row["rouge1"] == pytest.approx(results["dev/rouge1"], abs=1e-6)
@@ -206,7 +206,7 @@ def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_t
   layout = json.load(open(tmp_path / "hf" / "seq2seq.json"))
   assert layout["prediction"].startswith("UniLM's masked targets")
   with pytest.raises(UserError, match="seq2seq.mask_prob=1.5 must lie in"):
-    FineTuning(
+    build_finetuning(
       seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, **{"seq2seq.mask_prob": 1.5}), str(tmp_path / "x")
     )
 
@@ -442,8 +442,10 @@ def test_question_generation_and_summarisation_runs_are_scored_evaluated_and_exp
   tiny_mlm_teacher, qg_dir, summary_dir, tmp_path
 ):
   qg_run, sum_run = str(tmp_path / "qg"), str(tmp_path / "sum")
-  _, qg = FineTuning(seq2seq_config(tiny_mlm_teacher, "qg", qg_dir, **{"seq2seq.qg_context": "sentence"}), qg_run).run()
-  _, summary = FineTuning(
+  _, qg = build_finetuning(
+    seq2seq_config(tiny_mlm_teacher, "qg", qg_dir, **{"seq2seq.qg_context": "sentence"}), qg_run
+  ).run()
+  _, summary = build_finetuning(
     seq2seq_config(
       tiny_mlm_teacher, "cnndm", summary_dir, epochs=6, **{"optimizer.lr": 3e-3, "seq2seq.no_repeat_ngram": 2}
     ),
@@ -480,23 +482,25 @@ def test_question_generation_and_summarisation_runs_are_scored_evaluated_and_exp
 
 
 def test_a_longer_total_length_repeats_the_position_table(tiny_mlm_teacher, summary_dir, tmp_path):
-  run = FineTuning(seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, max_seq_length=80), str(tmp_path / "w"))
-  assert run.encoder_config.max_position_embeddings == 80  # the tiny teacher has 64
-  table = np.asarray(run._pretrained["encoder"]["embeddings"]["position_embeddings"]["embedding"])
+  run = build_finetuning(seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, max_seq_length=80), str(tmp_path / "w"))
+  assert run.step.encoder_config.max_position_embeddings == 80  # the tiny teacher has 64
+  table = np.asarray(run.pretrained["encoder"]["embeddings"]["position_embeddings"]["embedding"])
   np.testing.assert_array_equal(table[64:], table[:16])
 
 
 def test_bad_seq2seq_inputs_are_refused(tiny_teacher, summary_dir, tmp_path):
   with pytest.raises(UserError, match="target_length"):
-    FineTuning(seq2seq_config(tiny_teacher, "cnndm", summary_dir, **{"seq2seq.target_length": 39}), str(tmp_path / "a"))
+    build_finetuning(
+      seq2seq_config(tiny_teacher, "cnndm", summary_dir, **{"seq2seq.target_length": 39}), str(tmp_path / "a")
+    )
   (tmp_path / "d").mkdir()
   (tmp_path / "d" / "train.source").write_text("a\nb\n")
   (tmp_path / "d" / "train.target").write_text("a\n")
   with pytest.raises(UserError, match="must pair line by line"):
-    FineTuning(seq2seq_config(tiny_teacher, "xsum", str(tmp_path / "d")), str(tmp_path / "b"))
+    build_finetuning(seq2seq_config(tiny_teacher, "xsum", str(tmp_path / "d")), str(tmp_path / "b"))
   (tmp_path / "e").mkdir()
   (tmp_path / "e" / "train.jsonl").write_text('{"document": "x"}\n')
   with pytest.raises(UserError, match="needs the fields"):
-    FineTuning(seq2seq_config(tiny_teacher, "xsum", str(tmp_path / "e")), str(tmp_path / "c"))
+    build_finetuning(seq2seq_config(tiny_teacher, "xsum", str(tmp_path / "e")), str(tmp_path / "c"))
   with pytest.raises(UserError, match="neither"):
-    FineTuning(seq2seq_config(tiny_teacher, "cnndm", str(tmp_path)), str(tmp_path / "f"))
+    build_finetuning(seq2seq_config(tiny_teacher, "cnndm", str(tmp_path)), str(tmp_path / "f"))

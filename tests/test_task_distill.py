@@ -16,10 +16,10 @@ from minilm_jax import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
-from minilm_jax.finetuning.multitask import MultiTaskFineTuning, task_features
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.multitask import build_multitask_finetuning, task_features
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.task_distill.config import mkd_config, task_distillation_config
-from minilm_jax.task_distill.run import TaskDistillation, find_teachers, teacher_logits
+from minilm_jax.task_distill.run import build_task_distillation, find_teachers, teacher_logits
 from minilm_jax.tasks import get_task
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -43,7 +43,7 @@ def teachers(tmp_path_factory, tiny_teacher):
   out = {}
   for task in TASKS:
     out[task] = str(tmp_path_factory.mktemp(task))
-    FineTuning(_finetune_config(tiny_teacher, task), out[task]).run()
+    build_finetuning(_finetune_config(tiny_teacher, task), out[task]).run()
   return out
 
 
@@ -56,7 +56,7 @@ def refined_teacher(tmp_path_factory, tiny_teacher):
   shutil.copy(os.path.join(WORDNET_EXCERPT, "data.noun"), second)
   config = _finetune_config(tiny_teacher, ",".join(TASKS))
   config.data_dir = f"{WORDNET_EXCERPT},{second}"
-  _, results = MultiTaskFineTuning(config, workdir).run()
+  _, results = build_multitask_finetuning(config, workdir).run()
   return workdir, results
 
 
@@ -91,7 +91,7 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   c = _student_config(task, teachers[task])
   c.cache_dir = str(tmp_path / "cache")
   opened = count_checkpoint_openings(monkeypatch)
-  run = TaskDistillation(c, str(tmp_path / "a"))
+  run = build_task_distillation(c, str(tmp_path / "a"))
   assert opened.count(os.path.abspath(teachers[task])) == 2, opened
   assert 3000 < len(run.stream.streams[task].rows) <= 4000  # 2,000 originals and up to one copy each
   _, results = run.run()
@@ -102,12 +102,12 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   assert len(cached) == 1 and cached[0].endswith(".npy")
   # A second run on the same augmented set reads the teacher logits from the cache.
   stamp = os.path.getmtime(os.path.join(c.cache_dir, cached[0]))
-  again = TaskDistillation(c, str(tmp_path / "b"))
+  again = build_task_distillation(c, str(tmp_path / "b"))
   assert opened.count(os.path.abspath(teachers[task])) == 3, opened  # the record alone: the logits were cached
   assert os.listdir(c.cache_dir) == cached and os.path.getmtime(os.path.join(c.cache_dir, cached[0])) == stamp
   assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
   # Rerunning the finished run resumes after its last step and reports the saved model's scores.
-  assert TaskDistillation(c, str(tmp_path / "a")).run()[1] == results
+  assert build_task_distillation(c, str(tmp_path / "a")).run()[1] == results
   from minilm_jax import runs
 
   with pytest.raises(UserError, match="holds a bilstm student, which has no Transformer encoder"):
@@ -150,7 +150,7 @@ def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teach
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(teacher_results)
   c = _student_config(",".join(TASKS), workdir)
   c.augment.enabled, c.batch_size = False, 80  # augmentation has its own test; 25 batches per task
-  run = TaskDistillation(c, str(tmp_path / "mkd"))
+  run = build_task_distillation(c, str(tmp_path / "mkd"))
   assert set(run.stream.streams) == set(TASKS)
   _, results = run.run()
   for task in TASKS:
@@ -172,7 +172,7 @@ def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_pat
 
   c = _student_config(",".join(TASKS), refined_teacher[0], kind="transformer", num_layers=2)
   c.augment.enabled = False
-  run = TaskDistillation(c, str(tmp_path / "t"))
+  run = build_task_distillation(c, str(tmp_path / "t"))
   state, _ = run.initial_state()
   teacher_encoder = runs.load_encoder(refined_teacher[0]).params  # a multi-task run lends its shared encoder
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params["body"]["encoder"]), teacher_encoder)
@@ -195,7 +195,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   mkd_dir = str(tmp_path / "mkd")
   mkd = _student_config(",".join(TASKS), teacher, kind="bilstm")
   mkd.augment.enabled, mkd.batch_size = False, 200  # the teacher's logits on the originals: a minute less
-  mkd_state, results = TaskDistillation(mkd, mkd_dir).run()
+  mkd_state, results = build_task_distillation(mkd, mkd_dir).run()
   assert {f"{t}/dev/{m}" for t in TASKS for m in ("accuracy", "loss")} <= set(results)
   model, params, tokenizer, tasks, joint = read_multitask_run(mkd_dir, parallel.make_mesh(2, 1))
   task = get_task("wordnet_examples")
@@ -214,7 +214,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   c.augment.enabled, c.mesh.data = False, 2
   # It starts from the MKD student: its block (a BiLSTM, not the config's bi-attentive LSTM), its
   # body and the task's head.
-  start = TaskDistillation(c, str(tmp_path / "start"))
+  start = build_task_distillation(c, str(tmp_path / "start"))
   assert (start.config.student.kind, start.config.student.hidden) == ("bilstm", 8)
   first = start.initial_state()[0].params
   for name in ("body", "head_wordnet_examples"):
@@ -233,16 +233,16 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   # The one-line errors of the last stage.
   c.student.from_run = teacher
   with pytest.raises(UserError, match="is not a task-distillation run's workdir"):
-    TaskDistillation(c, str(tmp_path / "e1"))
+    build_task_distillation(c, str(tmp_path / "e1"))
   c.student.from_run, c.tasks = mkd_dir, "sst2"
   with pytest.raises(UserError, match="has no head for sst2"):
-    TaskDistillation(c, str(tmp_path / "e2"))
+    build_task_distillation(c, str(tmp_path / "e2"))
 
 
 def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
   c = _student_config("wordnet_examples", teachers["wordnet_supersense"], kind="siamese_bilstm")
   c.objective = "hard"  # gold labels: the supersense run only lends its tokenizer
-  run = TaskDistillation(c, str(tmp_path / "h"))
+  run = build_task_distillation(c, str(tmp_path / "h"))
   assert len(run.stream.streams["wordnet_examples"].rows) == 2000  # no augmentation
   assert "wordnet_examples/dev/accuracy" in run.run()[1]
 
@@ -251,7 +251,7 @@ def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path
   """`python -m minilm_jax.evaluate` on a BiLSTM student of SST-2: dev accuracy and the GLUE server's SST-2.tsv."""
   c = _student_config("sst2", tiny_teacher)  # gold labels: the tiny teacher only lends its tokenizer
   c.objective, c.data_dir, c.batch_size = "hard", sst2_dir, 16
-  _, results = TaskDistillation(c, str(tmp_path / "student")).run()
+  _, results = build_task_distillation(c, str(tmp_path / "student")).run()
   out = tmp_path / "eval"
   proc = subprocess.run(
     [
@@ -283,13 +283,13 @@ def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path
 def test_one_line_errors(tmp_path, teachers):
   c = _student_config("wordnet_examples", teachers["wordnet_supersense"])
   with pytest.raises(UserError, match="task wordnet_examples has no teacher"):
-    TaskDistillation(c, str(tmp_path / "e1"))
+    build_task_distillation(c, str(tmp_path / "e1"))
   c = _student_config("wordnet_supersense", "")
   with pytest.raises(UserError, match="config.teacher is empty"):
-    TaskDistillation(c, str(tmp_path / "e4"))
+    build_task_distillation(c, str(tmp_path / "e4"))
   c = _student_config("squad2", teachers["wordnet_supersense"])
   with pytest.raises(UserError, match="squad2 is not a sentence"):
-    TaskDistillation(c, str(tmp_path / "e5"))
+    build_task_distillation(c, str(tmp_path / "e5"))
 
 
 def test_program_reports_bad_input_in_one_line(tmp_path, teachers):

@@ -24,7 +24,7 @@ from conftest import (
 )
 from minilm_jax import parallel, runs
 from minilm_jax.distill.evaluators import evaluator
-from minilm_jax.distill.trainer import Distillation, init_state, student_config
+from minilm_jax.distill.trainer import build_distillation, init_state, student_config
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, abstract_params
 
@@ -41,7 +41,7 @@ def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_
   results = {}
   for n in (1, 8):
     workdir = str(tmp_path / f"devices{n}")
-    state = Distillation(config, workdir, mesh=parallel.make_mesh(n)).run()
+    state = build_distillation(config, workdir, mesh=parallel.make_mesh(n)).run()
     results[n] = (jax.device_get(state.params), read_metrics(workdir))
   (single, single_metrics), (sharded, sharded_metrics) = results[1], results[8]
   single, sharded = (traverse_util.flatten_dict(p, sep="/") for p in (single, sharded))
@@ -60,7 +60,7 @@ def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_
 
 def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_path):
   config = tiny_config(tiny_teacher, tiny_corpus, dtype="bfloat16", num_steps=2)
-  run = Distillation(config, str(tmp_path / "bf16"))
+  run = build_distillation(config, str(tmp_path / "bf16"))
   state = run.run()
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.opt_state) if x.ndim)
@@ -138,7 +138,7 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
   of its sentence embeddings (learnt by the embedding objective), which the evaluators at two
   lengths apply to its embeddings."""
   assistant = str(tmp_path / "assistant")
-  Distillation(
+  build_distillation(
     tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2, "loss.embedding_weight": 1.0}), assistant
   ).run()
   assistant_params = _final_params(assistant)
@@ -146,7 +146,7 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
   config = tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8})
   for name, length in (("short", 16), ("long", 32)):
     config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
-  student = Distillation(config, str(tmp_path / "student"))
+  student = build_distillation(config, str(tmp_path / "student"))
   assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), assistant_params)
   student.run()
@@ -229,7 +229,7 @@ def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
 def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, tiny_corpus, tmp_path):
   """Only a run's length, logging, checkpointing and device layout may change when it resumes."""
   workdir = str(tmp_path / "w")
-  Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=1), workdir).run()
+  build_distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=1), workdir).run()
   before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "**"), recursive=True)}
   for change, shown in (
     ({"student.hidden_size": 8}, "student.hidden_size: 16 -> 8"),
@@ -237,9 +237,9 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
     ({"optimizer.lr": 1.0, "data.max_seq_length": 16}, "data.max_seq_length: 32 -> 16, optimizer.lr"),
   ):
     with pytest.raises(UserError, match=f"holds a run started with another config \\({shown}"):
-      Distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **change), workdir)
+      build_distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **change), workdir)
   assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "**"), recursive=True)} == before
-  Distillation(
+  build_distillation(
     tiny_config(tiny_teacher, tiny_corpus, num_steps=2, log_every=2, **{"checkpoint.every": 2}), workdir
   ).run()
   assert runs.RunCheckpoints(workdir, read_only=True).latest_step() == 2
@@ -330,7 +330,7 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
 def test_a_schedule_in_epochs_becomes_steps_once_the_corpus_is_read(tiny_teacher, tiny_corpus, tmp_path):
   """ETD's schedule: `data.epochs` passes over the corpus, the warm-up a share of them."""
   config = tiny_config(tiny_teacher, tiny_corpus, **{"data.epochs": 2, "optimizer.warmup_proportion": 0.25})
-  run = Distillation(config, str(tmp_path / "w"))
+  run = build_distillation(config, str(tmp_path / "w"))
   steps = 2 * run.stream.batches_per_epoch
   assert run.config.num_steps == steps and steps > 8
   schedule = run.step.schedule
@@ -341,19 +341,19 @@ def test_a_schedule_in_epochs_becomes_steps_once_the_corpus_is_read(tiny_teacher
 
 def test_relation_heads_that_do_not_divide(tiny_teacher, tiny_corpus, tmp_path):
   with pytest.raises(UserError, match="does not divide hidden size"):
-    Distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.num_relation_heads": 5}), str(tmp_path / "w"))
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"loss.num_relation_heads": 5}), str(tmp_path / "w"))
 
 
 def test_empty_corpus(tiny_teacher, tmp_path):
   empty = tmp_path / "empty.txt"
   empty.write_text("\n\n")
   with pytest.raises(UserError, match="fewer than one batch"):
-    Distillation(tiny_config(tiny_teacher, str(empty)), str(tmp_path / "w"))
+    build_distillation(tiny_config(tiny_teacher, str(empty)), str(tmp_path / "w"))
 
 
 def test_missing_corpus_file(tiny_teacher, tmp_path):
   with pytest.raises(UserError, match="does not exist"):
-    Distillation(tiny_config(tiny_teacher, str(tmp_path / "nope.txt")), str(tmp_path / "w"))
+    build_distillation(tiny_config(tiny_teacher, str(tmp_path / "nope.txt")), str(tmp_path / "w"))
 
 
 def test_non_finite_update_never_reaches_a_checkpoint(tiny_teacher, tiny_corpus, tmp_path):
@@ -370,9 +370,9 @@ def test_non_finite_update_never_reaches_a_checkpoint(tiny_teacher, tiny_corpus,
   with pytest.raises(
     UserError, match=r"non-finite loss or update at step \d+ .* the last checkpoint \(step \d+\) is intact"
   ):
-    Distillation(blowup, workdir).run()
-  run = Distillation(blowup, workdir)
-  abstract = jax.eval_shape(lambda: init_state(run.student, run.tx, run.objective, jax.random.key(0)))
+    build_distillation(blowup, workdir).run()
+  run = build_distillation(blowup, workdir)
+  abstract = jax.eval_shape(lambda: init_state(run.student, run.step.tx, run.objective, jax.random.key(0)))
   assert run.checkpoints.manager.all_steps()
   for step in run.checkpoints.manager.all_steps():
     state, _, _ = run.checkpoints.restore(abstract, step)

@@ -15,7 +15,7 @@ from minilm_jax.data import word_vectors
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.task_distill.config import task_distillation_config
-from minilm_jax.task_distill.run import TaskDistillation
+from minilm_jax.task_distill.run import build_task_distillation
 
 DIM = 8
 WORDS = ["the", "of", "a", "plant", "family", "Araceae", "genus", "tropical", "flowers", "Fedora", "zygote"]
@@ -125,7 +125,7 @@ def _student_config(vectors_path, **student):
 def test_multichannel_student_keeps_its_static_channel(tmp_path, vector_files):
   vectors, files = vector_files
   c = _student_config(files["bin"])
-  run = TaskDistillation(c, str(tmp_path / "run"))
+  run = build_task_distillation(c, str(tmp_path / "run"))
   vocab = run.tokenizer.get_vocab()
   start = run.initial_state()[0].params["body"]
   for channel in ("embedding", "static_embedding"):
@@ -144,9 +144,9 @@ def test_multichannel_student_keeps_its_static_channel(tmp_path, vector_files):
 def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_files):
   _, files = vector_files
   with pytest.raises(UserError, match=f"student.embed_dim=300 but the vectors .* have {DIM} values"):
-    TaskDistillation(_student_config(files["glove"], embed_dim=300), str(tmp_path / "a"))
+    build_task_distillation(_student_config(files["glove"], embed_dim=300), str(tmp_path / "a"))
   with pytest.raises(UserError, match="student.word_vectors is for the LSTM students"):
-    TaskDistillation(_student_config(files["glove"], kind="transformer"), str(tmp_path / "b"))
+    build_task_distillation(_student_config(files["glove"], kind="transformer"), str(tmp_path / "b"))
   proc = run_distill_task(
     "configs/task/distilled_bilstm.py",
     tmp_path / "c",

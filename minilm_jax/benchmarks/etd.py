@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from minilm_jax.distill.config import base_config
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 
 INITS = (
@@ -43,7 +43,7 @@ def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", mesh=None):
       row = {"student": student, "init": name, "loss_at_start": None, f"loss_after_{steps}": None, "note": ""}
       with tempfile.TemporaryDirectory() as workdir:
         try:
-          Distillation(
+          build_distillation(
             _config(teacher, hidden, intermediate, init, steps, batch_size, corpus), workdir, mesh=mesh
           ).run()
         except UserError as e:

@@ -44,11 +44,11 @@ from minilm_jax import parallel, runs
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
 from minilm_jax.distill.evaluators import probe_accuracy
-from minilm_jax.distill.trainer import Distillation
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config as finetune_config
 from minilm_jax.finetuning.embedding_eval import SentenceEncoder
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.tasks import custom, get_task, selection_metric
 from minilm_jax.tasks.glue import ClassificationTask
 
@@ -168,7 +168,7 @@ def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, l
   # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
-  _, results = FineTuning(c, workdir, mesh).run()
+  _, results = build_finetuning(c, workdir, mesh).run()
   return results[selection_metric(task.task)]
 
 
@@ -331,7 +331,7 @@ class _Model:
       self.path = self.teacher
       if self.config is not None:
         self.path = self.workdir
-        Distillation(self.config, self.path, self.mesh).run()
+        build_distillation(self.config, self.path, self.mesh).run()
       self.distill_minutes = (time.perf_counter() - started) / 60 if self.name in RECIPES else 0.0
     return self.path
 

@@ -18,9 +18,9 @@ import os
 import tempfile
 
 from minilm_jax.finetuning.config import base_config
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.task_distill.config import task_distillation_config
-from minilm_jax.task_distill.run import TaskDistillation
+from minilm_jax.task_distill.run import build_task_distillation
 
 TASK = "wordnet_supersense"
 
@@ -70,7 +70,7 @@ def run(
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     teacher = os.path.join(tmp, "teacher")
-    fine_tuning = FineTuning(_teacher_config(teacher_init, teacher_epochs, max_len, data_dir), teacher, mesh)
+    fine_tuning = build_finetuning(_teacher_config(teacher_init, teacher_epochs, max_len, data_dir), teacher, mesh)
     _, results = fine_tuning.run()
     rows.append(
       {
@@ -83,7 +83,7 @@ def run(
     )
     for i, (name, objective, augment) in enumerate(students):
       c = _student_config(teacher, objective, augment, epochs, size_factor, max_len, sizes, data_dir)
-      distillation = TaskDistillation(c, os.path.join(tmp, f"student_{i}"), mesh)
+      distillation = build_task_distillation(c, os.path.join(tmp, f"student_{i}"), mesh)
       _, results = distillation.run()
       rows.append(
         {

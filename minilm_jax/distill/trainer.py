@@ -12,9 +12,11 @@ import json
 import os
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import optax
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from minilm_jax import embeddings, parallel, runs
@@ -183,99 +185,42 @@ def teacher_pooling(config, pipeline: tuple | None = None):
   return pooling
 
 
+@dataclasses.dataclass(frozen=True)
 class Distillation:
-  """Everything a run needs, built and validated before any compute; `run()` then trains."""
+  """A distillation run's parts, built and validated by `build_distillation` before any compute;
+  `run()` trains them with the common loop."""
 
-  def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir, distill_config.RANGES)
-    evaluators.check_specs(config)
-    self.config, self.workdir = config, workdir
-    if config.student.init not in ("random", "etd"):
-      raise UserError(f"student.init={config.student.init!r}: use random or etd")
-    # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
-    # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
-    teacher = runs.load_encoder(
-      config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True
-    )
-    teacher_config, teacher_params, tokenizer, _, mlm_head = teacher[:5]
-    self.tokenizer = tokenizer
-    masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
-    self.mesh = mesh or parallel.make_mesh()
-    self.step = build_step(
-      config, teacher_config, self.mesh, masking, teacher_pooling(config, teacher.sentence_pipeline)
-    )
-    self.teacher, self.student, self.objective = self.step.teacher, self.step.student, self.step.objective
-    if self.objective.needs.mlm_head and mlm_head is None:
-      raise UserError(
-        f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
-        f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
-      )
-    # The step's teacher: the encoder, with its masked-LM head under "mlm_head" when the objective runs it.
-    step_teacher = {**teacher_params, "mlm_head": mlm_head} if self.objective.needs.mlm_head else teacher_params
-    self.teacher_params = jax.device_put(step_teacher, parallel.replicated(self.mesh))
-    blocks, collate = corpus_blocks(config.data, self.tokenizer, os.path.join(workdir, "data"))
-    blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
-    self.stream = BatchStream(
-      blocks,
-      config.batch_size,
-      config.seed,
-      collate,
-      jax.process_index(),
-      jax.process_count(),
-      f"corpus {config.data.corpus}",
-    )
-    if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
-      config.num_steps = config.data.epochs * self.stream.batches_per_epoch
-      self.step = build_step(config, teacher_config, self.mesh, masking, self.objective.pooling)
-    self.heldout, heldout_stream, heldout_step = None, None, None
-    if heldout is not None:
-      self.heldout = {"blocks": len(heldout), "first_block": heldout.start}
-      heldout_stream = BatchStream(
-        heldout, config.batch_size, config.seed, collate, jax.process_index(), jax.process_count(), "held-out blocks"
-      )
-      heldout_step = make_heldout_step(self.teacher, self.student, self.objective, self.mesh, config.seed)
-    self.evaluators = evaluators.Evaluators(
-      config,
-      evaluators.Context(
-        config,
-        self.mesh,
-        self.tokenizer,
-        self.student,
-        self.objective.pooling,
-        self.teacher,
-        self.teacher_params,
-        teacher.sentence_pipeline,
-        heldout_stream,
-        heldout_step,
-      ),
-    )
-    self.tx, self.train_step = self.step.tx, self.step.train_step
-    # Parameters this objective leaves as initialised (an export names them): traced, not computed.
-    self.untrained = untrained_student_parameters(
-      self.teacher, self.student, self.objective, self.teacher_params, self.step.abstract_state().params
-    )
-    self.checkpoints = runs.RunCheckpoints(
-      workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
-    )
-    self.student_params = None
-    if config.student.init == "etd" and self.checkpoints.latest_step() is None:
-      self.student_params = etd.initial_student_params(
-        config.etd,
-        teacher_config,
-        jax.device_get(teacher_params),
-        mlm_head,
-        self.student.config,
-        lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n),
-        self.tokenizer,
-        config.data.max_seq_length,
-      )
+  config: Any
+  workdir: str
+  mesh: Mesh
+  tokenizer: Any
+  step: DistillationStep
+  teacher_params: dict  # on the mesh; with the masked-LM head under "mlm_head" when the objective runs it
+  stream: BatchStream
+  heldout: dict | None  # the corpus blocks training never reads: {"blocks", "first_block"}
+  evaluators: evaluators.Evaluators
+  untrained: tuple  # parameters this objective leaves as initialised (an export names them)
+  checkpoints: runs.RunCheckpoints
+  student_params: dict | None  # ETD's extraction; None: random init, or a run that resumes
+
+  @property
+  def teacher(self) -> Encoder:
+    return self.step.teacher
+
+  @property
+  def student(self) -> Encoder:
+    return self.step.student
+
+  @property
+  def objective(self) -> Objective:
+    return self.step.objective
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or a fresh student at batch 0."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
     return restore_or_init(
       self.checkpoints,
-      partial(init_state, self.student, self.tx, self.objective),
+      partial(init_state, self.student, self.step.tx, self.objective),
       (rng, self.student_params),
       parallel.replicated(self.mesh),
     )
@@ -285,8 +230,8 @@ class Distillation:
       DISTILLATION,
       self.student.config,
       json.loads(self.config.to_json()),
-      untrained=tuple(self.untrained),
-      heldout=self.heldout,  # the corpus blocks training never reads
+      untrained=self.untrained,
+      heldout=self.heldout,
       sentence_embedding={
         **self.objective.pooling.to_dict(),
         "dense": self.objective.projection_shapes().get("embedding"),
@@ -300,7 +245,7 @@ class Distillation:
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
 
     def step_fn(state, batch):
-      return self.train_step(state, batch, self.teacher_params, dropout_rng)
+      return self.step.train_step(state, batch, self.teacher_params, dropout_rng)
 
     state = train_loop(
       state,
@@ -322,6 +267,86 @@ class Distillation:
         sizes = {"teacher": parameter_count(self.teacher_params), "student": parameter_count(state.params)}
         print("\n" + evaluators.summary(self.config, self.workdir, speed, sizes), flush=True)  # below the bars
     return state
+
+
+def build_distillation(config, workdir: str, mesh=None) -> Distillation:
+  """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
+  the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
+  the ETD start): every error a config can cause surfaces here, before any compute."""
+  begin_run(config, workdir, distill_config.RANGES)
+  evaluators.check_specs(config)
+  if config.student.init not in ("random", "etd"):
+    raise UserError(f"student.init={config.student.init!r}: use random or etd")
+  # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
+  # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
+  teacher = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True)
+  teacher_config, teacher_params, tokenizer, _, mlm_head = teacher[:5]
+  masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
+  mesh = mesh or parallel.make_mesh()
+  step = build_step(config, teacher_config, mesh, masking, teacher_pooling(config, teacher.sentence_pipeline))
+  if step.objective.needs.mlm_head and mlm_head is None:
+    raise UserError(
+      f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
+    )
+  step_teacher = {**teacher_params, "mlm_head": mlm_head} if step.objective.needs.mlm_head else teacher_params
+  step_teacher = jax.device_put(step_teacher, parallel.replicated(mesh))
+  blocks, collate = corpus_blocks(config.data, tokenizer, os.path.join(workdir, "data"))
+  blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
+  process = (jax.process_index(), jax.process_count())
+  stream = BatchStream(blocks, config.batch_size, config.seed, collate, *process, f"corpus {config.data.corpus}")
+  if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
+    config.num_steps = config.data.epochs * stream.batches_per_epoch
+    step = build_step(config, teacher_config, mesh, masking, step.objective.pooling)
+  heldout_stream, heldout_step = None, None
+  if heldout is not None:
+    heldout_stream = BatchStream(heldout, config.batch_size, config.seed, collate, *process, "held-out blocks")
+    heldout_step = make_heldout_step(step.teacher, step.student, step.objective, mesh, config.seed)
+  context = evaluators.Context(
+    config,
+    mesh,
+    tokenizer,
+    step.student,
+    step.objective.pooling,
+    step.teacher,
+    step_teacher,
+    teacher.sentence_pipeline,
+    heldout_stream,
+    heldout_step,
+  )
+  # Parameters this objective leaves as initialised: traced, not computed.
+  untrained = untrained_student_parameters(
+    step.teacher, step.student, step.objective, step_teacher, step.abstract_state().params
+  )
+  checkpoints = runs.RunCheckpoints(
+    workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
+  )
+  student_params = None
+  if config.student.init == "etd" and checkpoints.latest_step() is None:
+    student_params = etd.initial_student_params(
+      config.etd,
+      teacher_config,
+      jax.device_get(teacher_params),
+      mlm_head,
+      step.student.config,
+      lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n),
+      tokenizer,
+      config.data.max_seq_length,
+    )
+  return Distillation(
+    config,
+    workdir,
+    mesh,
+    tokenizer,
+    step,
+    step_teacher,
+    stream,
+    None if heldout is None else {"blocks": len(heldout), "first_block": heldout.start},
+    evaluators.Evaluators(config, context),
+    tuple(untrained),
+    checkpoints,
+    student_params,
+  )
 
 
 def parameter_count(params) -> int:

@@ -17,8 +17,8 @@ from minilm_jax.runs import RunCheckpoints, RunRecord
 
 
 class EpochRun(Protocol):
-  """What `fit` trains: a run built and validated by its constructor (`FineTuning`,
-  `MultiTaskFineTuning`, `TaskDistillation`)."""
+  """What `fit` trains: a run built and validated by its builder (`build_finetuning`,
+  `build_multitask_finetuning`, `build_task_distillation`)."""
 
   config: Any  # the program's config: `seed`, `log_every`
   workdir: str

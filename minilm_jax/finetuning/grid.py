@@ -12,7 +12,7 @@ import numpy as np
 
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import RANGES
-from minilm_jax.finetuning.run import FineTuning
+from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.loop import check_ranges
 from minilm_jax.tasks import get_task, selection_metric
 
@@ -33,7 +33,7 @@ def run_grid(config, workdir: str, settings=None):
       run.optimizer.lr, run.epochs, run.seed, run.seeds = lr, epochs, config.seed + k, 1
       run_dir = os.path.join(workdir, name if config.seeds == 1 else os.path.join(name, f"seed{config.seed + k}"))
       # Each run resumes or reuses its own checkpoints, so an interrupted grid continues where it stopped.
-      per_seed.append(FineTuning(run, run_dir).run()[1])
+      per_seed.append(build_finetuning(run, run_dir).run()[1])
     rows.append(
       {
         "lr": lr,

@@ -5,17 +5,23 @@ several tasks (`--config.task=sst2,mrpc`).
 `MultiTaskRun` is what task distillation and multi-task refining share: every task's training rows
 in its own `BatchStream`, the streams' batches merged and shuffled each epoch (algorithm 1), one
 jitted train step per task (its inputs and head), each task's dev metrics after every epoch,
-Orbax checkpoints and resume through the common training loop. A subclass supplies the model, the
-rows, the initial parameters and the optimizer.
+Orbax checkpoints and resume through the common training loop (`assemble_multitask_run`). Each
+kind's builder supplies the model, the rows, the initial parameters and the optimizer.
 """
 
+import dataclasses
 import json
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import datasets
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh
 
 from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
@@ -96,88 +102,41 @@ def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_
   return map_batches(examples, tokenize, f"tokenise {task.name}")
 
 
+@dataclasses.dataclass(frozen=True)
 class MultiTaskRun:
-  """A subclass builds what is its own (the model, its teachers, ...) and then this constructor with
-  what every multi-task run has: its `tasks`, `tokenizer`, `model` (a body and a head per task),
-  whether the model reads the `joint` sequence, its `loss(task, logits, batch)` and the batch column
-  that loss reads (`target`). It implements `_training_rows`, `_init_params`, `_optimizer` and `record`."""
+  """A multi-task run's parts (`assemble_multitask_run` builds them): its `tasks`, `tokenizer`, `model`
+  (a body and a head per task), whether the model reads the `joint` sequence, the merged batch
+  stream, one jitted train step and one predictor per task, the checkpoints; `run()` trains and
+  evaluates them (`fit`)."""
 
-  selection_metric = None  # several tasks: no one metric picks a best epoch (results.json lists every epoch)
-
-  def __init__(
-    self, config, workdir: str, mesh, *, tasks, tokenizer, model, joint: bool, loss: Callable, target: str, desc: str
-  ):
-    self.config, self.workdir, self.mesh, self.tasks, self.tokenizer = config, workdir, mesh, tasks, tokenizer
-    self.model, self.joint, self.loss, self.target, self.desc = model, joint, loss, target, desc
-    self._build()
-
-  def _training_rows(self, task) -> datasets.Dataset:
-    raise NotImplementedError
-
-  def _init_params(self, rng) -> dict:
-    raise NotImplementedError
-
-  def _optimizer(self, num_steps: int):
-    """(optax transformation, learning-rate schedule)."""
-    raise NotImplementedError
+  config: Any
+  workdir: str
+  mesh: Mesh
+  tasks: list
+  tokenizer: Any
+  model: nn.Module
+  joint: bool
+  desc: str  # the progress bar's
+  stream: MultiTaskStream
+  eval_data: dict  # (task name, split) -> (features, examples)
+  num_steps: int
+  state_shardings: TrainState
+  train_steps: dict  # task name -> jitted (state, batch, rng) -> (state, metrics)
+  predictors: dict  # task name -> Predictor
+  checkpoints: runs.RunCheckpoints
+  init_params: Callable  # rng -> the fresh run's parameters
+  tx: optax.GradientTransformation
+  run_record: RunRecord
+  summary: dict  # what results.json says of the run before its metrics
+  # Several tasks: no one metric picks a best epoch (results.json lists every epoch).
+  selection_metric: None = None
 
   def record(self) -> RunRecord:
-    raise NotImplementedError
-
-  def inputs(self, task) -> tuple:
-    return model_inputs(self.joint, task)
-
-  def _build(self):
-    c = self.config
-    self.data_dirs = task_data_dirs(self.tasks, c.data_dir)
-    parallel.check_batch_divides(c.batch_size, self.mesh)
-    streams, self.eval_data = {}, {}
-    for task in self.tasks:
-      rows = self._training_rows(task).select_columns(list(self.inputs(task)) + [self.target])
-      streams[task.name] = BatchStream(
-        rows, c.batch_size, c.seed, stack_columns, jax.process_index(), jax.process_count(), f"{task.name} training set"
-      )
-      for split in task.eval_splits:
-        examples = task.load(split, self.data_dirs[task.name], "")
-        features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
-        self.eval_data[(task.name, split)] = (features, examples)
-    self.stream = MultiTaskStream(streams, c.seed)
-    self.num_steps = c.epochs * self.stream.batches_per_epoch
-    self.tx, self.schedule = self._optimizer(self.num_steps)
-    abstract = jax.eval_shape(self._init_state, jax.random.key(0))
-    self.state_shardings = parallel.tree_shardings(abstract, self.mesh)
-    check_accumulation(c.optimizer.accumulate_steps, c.batch_size // self.mesh.shape[parallel.DATA])
-    self.train_steps = {t.name: self._make_step(t) for t in self.tasks}
-    self.predictors = {
-      t.name: Predictor(self.forward(t.name), self.mesh, self.state_shardings.params, c.eval_batch_size, self.inputs(t))
-      for t in self.tasks
-    }
-    self.checkpoints = runs.RunCheckpoints(self.workdir, c.checkpoint.every, c.checkpoint.keep)
-
-  def dummy_batch(self) -> dict:
-    return dummy_batch(self.joint, self.tasks)
-
-  def _init_state(self, rng):
-    return TrainState.fresh(self._init_params(rng), self.tx)
-
-  def forward(self, task: str):
-    return lambda params, batch: self.model.apply({"params": params}, batch, task)
-
-  def _make_step(self, task):
-    """The jitted train step on one task's batch (each task's inputs and head give it its own compile)."""
-
-    def loss_of(params, batch, rngs):
-      logits = self.model.apply({"params": params}, batch, task.name, deterministic=False, rngs=rngs)
-      return self.loss(task, logits, batch)
-
-    return make_train_step(
-      loss_of, self.tx, self.schedule, self.state_shardings, self.mesh, self.config.optimizer.accumulate_steps
-    )
+    return self.run_record
 
   def initial_state(self):
-    return restore_or_init(
-      self.checkpoints, self._init_state, (jax.random.key(self.config.seed),), self.state_shardings
-    )
+    init = lambda rng: TrainState.fresh(self.init_params(rng), self.tx)  # noqa: E731
+    return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed),), self.state_shardings)
 
   def evaluate(self, params) -> dict:
     """Every task's dev metrics, flat: {"<task>/dev/accuracy": ..., "<task>/dev/loss": ...}; the
@@ -197,57 +156,126 @@ class MultiTaskRun:
       task = batch.pop("task")
       return self.train_steps[task](state, batch, rng)
 
-    return fit(self, step_fn, summary=self.summary(), desc=self.desc)
-
-  def summary(self) -> dict:
-    """What `results.json` says of the run before its metrics."""
-    return {"tasks": [t.name for t in self.tasks]}
+    return fit(self, step_fn, summary=self.summary, desc=self.desc)
 
 
-class MultiTaskFineTuning(MultiTaskRun):
+def assemble_multitask_run(
+  config,
+  workdir: str,
+  mesh,
+  *,
+  tasks,
+  tokenizer,
+  model,
+  joint: bool,
+  loss: Callable,
+  target: str,
+  training_rows: Callable,
+  init_params: Callable,
+  optimizer: Callable,
+  record: RunRecord,
+  summary: dict,
+  desc: str,
+) -> MultiTaskRun:
+  """What every multi-task run has, built from what is its own: `training_rows(task)` (a dataset
+  with the model's inputs and the `target` column `loss(task, logits, batch)` reads),
+  `init_params(rng)`, `optimizer(num_steps) -> (tx, schedule)`."""
+  c = config
+  data_dirs = task_data_dirs(tasks, c.data_dir)
+  parallel.check_batch_divides(c.batch_size, mesh)
+  streams, eval_data = {}, {}
+  for task in tasks:
+    rows = training_rows(task).select_columns(list(model_inputs(joint, task)) + [target])
+    streams[task.name] = BatchStream(
+      rows, c.batch_size, c.seed, stack_columns, jax.process_index(), jax.process_count(), f"{task.name} training set"
+    )
+    for split in task.eval_splits:
+      examples = task.load(split, data_dirs[task.name], "")
+      eval_data[(task.name, split)] = (task_features(joint, task, examples, tokenizer, c.max_seq_length), examples)
+  stream = MultiTaskStream(streams, c.seed)
+  num_steps = c.epochs * stream.batches_per_epoch
+  tx, schedule = optimizer(num_steps)
+  abstract = jax.eval_shape(lambda rng: TrainState.fresh(init_params(rng), tx), jax.random.key(0))
+  state_shardings = parallel.tree_shardings(abstract, mesh)
+  check_accumulation(c.optimizer.accumulate_steps, c.batch_size // mesh.shape[parallel.DATA])
+
+  def train_step(task):
+    """The jitted train step on one task's batch (each task's inputs and head give it its own compile)."""
+
+    def loss_of(params, batch, rngs):
+      logits = model.apply({"params": params}, batch, task.name, deterministic=False, rngs=rngs)
+      return loss(task, logits, batch)
+
+    return make_train_step(loss_of, tx, schedule, state_shardings, mesh, c.optimizer.accumulate_steps)
+
+  def forward(name: str):
+    return lambda params, batch: model.apply({"params": params}, batch, name)
+
+  predictors = {
+    t.name: Predictor(forward(t.name), mesh, state_shardings.params, c.eval_batch_size, model_inputs(joint, t))
+    for t in tasks
+  }
+  return MultiTaskRun(
+    config,
+    workdir,
+    mesh,
+    tasks,
+    tokenizer,
+    model,
+    joint,
+    desc,
+    stream,
+    eval_data,
+    num_steps,
+    state_shardings,
+    {t.name: train_step(t) for t in tasks},
+    predictors,
+    runs.RunCheckpoints(workdir, c.checkpoint.every, c.checkpoint.keep),
+    init_params,
+    tx,
+    record,
+    summary,
+  )
+
+
+def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
   """The multi-task refined teacher (thesis section 4.1.1, after MT-DNN): a pre-trained encoder
   shared by every task, one linear output layer per task on the pooled `[CLS]`, trained on the sum
   of the tasks' losses (cross-entropy; MSE for a similarity score) over their shuffled batches.
   The fine-tuning config's settings (AdamW, warm-up, epochs, dropout) apply."""
+  begin_run(config, workdir, finetuning_config.RANGES)
+  tasks = parse_tasks(config.task)
+  encoder_config, encoder_params, tokenizer = runs.load_encoder(config.init, config.dtype, "init")[:3]
+  encoder_config.check_length(config.max_seq_length, "max_seq_length")
+  encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+  heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
+  model = refined_teacher(encoder_config, heads)
+  data_dirs = task_data_dirs(tasks, config.data_dir)
 
-  def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir, finetuning_config.RANGES)
-    tasks = parse_tasks(config.task)
-    encoder_config, self._encoder_params, tokenizer = runs.load_encoder(config.init, config.dtype, "init")[:3]
-    encoder_config.check_length(config.max_seq_length, "max_seq_length")
-    self.encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
-    self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
-    super().__init__(
-      config,
-      workdir,
-      mesh or parallel.make_mesh(config.mesh.data, config.mesh.model),
-      tasks=tasks,
-      tokenizer=tokenizer,
-      model=refined_teacher(self.encoder_config, self.heads),
-      joint=True,
-      loss=lambda task, logits, batch: task.loss(logits, batch),  # the tasks' own, on the gold labels
-      target="label",
-      desc=f"multi-task refine {config.task}",
-    )
+  def init_params(rng):
+    params = model.init(rng, dummy_batch(True, tasks))["params"]
+    return {**params, "body": {"encoder": encoder_params}}  # pre-trained encoder, fresh output layers
 
-  def _training_rows(self, task):
-    return task.features(task.load("train", self.data_dirs[task.name]), self.tokenizer, self.config.max_seq_length)
-
-  def _init_params(self, rng):
-    params = self.model.init(rng, self.dummy_batch())["params"]
-    return {**params, "body": {"encoder": self._encoder_params}}  # pre-trained encoder, fresh output layers
-
-  def _optimizer(self, num_steps):
-    return make_optimizer(self.config.optimizer, num_steps)
-
-  def record(self) -> RunRecord:
-    return RunRecord(
-      REFINED_TEACHER,
-      self.encoder_config,
-      json.loads(self.config.to_json()),
-      heads=self.heads,
-      tasks=tuple(t.name for t in self.tasks),
-    )
+  names = tuple(t.name for t in tasks)
+  return assemble_multitask_run(
+    config,
+    workdir,
+    mesh or parallel.make_mesh(config.mesh.data, config.mesh.model),
+    tasks=tasks,
+    tokenizer=tokenizer,
+    model=model,
+    joint=True,
+    loss=lambda task, logits, batch: task.loss(logits, batch),  # the tasks' own, on the gold labels
+    target="label",
+    training_rows=lambda task: task.features(
+      task.load("train", data_dirs[task.name]), tokenizer, config.max_seq_length
+    ),
+    init_params=init_params,
+    optimizer=partial(make_optimizer, config.optimizer),
+    record=RunRecord(REFINED_TEACHER, encoder_config, json.loads(config.to_json()), heads=heads, tasks=names),
+    summary={"tasks": list(names)},
+    desc=f"multi-task refine {config.task}",
+  )
 
 
 def read_multitask_run(workdir: str, mesh, step: int | None = None):

@@ -7,10 +7,12 @@ import logging
 import os
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import flax.linen as nn
 import jax
 import optax
+from jax.sharding import Mesh
 
 from minilm_jax import parallel, runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
@@ -83,64 +85,41 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   return FineTuningStep(encoder_config, model, tx, schedule, state_shardings, train_step, forward)
 
 
+@dataclasses.dataclass(frozen=True)
 class FineTuning:
-  """A fine-tuning run, built and validated before any compute; `run()` trains and evaluates."""
+  """A fine-tuning run's parts, built and validated by `build_finetuning` before any compute;
+  `run()` trains and evaluates them (`fit`)."""
 
-  def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir, finetuning_config.RANGES)
-    self.config, self.workdir = config, workdir
-    self.task = get_task(config.task, config)
-    self.head = self.task.head(config)
-    # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
-    pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=head_kind(self.head).generates)
-    encoder_config, encoder_params, self.tokenizer = pretrained[:3]
-    fitted = fit_positions(config, encoder_config, self.head)
-    if fitted != encoder_config:
-      logging.warning(
-        "max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
-        config.max_seq_length,
-        config.init,
-        encoder_config.max_position_embeddings,
-      )
-      encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
-    self.selection_metric = selection_metric(self.task)  # results.json's best epoch
-    self.mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
-    parallel.check_batch_divides(config.batch_size, self.mesh)
-    train_features = self.task.prepare("train", config, self.tokenizer)[0]
-    self.stream = BatchStream(
-      train_features.select_columns(self.task.train_columns),
-      config.batch_size,
-      config.seed,
-      stack_columns,
-      jax.process_index(),
-      jax.process_count(),
-      f"{config.task} train split",
-    )
-    self.eval_data = {split: self.task.prepare(split, config, self.tokenizer) for split in self.task.eval_splits}
-    self.num_steps = config.epochs * self.stream.batches_per_epoch
-    self.step = build_step(config, self.task, self.head, encoder_config, self.mesh, self.tokenizer, self.num_steps)
-    self.encoder_config, self.model = self.step.encoder_config, self.step.model
-    self.tx, self.train_step, self.state_shardings = self.step.tx, self.step.train_step, self.step.state_shardings
-    self.predict = Predictor(self.step.predict_forward, self.mesh, self.state_shardings.params, config.eval_batch_size)
-    self._pretrained = {"encoder": encoder_params}
-    if head_kind(self.head).generates:
-      self._pretrained.update(_masked_lm_head(config.init, pretrained.mlm_head))
-    self.checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+  config: Any
+  workdir: str
+  mesh: Mesh
+  task: Any
+  head: dict
+  tokenizer: Any
+  step: FineTuningStep
+  stream: BatchStream
+  eval_data: dict  # split -> (features, context) of `task.prepare`
+  num_steps: int
+  predict: Predictor
+  pretrained: dict  # {"encoder": ...} and, for a generating head, the masked-LM head's parameters
+  checkpoints: runs.RunCheckpoints
+
+  @property
+  def selection_metric(self) -> str:
+    return selection_metric(self.task)  # results.json's best epoch
 
   def initial_state(self):
     def init(rng, pretrained):
-      params = init_task_params(self.encoder_config, self.head, rng)
-      return TrainState.fresh(
-        {**params, **pretrained}, self.tx
-      )  # pre-trained encoder (and masked-LM head), fresh task head
+      params = init_task_params(self.step.encoder_config, self.head, rng)
+      return TrainState.fresh({**params, **pretrained}, self.step.tx)  # pre-trained body, fresh task head
 
     return restore_or_init(
-      self.checkpoints, init, (jax.random.key(self.config.seed), self._pretrained), self.state_shardings
+      self.checkpoints, init, (jax.random.key(self.config.seed), self.pretrained), self.step.state_shardings
     )
 
   def record(self) -> RunRecord:
     return RunRecord(
-      FINETUNING, self.encoder_config, json.loads(self.config.to_json()), head=self.head, tasks=(self.task.name,)
+      FINETUNING, self.step.encoder_config, json.loads(self.config.to_json()), head=self.head, tasks=(self.task.name,)
     )
 
   def evaluate(self, params) -> dict:
@@ -156,9 +135,52 @@ class FineTuning:
 
   def run(self):
     def step_fn(state, batch, rng):
-      return self.train_step(state, batch, rng)
+      return self.step.train_step(state, batch, rng)
 
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
+
+
+def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
+  """Reads the task and the pre-trained encoder, validates `config` against them and the mesh, and
+  returns the run's parts: every error a config can cause surfaces here, before any compute."""
+  begin_run(config, workdir, finetuning_config.RANGES)
+  task = get_task(config.task, config)
+  head = task.head(config)
+  # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
+  pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=head_kind(head).generates)
+  encoder_config, encoder_params, tokenizer = pretrained[:3]
+  fitted = fit_positions(config, encoder_config, head)
+  if fitted != encoder_config:
+    logging.warning(
+      "max_seq_length=%d exceeds %s's %d positions: its position embeddings are repeated to cover them",
+      config.max_seq_length,
+      config.init,
+      encoder_config.max_position_embeddings,
+    )
+    encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
+  mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
+  parallel.check_batch_divides(config.batch_size, mesh)
+  train_features = task.prepare("train", config, tokenizer)[0]
+  stream = BatchStream(
+    train_features.select_columns(task.train_columns),
+    config.batch_size,
+    config.seed,
+    stack_columns,
+    jax.process_index(),
+    jax.process_count(),
+    f"{config.task} train split",
+  )
+  eval_data = {split: task.prepare(split, config, tokenizer) for split in task.eval_splits}
+  num_steps = config.epochs * stream.batches_per_epoch
+  step = build_step(config, task, head, encoder_config, mesh, tokenizer, num_steps)
+  predict = Predictor(step.predict_forward, mesh, step.state_shardings.params, config.eval_batch_size)
+  initial = {"encoder": encoder_params}
+  if head_kind(head).generates:
+    initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
+  checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+  return FineTuning(
+    config, workdir, mesh, task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints
+  )
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -1,7 +1,7 @@
 """Task-specific and multi-task distillation (the thesis): a fine-tuned teacher's logits on the
 (augmented) training set, learnt by a small student (BiLSTM, bi-attentive LSTM, 3-layer Transformer).
 
-One trainer for both settings (`multitask.MultiTaskRun`): a student is a body shared by its tasks
+One trainer for both settings (`multitask.assemble_multitask_run`): a student is a body shared by its tasks
 plus one head per task (thesis section 4.2); with one task it is chapter 3's distilled BiLSTM, with
 several it is MKD (algorithm 1). Teachers are fine-tuning runs of each task or a multi-task refined
 teacher. Their logits are computed once per training set, batched through the jitted teacher, and
@@ -27,6 +27,8 @@ from minilm_jax.data import augment, word_vectors
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
+  assemble_multitask_run,
+  dummy_batch,
   is_pair,
   parse_tasks,
   read_multitask_run,
@@ -142,116 +144,59 @@ class _Start:
   params: dict  # its body and a head per task of the new run
 
 
-class TaskDistillation(MultiTaskRun):
-  """A task (or multi-task) distillation run, built and validated before any compute; `run()`
-  trains and evaluates. The student's vocabulary is the first teacher's tokenizer (WordPiece, as
-  the thesis's students)."""
-
-  def __init__(self, config, workdir: str, mesh=None):
-    begin_run(config, workdir, task_distill_config.RANGES)
-    tasks = parse_tasks(config.tasks)
-    mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
-    # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes on.
-    self._start = self._continue_from(config, tasks, mesh) if config.student.from_run else None
-    kind = config.student.kind
-    joint = student_kind(kind).joint
-    for task in tasks:
-      check_objective(config.objective, task.head()["num_labels"], task.name)
-    teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
-    target = TARGETS[config.objective]
-    vectors = config.student.word_vectors and self._start is None
-    if not teacher_runs and (target == "teacher_logits" or not (vectors or self._start)):
-      raise UserError(
-        "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
-        "(its tokenizer is also the student's vocabulary, unless student.word_vectors or student.from_run gives one)"
-      )
-    self.teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
-    data_dirs = task_data_dirs(tasks, config.data_dir)
-    self.train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
-    self._embedding_table: np.ndarray | None = None
-    if self._start is not None:
-      tokenizer = self._start.tokenizer
-    elif vectors:
-      tokenizer = self._word_tokenizer(config.student, tasks, config.seed)
-    else:
-      tokenizer = runs.load_tokenizer_of(teacher_runs[0])
-    self.cache_dir = config.cache_dir or os.path.join(workdir, "cache")
-    self.tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
-    self.encoder_config, self._init_body = None, None
-    if self._start is not None:
-      self.encoder_config = self._start.encoder_config
-    elif joint:  # the Transformer starts from an encoder's first layers
-      body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
-      self.encoder_config, self._init_body = body.config, transformer_init(body.params, config.student.num_layers)
-    self.heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
-    super().__init__(
-      config,
-      workdir,
-      mesh,
-      tasks=tasks,
-      tokenizer=tokenizer,
-      model=make_student(config.student, self.heads, len(tokenizer), self.encoder_config),
-      joint=joint,
-      loss=partial(task_loss, config.objective, temperature=config.temperature),
-      target=target,
-      desc=f"distill {config.tasks} -> {kind}",
+def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
+  """A task (or multi-task) distillation run's parts, built and validated before any compute;
+  `run()` trains and evaluates. The student's vocabulary is the first teacher's tokenizer
+  (WordPiece, as the thesis's students), unless word vectors or a distilled student give one."""
+  begin_run(config, workdir, task_distill_config.RANGES)
+  tasks = parse_tasks(config.tasks)
+  mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
+  # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes on.
+  start = _continue_from(config, tasks, mesh) if config.student.from_run else None
+  kind = config.student.kind
+  joint = student_kind(kind).joint
+  for task in tasks:
+    check_objective(config.objective, task.head()["num_labels"], task.name)
+  teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
+  target = TARGETS[config.objective]
+  vectors = config.student.word_vectors and start is None
+  if not teacher_runs and (target == "teacher_logits" or not (vectors or start)):
+    raise UserError(
+      "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
+      "(its tokenizer is also the student's vocabulary, unless student.word_vectors or student.from_run gives one)"
     )
+  teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
+  data_dirs = task_data_dirs(tasks, config.data_dir)
+  train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
+  embedding_table = None
+  if start is not None:
+    tokenizer = start.tokenizer
+  elif vectors:
+    tokenizer, embedding_table = _word_tokenizer(config.student, tasks, train_examples, config.seed)
+  else:
+    tokenizer = runs.load_tokenizer_of(teacher_runs[0])
+  cache_dir = config.cache_dir or os.path.join(workdir, "cache")
+  tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
+  encoder_config, init_body = None, None
+  if start is not None:
+    encoder_config = start.encoder_config
+  elif joint:  # the Transformer starts from an encoder's first layers
+    body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
+    encoder_config, init_body = body.config, transformer_init(body.params, config.student.num_layers)
+  heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
+  model = make_student(config.student, heads, len(tokenizer), encoder_config)
 
-  @staticmethod
-  def _continue_from(config, tasks, mesh) -> "_Start":
-    """What a run starting from the student of `student.from_run` takes from it: the run's student
-    block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
-    source = config.student.from_run
-    record = runs.read_record(source) if runs.is_run(source) else None
-    if record is None or not record.task_student:
-      raise UserError(
-        f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
-        f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
-      )
-    missing = [t.name for t in tasks if t.name not in record.tasks]
-    if missing:
-      raise UserError(
-        f"student.from_run={source} has no head for {', '.join(missing)} (it was distilled on "
-        f"{', '.join(record.tasks)}): fine-tune it on tasks it learnt"
-      )
-    for key, value in record.student.items():
-      if key != "from_run" and key in config.student:
-        setattr(config.student, key, value)
-    params, tokenizer = read_multitask_run(source, mesh)[1:3]
-    heads = {f"head_{t.name}": params[f"head_{t.name}"] for t in tasks}
-    return _Start(tokenizer, record.encoder, {"body": params["body"], **heads})
-
-  def _word_tokenizer(self, student, tasks, seed: int):
-    """The word-level tokenizer of `student.word_vectors` over the tasks' training words; keeps the
-    embedding table it gives the words for `_init_params`."""
-    if student_kind(student.kind).joint:
-      raise UserError(
-        f"student.word_vectors is for the LSTM students, and student.kind={student.kind!r} reads "
-        f"its teacher's WordPiece tokens: use bilstm or biattentive, or leave word_vectors empty"
-      )
-    texts = (
-      text for t in tasks for c in ("text_a", "text_b")[: 1 + is_pair(t)] for text in self.train_examples[t.name][c]
-    )
-    tokenizer, vectors, dim = word_vectors.vocabulary(student.word_vectors, student.max_words, texts)
-    if dim != student.embed_dim:
-      raise UserError(
-        f"student.embed_dim={student.embed_dim} but the vectors of student.word_vectors={student.word_vectors} "
-        f"have {dim} values: set --config.student.embed_dim={dim}"
-      )
-    self._embedding_table = word_vectors.embedding_matrix(tokenizer, vectors, dim, seed)
-    return tokenizer
-
-  def _training_rows(self, task) -> datasets.Dataset:
+  def training_rows(task) -> datasets.Dataset:
     """Inputs plus the gold label ("hard") or the teacher's logits, on the training set augmented
     unless augmentation is off."""
-    c = self.config
-    examples = self.train_examples[task.name]
-    if self.tag is not None:
+    c = config
+    examples = train_examples[task.name]
+    if tag is not None:
       a = c.augment
       examples = augment.augment(
         examples,
-        self.tag,
-        self.tokenizer.mask_token,
+        tag,
+        tokenizer.mask_token,
         p_mask=a.p_mask,
         p_pos=a.p_pos,
         n_iter=a.n_iter,
@@ -259,46 +204,92 @@ class TaskDistillation(MultiTaskRun):
         seed=a.seed,
         desc=f"augment {task.name}",
       )
-    features = task_features(self.joint, task, examples, self.tokenizer, c.max_seq_length)
-    if self.target == "label":
+    features = task_features(joint, task, examples, tokenizer, c.max_seq_length)
+    if target == "label":
       return features
-    logits = teacher_logits(
-      self.teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, self.mesh, self.cache_dir
-    )
+    logits = teacher_logits(teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, mesh, cache_dir)
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
-  def _init_params(self, rng):
-    if self._start is not None:  # every parameter from the distilled student
-      return self._start.params
-    params = self.model.init(rng, self.dummy_batch())["params"]
-    if self._init_body is not None:  # the Transformer starts from an encoder's first layers
-      params = {**params, "body": self._init_body}
-    if self._embedding_table is not None:  # the LSTMs start from the word vectors, in every channel
-      table = jnp.asarray(self._embedding_table)
+  def init_params(rng):
+    if start is not None:  # every parameter from the distilled student
+      return start.params
+    params = model.init(rng, dummy_batch(joint, tasks))["params"]
+    if init_body is not None:  # the Transformer starts from an encoder's first layers
+      params = {**params, "body": init_body}
+    if embedding_table is not None:  # the LSTMs start from the word vectors, in every channel
+      table = jnp.asarray(embedding_table)
       body = {name: {"embedding": table} if "embedding" in name else p for name, p in params["body"].items()}
       params = {**params, "body": body}
     return params
 
-  def _optimizer(self, num_steps):
-    return task_optimizer(self.config.optimizer), lambda step: jnp.asarray(self.config.optimizer.lr)
+  record = RunRecord(
+    TASK_STUDENT,
+    encoder_config,
+    json.loads(config.to_json()),
+    heads=heads,
+    tasks=tuple(t.name for t in tasks),
+    student=config.student.to_dict(),
+    vocab_size=len(tokenizer),
+  )
+  return assemble_multitask_run(
+    config,
+    workdir,
+    mesh,
+    tasks=tasks,
+    tokenizer=tokenizer,
+    model=model,
+    joint=joint,
+    loss=partial(task_loss, config.objective, temperature=config.temperature),
+    target=target,
+    training_rows=training_rows,
+    init_params=init_params,
+    optimizer=lambda num_steps: (task_optimizer(config.optimizer), lambda step: jnp.asarray(config.optimizer.lr)),
+    record=record,
+    summary={"tasks": [t.name for t in tasks], "student": kind, "objective": config.objective},
+    desc=f"distill {config.tasks} -> {kind}",
+  )
 
-  def summary(self) -> dict:
-    return {
-      "tasks": [t.name for t in self.tasks],
-      "student": self.config.student.kind,
-      "objective": self.config.objective,
-    }
 
-  def record(self) -> RunRecord:
-    return RunRecord(
-      TASK_STUDENT,
-      self.encoder_config,
-      json.loads(self.config.to_json()),
-      heads=self.heads,
-      tasks=tuple(t.name for t in self.tasks),
-      student=self.config.student.to_dict(),
-      vocab_size=len(self.tokenizer),
+def _continue_from(config, tasks, mesh) -> _Start:
+  """What a run starting from the student of `student.from_run` takes from it: the run's student
+  block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
+  source = config.student.from_run
+  record = runs.read_record(source) if runs.is_run(source) else None
+  if record is None or not record.task_student:
+    raise UserError(
+      f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
+      f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
     )
+  missing = [t.name for t in tasks if t.name not in record.tasks]
+  if missing:
+    raise UserError(
+      f"student.from_run={source} has no head for {', '.join(missing)} (it was distilled on "
+      f"{', '.join(record.tasks)}): fine-tune it on tasks it learnt"
+    )
+  for key, value in record.student.items():
+    if key != "from_run" and key in config.student:
+      setattr(config.student, key, value)
+  params, tokenizer = read_multitask_run(source, mesh)[1:3]
+  heads = {f"head_{t.name}": params[f"head_{t.name}"] for t in tasks}
+  return _Start(tokenizer, record.encoder, {"body": params["body"], **heads})
+
+
+def _word_tokenizer(student, tasks, train_examples: dict, seed: int):
+  """(the word-level tokenizer of `student.word_vectors` over the tasks' training words, the
+  embedding table it gives those words)."""
+  if student_kind(student.kind).joint:
+    raise UserError(
+      f"student.word_vectors is for the LSTM students, and student.kind={student.kind!r} reads "
+      f"its teacher's WordPiece tokens: use bilstm or biattentive, or leave word_vectors empty"
+    )
+  texts = (text for t in tasks for c in ("text_a", "text_b")[: 1 + is_pair(t)] for text in train_examples[t.name][c])
+  tokenizer, vectors, dim = word_vectors.vocabulary(student.word_vectors, student.max_words, texts)
+  if dim != student.embed_dim:
+    raise UserError(
+      f"student.embed_dim={student.embed_dim} but the vectors of student.word_vectors={student.word_vectors} "
+      f"have {dim} values: set --config.student.embed_dim={dim}"
+    )
+  return tokenizer, word_vectors.embedding_matrix(tokenizer, vectors, dim, seed)
 
 
 def run_lr_grid(config, workdir: str):
@@ -322,7 +313,7 @@ def run_lr_grid(config, workdir: str):
     run_config = copy.deepcopy(config)
     run_config.optimizer.lr, run_config.lr_grid = rate, ""
     run_dir = os.path.join(workdir, f"lr{rate:g}")
-    results = TaskDistillation(run_config, run_dir).run()[1]
+    results = build_task_distillation(run_config, run_dir).run()[1]
     losses = [v for k, v in results.items() if k.endswith("/loss")]
     rows.append({"lr": rate, "workdir": run_dir, "dev_loss": float(np.mean(losses)), **results})
   best = min(range(len(rows)), key=lambda i: rows[i]["dev_loss"])
