@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import VADER_EXCERPT, WORDNET_EXCERPT, program_stderr
-from minilm_jax import parallel
+from minilm_jax import parallel, runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
@@ -360,3 +360,22 @@ def test_bench_students_ranks_and_noise():
   assert by["minilm_etd"]["probe_within_noise_of"] == "uniform_layers"
   assert by["minilm_etd"]["probe_gap_closed"] == pytest.approx(0.1, abs=1e-6)
   assert by["teacher"]["mean/probe"] == 0.9 and by["teacher"]["b/probe"] is None
+
+
+def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_corpus):
+  """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
+  (objective, layers, relation heads checked), as the suite's distillation will build it."""
+  from minilm_jax.benchmarks import students
+  from minilm_jax.distill.trainer import build_step
+  from minilm_jax.embeddings import Pooling
+
+  teacher_config = runs.encoder_config_of(tiny_teacher)
+  for name, recipe in students.RECIPES.items():
+    config = students._student(name, tiny_teacher, teacher_config, (1, 32), 4, 8, 32, tiny_corpus, 4)
+    build = partial(build_step, config, teacher_config, parallel.make_mesh(1), masking=(), pooling=Pooling())
+    if teacher_config.hidden_size % recipe.get("relation_heads", 4):  # MiniLMv2's 48 heads: 384-wide models
+      with pytest.raises(UserError, match="num_relation_heads=48 does not divide hidden size"):
+        build()
+      continue
+    step = build()
+    assert step.student.config.num_layers == 1 and config.num_steps == 4, name

@@ -18,7 +18,8 @@ for the same number of tokens with each recipe worth comparing:
 - `minilm_first_embedding`: the MiniLM relations and the embedding MSE from the teacher's first
   layers (the better start on some tasks after fine-tuning);
 - `tinybert_layerwise_etd`: TinyBERT's layer-wise transfer from the evenly spaced layers: every
-  student layer learns its teacher layer's attention and hidden states, the embeddings too.
+  student layer learns its teacher layer's attention and hidden states, the embeddings too;
+- `embedding_first`: the teacher's first layers learning its sentence embeddings alone (MSE).
 
 Noise: a fine-tuned score's is the standard deviation over seeds (of the task's score, and of the
 mean over tasks); a frozen probe's is the dev set's sampling error, sqrt(p (1 - p) / n). Two models
@@ -63,6 +64,7 @@ RECIPES: dict[str, dict[str, Any]] = {
   "hidden_mse_etd": {"init": "etd", "objective": "hidden_mse"},
   "minilm_first_embedding": {"init": "etd", "layers": "bottom", "embedding_weight": 1.0},
   "tinybert_layerwise_etd": {"init": "etd", "objective": "tinybert_layerwise"},
+  "embedding_first": {"init": "etd", "layers": "bottom", "objective": "embedding"},
 }
 
 
