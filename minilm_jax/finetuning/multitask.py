@@ -19,7 +19,6 @@ import datasets
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from flax import linen as nn
 from jax.sharding import Mesh
 
@@ -124,8 +123,7 @@ class MultiTaskRun:
   train_steps: dict  # task name -> jitted (state, batch, rng) -> (state, metrics)
   predictors: dict  # task name -> Predictor
   checkpoints: runs.RunCheckpoints
-  init_params: Callable  # rng -> the fresh run's parameters
-  tx: optax.GradientTransformation
+  init_state: Callable  # rng -> the fresh run's train state
   run_record: RunRecord
   summary: dict  # what results.json says of the run before its metrics
   # Several tasks: no one metric picks a best epoch (results.json lists every epoch).
@@ -135,8 +133,7 @@ class MultiTaskRun:
     return self.run_record
 
   def initial_state(self):
-    init = lambda rng: TrainState.fresh(self.init_params(rng), self.tx)  # noqa: E731
-    return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed),), self.state_shardings)
+    return restore_or_init(self.checkpoints, self.init_state, (jax.random.key(self.config.seed),), self.state_shardings)
 
   def evaluate(self, params) -> dict:
     """Every task's dev metrics, flat: {"<task>/dev/accuracy": ..., "<task>/dev/loss": ...}; the
@@ -195,8 +192,11 @@ def assemble_multitask_run(
   stream = MultiTaskStream(streams, c.seed)
   num_steps = c.epochs * stream.batches_per_epoch
   tx, schedule = optimizer(num_steps)
-  abstract = jax.eval_shape(lambda rng: TrainState.fresh(init_params(rng), tx), jax.random.key(0))
-  state_shardings = parallel.tree_shardings(abstract, mesh)
+
+  def init_state(rng):
+    return TrainState.fresh(init_params(rng), tx)
+
+  state_shardings = parallel.tree_shardings(jax.eval_shape(init_state, jax.random.key(0)), mesh)
   check_accumulation(c.optimizer.accumulate_steps, c.batch_size // mesh.shape[parallel.DATA])
 
   def train_step(task):
@@ -231,8 +231,7 @@ def assemble_multitask_run(
     {t.name: train_step(t) for t in tasks},
     predictors,
     runs.RunCheckpoints(workdir, c.checkpoint.every, c.checkpoint.keep),
-    init_params,
-    tx,
+    init_state,
     record,
     summary,
   )
