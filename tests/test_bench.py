@@ -248,7 +248,8 @@ def test_bench_data_rows(tmp_path):
 def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
   """Each baseline and recipe distils (or not), is probed frozen and fine-tuned with two seeds on two
   tasks from different sources (WordNet's definitions, VADER's movie reviews), and is ranked; a rerun
-  with the same results file measures nothing again."""
+  with the same results file measures nothing again, nor does one with another budget for the
+  baselines."""
   from minilm_jax.benchmarks import students
 
   models = ("teacher", "first_layers", "minilm_etd_embedding")
@@ -278,6 +279,8 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   assert sorted(os.listdir(tmp_path / "measured_models"))[0].startswith("first_layers_")  # kept for reruns
   probes = suite(seeds=0)  # the frozen probes alone, all from the results file
   assert [r["mean/probe"] for r in probes] == [r["mean/probe"] for r in rows] and "mean/ft" not in probes[0]
+  assert results.read_text().splitlines() == measured
+  suite(steps=3, models=models[:2])  # the baselines are not distilled: another budget reuses their scores
   assert results.read_text().splitlines() == measured
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
@@ -323,6 +326,7 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))
   assert row["model"] == "teacher" and 0 <= row["vader_tweets/probe"] <= 1 and row["vader_tweets/ft_std"] == 0
+  assert row["ft_within_noise_of"] == "unknown (one seed)"
   assert "teacher" in proc.stdout and "vader_tweets/ft" in proc.stdout
 
 

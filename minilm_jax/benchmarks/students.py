@@ -19,7 +19,9 @@ for the same number of tokens with each recipe worth comparing:
   layers (the better start on some tasks after fine-tuning);
 - `tinybert_layerwise_etd`: TinyBERT's layer-wise transfer from the evenly spaced layers: every
   student layer learns its teacher layer's attention and hidden states, the embeddings too;
-- `embedding_first`: the teacher's first layers learning its sentence embeddings alone (MSE).
+- `embedding_first`: the teacher's first layers learning its sentence embeddings alone (MSE);
+- `embedding_etd`: the same from the evenly spaced layers (the better start after fine-tuning on
+  WordNet's definitions).
 
 Noise: a fine-tuned score's is the standard deviation over seeds (of the task's score, and of the
 mean over tasks); a frozen probe's is the dev set's sampling error, sqrt(p (1 - p) / n). Two models
@@ -65,6 +67,7 @@ RECIPES: dict[str, dict[str, Any]] = {
   "minilm_first_embedding": {"init": "etd", "layers": "bottom", "embedding_weight": 1.0},
   "tinybert_layerwise_etd": {"init": "etd", "objective": "tinybert_layerwise"},
   "embedding_first": {"init": "etd", "layers": "bottom", "objective": "embedding"},
+  "embedding_etd": {"init": "etd", "objective": "embedding"},
 }
 
 
@@ -81,6 +84,8 @@ def _student(
 ):
   """The distillation config of a recipe or of a no-distillation baseline (0 steps)."""
   recipe = RECIPES.get(name, {})
+  # A baseline is not distilled: its config (so its results' key) must not depend on the budget.
+  steps = steps if name in RECIPES else 0
   c = distill_config()
   c.teacher.path, c.data.corpus, c.dtype = teacher, corpus, "float32"
   c.student.num_layers, c.student.hidden_size = shape
@@ -95,7 +100,7 @@ def _student(
   c.loss.num_relation_heads = recipe.get("relation_heads", relation_heads)
   c.loss.embedding_weight = recipe.get("embedding_weight", 0.0)
   c.data.max_seq_length, c.batch_size = length, batch
-  c.num_steps = steps if name in RECIPES else 0
+  c.num_steps = steps
   c.optimizer.lr = recipe.get("lr", 1e-4)
   c.optimizer.warmup_steps = max(1, steps // 10)
   c.checkpoint.every, c.log_every = 10**9, max(1, steps // 10)
@@ -201,11 +206,12 @@ class ModelScores:
 
   def finetuned_mean(self) -> tuple:
     """The mean over tasks and its standard error: each seed's mean over tasks, across seeds (None
-    without fine-tuning)."""
+    without fine-tuning; the error is NaN, unknown, from one seed)."""
     if not all(self.finetuned.values()):
       return None, 0.0
     per_seed_mean = np.mean([scores for scores in self.finetuned.values()], axis=0)
-    return float(per_seed_mean.mean()), _standard_error(per_seed_mean)
+    error = _standard_error(per_seed_mean) if len(per_seed_mean) > 1 else float("nan")
+    return float(per_seed_mean.mean()), error
 
   def probe_mean(self) -> tuple:
     """The mean over the probed tasks and its standard error (the dev sets' sampling errors)."""
@@ -258,6 +264,9 @@ def rank(models: list, tasks: list) -> list:
         gap = means["teacher"][0] - max(baselines)
         row[f"{kind}_gap_closed"] = round((means[name][0] - max(baselines)) / gap, 2) if gap > 0 else None
       mean, error = means[name]
+      if np.isnan(error):  # one seed: no spread to compare against, so no claim either way
+        row[f"{kind}_within_noise_of"] = "unknown (one seed)"
+        continue
       ties = [o for o in order if o != name and abs(mean - means[o][0]) < 2 * np.hypot(error, means[o][1])]
       row[f"{kind}_within_noise_of"] = ",".join(ties) or "-"
   return rows
