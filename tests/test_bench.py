@@ -327,43 +327,62 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path):
   (row,) = json.load(open(out))
   assert row["model"] == "teacher" and 0 <= row["vader_tweets/probe"] <= 1 and row["vader_tweets/ft_std"] == 0
   assert row["ft_within_noise_of"] == "unknown (one seed)"
+  assert row["probe_within_noise_of"] == "-"  # a probe has no seeds: its claim needs none
   assert "teacher" in proc.stdout and "vader_tweets/ft" in proc.stdout
 
 
 def test_bench_students_ranks_and_noise():
   """Ranks by the mean over tasks; within noise means closer than twice the standard error of the
-  difference (seeds for fine-tuning, the dev set's sampling error for the probe); the share of the
-  gap from the better layer-dropping baseline to the teacher."""
-  from minilm_jax.benchmarks.students import ModelScores, rank
+  difference (from the seeds for fine-tuning; paired by dev example for the probe, McNemar's error);
+  the share of the gap from the better layer-dropping baseline to the teacher."""
+  from minilm_jax.benchmarks.students import ModelScores, probe_difference_error, rank
+
+  def right(*spans):  # a probe that gets the dev examples in `spans` right, of 1,000
+    correct = np.zeros(1000, bool)
+    for start, stop in spans:
+      correct[start:stop] = True
+    return correct
 
   def model(name, ft_a, ft_b, probe):
     m = ModelScores(name, "3x384", 0)
     m.finetuned = {"a": ft_a, "b": ft_b}
-    m.probe = {"a": (probe, 1000), "b": (None, 0)}  # b: a sentence-pair task, no probe
+    m.probe = {"a": probe, "b": None}  # b: a sentence-pair task, no probe
     return m
 
-  rows = rank(
-    [
-      model("teacher", [0.90, 0.92, 0.91], [0.80, 0.80, 0.80], 0.90),
-      model("first_layers", [0.70, 0.70, 0.70], [0.60, 0.60, 0.60], 0.70),
-      model("uniform_layers", [0.80, 0.80, 0.80], [0.70, 0.70, 0.70], 0.80),
-      # 0.8 on average, one seed far off: within noise of uniform_layers though its mean is higher
-      model("minilm_etd", [0.80, 0.90, 0.80], [0.70, 0.75, 0.71], 0.81),
-    ],
-    ["a", "b"],
-  )
+  models = [
+    model("teacher", [0.90, 0.92, 0.91], [0.80, 0.80, 0.80], right((0, 900))),
+    model("first_layers", [0.70, 0.70, 0.70], [0.60, 0.60, 0.60], right((0, 700))),
+    model("uniform_layers", [0.80, 0.80, 0.80], [0.70, 0.70, 0.70], right((0, 800))),
+    # 0.8 on average, one seed far off: within noise of uniform_layers though its mean is higher;
+    # its probe gets 0.81 with 40 examples lost and 50 won against uniform_layers' 0.80
+    model("minilm_etd", [0.80, 0.90, 0.80], [0.70, 0.75, 0.71], right((0, 760), (800, 850))),
+    # the same 0.81 with 10 examples won and none lost: beyond the paired noise, though 0.81 and
+    # 0.80 on 1,000 examples are within two unpaired sampling errors (2 x 0.018)
+    model("minilm_random", [0.50, 0.50, 0.50], [0.50, 0.50, 0.50], right((0, 810))),
+  ]
+  rows = rank(models, ["a", "b"])
   by = {r["model"]: r for r in rows}
-  assert [by[m]["ft_rank"] for m in ("teacher", "minilm_etd", "uniform_layers", "first_layers")] == [1, 2, 3, 4]
+  order = ("teacher", "minilm_etd", "uniform_layers", "first_layers", "minilm_random")
+  assert [by[m]["ft_rank"] for m in order] == [1, 2, 3, 4, 5]
   per_seed = np.mean([[0.80, 0.90, 0.80], [0.70, 0.75, 0.71]], axis=0)
   assert by["minilm_etd"]["mean/ft_std"] == pytest.approx(np.std(per_seed, ddof=1), abs=1e-4)
   assert by["minilm_etd"]["ft_within_noise_of"] == "uniform_layers"
   assert by["first_layers"]["ft_within_noise_of"] == "-"  # no spread: any difference is beyond noise
   gap = by["minilm_etd"]["ft_gap_closed"]
   assert gap == pytest.approx((per_seed.mean() - 0.75) / (0.855 - 0.75), abs=0.01)
-  # probe: one task of 1,000 examples, standard error about 0.013: 0.81 and 0.80 are within noise
-  assert by["minilm_etd"]["probe_within_noise_of"] == "uniform_layers"
+  # McNemar's standard error of a paired difference from its discordant counts (won w, lost l of n)
+  mcnemar = lambda w, l, n=1000: np.sqrt((w + l - (w - l) ** 2 / n) / (n - 1) / n)
+  assert probe_difference_error(models[3], models[2]) == pytest.approx(mcnemar(50, 40))
+  assert probe_difference_error(models[4], models[2]) == pytest.approx(mcnemar(10, 0))
+  assert set(by["minilm_etd"]["probe_within_noise_of"].split(",")) == {"uniform_layers", "minilm_random"}
+  assert by["minilm_random"]["probe_within_noise_of"] == "minilm_etd"
   assert by["minilm_etd"]["probe_gap_closed"] == pytest.approx(0.1, abs=1e-6)
   assert by["teacher"]["mean/probe"] == 0.9 and by["teacher"]["b/probe"] is None
+  # a teacher fine-tuned with one seed: the others' comparisons with it are unknown, not ties
+  models[0].finetuned = {"a": [0.91], "b": [0.80]}
+  by = {r["model"]: r for r in rank(models, ["a", "b"])}
+  assert by["teacher"]["ft_within_noise_of"] == "unknown (one seed)"
+  assert by["minilm_etd"]["ft_within_noise_of"] == "uniform_layers; unknown (one seed): teacher"
 
 
 def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_corpus):

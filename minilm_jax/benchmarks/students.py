@@ -23,9 +23,12 @@ for the same number of tokens with each recipe worth comparing:
 - `embedding_etd`: the same from the evenly spaced layers (the better start after fine-tuning on
   WordNet's definitions).
 
-Noise: a fine-tuned score's is the standard deviation over seeds (of the task's score, and of the
-mean over tasks); a frozen probe's is the dev set's sampling error, sqrt(p (1 - p) / n). Two models
-are within noise when their means differ by less than twice the standard error of the difference.
+Noise: two models are within noise when their means over tasks differ by less than twice the
+standard error of the difference. Fine-tuned, that error comes from the seeds (each model's standard
+deviation over seeds of its mean over tasks). Frozen, every model is probed on the same dev examples,
+so the difference is paired by example (McNemar's view): examples both models get right or both get
+wrong cancel, and the error is that of the per-example difference of correctness, far smaller than
+two independent sampling errors when the models agree on most examples.
 """
 
 import dataclasses
@@ -46,7 +49,7 @@ import numpy as np
 from minilm_jax import parallel, runs
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
-from minilm_jax.distill.evaluators import probe_accuracy
+from minilm_jax.distill.evaluators import probe_correct
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config as finetune_config
@@ -179,18 +182,19 @@ def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, l
   return results[selection_metric(task.task)]
 
 
-def _probe(init: str, task: BenchTask, length: int, mesh) -> tuple:
-  """Frozen-probe dev accuracy of `init`'s sentence embeddings, and the dev set's size; None for a
+def _probe(init: str, task: BenchTask, length: int, mesh) -> str | None:
+  """Which dev examples a logistic-regression probe of `init`'s frozen sentence embeddings gets
+  right, as a string of 0s and 1s (one per example, in the dev set's order); None for a
   sentence-pair task."""
   if len(task.task.text_columns) != 1:
-    return None, 0
+    return None
   encoder = SentenceEncoder.load(init, mesh, 64, length)
   train, dev = task.task.load("train", task.data_dir), task.task.load("dev", task.data_dir)
   embed = lambda texts, split: encoder(list(texts), desc=f"probe {task.label} {split}")
-  accuracy = probe_accuracy(
+  correct = probe_correct(
     embed(train["text_a"], "train"), np.asarray(train["label"]), embed(dev["text_a"], "dev"), np.asarray(dev["label"])
   )
-  return accuracy, len(dev)
+  return "".join("1" if right else "0" for right in correct)
 
 
 @dataclasses.dataclass
@@ -202,24 +206,25 @@ class ModelScores:
   distill_tokens: int
   distill_minutes: float = 0.0
   finetuned: dict[str, list] = dataclasses.field(default_factory=dict)  # task -> score per seed
-  probe: dict[str, tuple] = dataclasses.field(default_factory=dict)  # task -> (accuracy or None, dev size)
+  # task -> whether the frozen probe gets each dev example right (None: a sentence-pair task, no probe)
+  probe: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
 
-  def finetuned_mean(self) -> tuple:
-    """The mean over tasks and its standard error: each seed's mean over tasks, across seeds (None
-    without fine-tuning; the error is NaN, unknown, from one seed)."""
+  def finetuned_mean(self) -> float | None:
+    """The mean over tasks of the mean over seeds (None without fine-tuning)."""
     if not all(self.finetuned.values()):
-      return None, 0.0
-    per_seed_mean = np.mean([scores for scores in self.finetuned.values()], axis=0)
-    error = _standard_error(per_seed_mean) if len(per_seed_mean) > 1 else float("nan")
-    return float(per_seed_mean.mean()), error
+      return None
+    return float(np.mean(list(self.finetuned.values())))
 
-  def probe_mean(self) -> tuple:
-    """The mean over the probed tasks and its standard error (the dev sets' sampling errors)."""
-    probed = [(p, n) for p, n in self.probe.values() if p is not None]
-    if not probed:
-      return None, 0.0
-    errors = [p * (1 - p) / n for p, n in probed]
-    return float(np.mean([p for p, _ in probed])), float(np.sqrt(sum(errors)) / len(probed))
+  def finetuned_error(self) -> float:
+    """The standard error of `finetuned_mean`: each seed's mean over tasks, across seeds (NaN,
+    unknown, from one seed)."""
+    per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
+    return _standard_error(per_seed_mean) if len(per_seed_mean) > 1 else float("nan")
+
+  def probe_mean(self) -> float | None:
+    """The mean over the probed tasks of the probe's dev accuracy (None when no task is probed)."""
+    probed = [correct.mean() for correct in self.probe.values() if correct is not None]
+    return float(np.mean(probed)) if probed else None
 
   def row(self, tasks) -> dict:
     row: dict[str, Any] = {"model": self.model, "student": self.student, "distill_tokens": self.distill_tokens}
@@ -229,12 +234,13 @@ class ModelScores:
         row[f"{t}/ft"] = round(float(np.mean(self.finetuned[t])), 4)
         row[f"{t}/ft_std"] = round(_std(self.finetuned[t]), 4)
       if t in self.probe:
-        row[f"{t}/probe"] = None if self.probe[t][0] is None else round(self.probe[t][0], 4)
+        correct = self.probe[t]
+        row[f"{t}/probe"] = None if correct is None else round(float(correct.mean()), 4)
     if len(self.finetuned) == len(tasks) and all(self.finetuned.values()):
       per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
       row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
-    if len(self.probe) == len(tasks) and self.probe_mean()[0] is not None:
-      row["mean/probe"] = round(self.probe_mean()[0], 4)
+    if len(self.probe) == len(tasks) and self.probe_mean() is not None:
+      row["mean/probe"] = round(self.probe_mean(), 4)
     return row
 
 
@@ -246,34 +252,58 @@ def _standard_error(values) -> float:
   return _std(values) / np.sqrt(len(values))
 
 
+def finetuned_difference_error(a: ModelScores, b: ModelScores) -> float:
+  """Standard error of the difference of two models' fine-tuned means over tasks: their seeds are
+  independent runs (NaN, unknown, when either has one seed)."""
+  return float(np.hypot(a.finetuned_error(), b.finetuned_error()))
+
+
+def probe_difference_error(a: ModelScores, b: ModelScores) -> float:
+  """Standard error of the difference of two models' probe means over tasks, paired by dev example:
+  per task, the variance of the per-example difference of correctness (-1, 0 or 1) over the dev
+  set's size; the tasks' dev sets are independent, and the mean over tasks divides by their number."""
+  tasks = [t for t, correct in a.probe.items() if correct is not None]
+  variances = [np.var(a.probe[t].astype(float) - b.probe[t], ddof=1) / len(a.probe[t]) for t in tasks]
+  return float(np.sqrt(sum(variances)) / len(tasks))
+
+
 def rank(models: list, tasks: list) -> list:
   """Rows of `models` with each one's rank by the mean over tasks (fine-tuned and probed), the share
   of the gap from the better layer-dropping baseline to the teacher that it closes, and the models
   it is within noise of (means closer than twice the standard error of their difference)."""
   rows = [m.row(tasks) for m in models]
-  for kind, mean_of in (("ft", ModelScores.finetuned_mean), ("probe", ModelScores.probe_mean)):
-    means = {m.model: mean_of(m) for m in models if mean_of(m)[0] is not None}
-    order = sorted(means, key=lambda name: -means[name][0])
-    baselines = [means[b][0] for b in ("first_layers", "uniform_layers") if b in means]
+  kinds = (
+    ("ft", ModelScores.finetuned_mean, finetuned_difference_error),
+    ("probe", ModelScores.probe_mean, probe_difference_error),
+  )
+  for kind, mean_of, difference_error in kinds:
+    scored = {m.model: m for m in models if mean_of(m) is not None}
+    means = {name: mean_of(m) for name, m in scored.items()}
+    order = sorted(means, key=lambda name: -means[name])
+    baselines = [means[b] for b in ("first_layers", "uniform_layers") if b in means]
     for row in rows:
       name = row["model"]
       if name not in means:
         continue
       row[f"{kind}_rank"] = order.index(name) + 1
       if baselines and "teacher" in means and name in RECIPES:
-        gap = means["teacher"][0] - max(baselines)
-        row[f"{kind}_gap_closed"] = round((means[name][0] - max(baselines)) / gap, 2) if gap > 0 else None
-      mean, error = means[name]
-      if np.isnan(error):  # one seed: no spread to compare against, so no claim either way
+        gap = means["teacher"] - max(baselines)
+        row[f"{kind}_gap_closed"] = round((means[name] - max(baselines)) / gap, 2) if gap > 0 else None
+      # NaN: one of the two has one seed, no spread to compare against, so no claim either way
+      errors = {o: difference_error(scored[name], scored[o]) for o in order if o != name}
+      unknown = [o for o, e in errors.items() if np.isnan(e)]
+      ties = [o for o, e in errors.items() if abs(means[name] - means[o]) < 2 * e]
+      if np.isnan(difference_error(scored[name], scored[name])):  # its own error is unknown
         row[f"{kind}_within_noise_of"] = "unknown (one seed)"
-        continue
-      ties = [o for o in order if o != name and abs(mean - means[o][0]) < 2 * np.hypot(error, means[o][1])]
-      row[f"{kind}_within_noise_of"] = ",".join(ties) or "-"
+      else:
+        row[f"{kind}_within_noise_of"] = (",".join(ties) or "-") + (
+          f"; unknown (one seed): {','.join(unknown)}" if unknown else ""
+        )
   return rows
 
 
 class MeasurementLog:
-  """Measurements (a probe's (accuracy, dev size), a fine-tuning seed's score) by what determines
+  """Measurements (which dev examples a probe gets right, a fine-tuning seed's score) by what determines
   them, kept in a JSON Lines file when given one: a suite of hours that stops resumes from it."""
 
   def __init__(self, path: str):
@@ -329,7 +359,7 @@ class _Model:
   distill_minutes: float = 0.0
 
   def measured(self, task: BenchTask, what, measure: Callable[[str], Any]):
-    """`what` ("probe" or a seed) of `task`: from the log, else `measure(model path)` now."""
+    """`what` ("probe_correct" or a seed) of `task`: from the log, else `measure(model path)` now."""
     key = (self.key, f"{task.name}={task.data_dir}", what)
     if key not in self.log:
       self.log.add(key, measure(self._path()), self.distill_minutes)
@@ -392,9 +422,8 @@ def run(
       tokens = steps * batch * length if name in RECIPES else 0
       scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
       for t in bench_tasks:
-        scores[name].probe[t.label] = tuple(
-          model.measured(t, "probe", partial(_probe, task=t, length=length, mesh=mesh))
-        )
+        correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=mesh))
+        scores[name].probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
         finetune = partial(_finetune, task=t, epochs=finetune_epochs, length=length, lr=finetune_lr, mesh=mesh)
         scores[name].finetuned[t.label] = [
           model.measured(t, seed, partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}"))

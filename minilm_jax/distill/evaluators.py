@@ -333,12 +333,18 @@ def probe(name, spec, context: Context) -> Evaluator:
   return _embedding_evaluator(name, spec, context, train_texts + dev_texts, score)
 
 
-def probe_accuracy(train_NxD, train_y, dev_MxD, dev_y) -> float:
-  """Dev accuracy of scikit-learn's logistic regression (default L2, lbfgs) fitted on frozen embeddings."""
+def probe_correct(train_NxD, train_y, dev_MxD, dev_y) -> np.ndarray:
+  """Which dev examples scikit-learn's logistic regression (default L2, lbfgs) fitted on frozen
+  embeddings gets right (bool per example)."""
   from sklearn.linear_model import LogisticRegression
 
   classifier = LogisticRegression(max_iter=2000).fit(np.asarray(train_NxD, np.float64), train_y)
-  return float(np.mean(classifier.predict(np.asarray(dev_MxD, np.float64)) == dev_y))
+  return classifier.predict(np.asarray(dev_MxD, np.float64)) == np.asarray(dev_y)
+
+
+def probe_accuracy(train_NxD, train_y, dev_MxD, dev_y) -> float:
+  """Dev accuracy of the logistic-regression probe on frozen embeddings (see `probe_correct`)."""
+  return float(np.mean(probe_correct(train_NxD, train_y, dev_MxD, dev_y)))
 
 
 def summary(config, workdir: str, speed: dict, sizes: dict) -> str:
