@@ -239,8 +239,9 @@ class ModelScores:
     if len(self.finetuned) == len(tasks) and all(self.finetuned.values()):
       per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
       row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
-    if len(self.probe) == len(tasks) and self.probe_mean() is not None:
-      row["mean/probe"] = round(self.probe_mean(), 4)
+    probe_mean = self.probe_mean()
+    if len(self.probe) == len(tasks) and probe_mean is not None:
+      row["mean/probe"] = round(probe_mean, 4)
     return row
 
 
@@ -262,9 +263,9 @@ def probe_difference_error(a: ModelScores, b: ModelScores) -> float:
   """Standard error of the difference of two models' probe means over tasks, paired by dev example:
   per task, the variance of the per-example difference of correctness (-1, 0 or 1) over the dev
   set's size; the tasks' dev sets are independent, and the mean over tasks divides by their number."""
-  tasks = [t for t, correct in a.probe.items() if correct is not None]
-  variances = [np.var(a.probe[t].astype(float) - b.probe[t], ddof=1) / len(a.probe[t]) for t in tasks]
-  return float(np.sqrt(sum(variances)) / len(tasks))
+  pairs = [(mine, b.probe[t]) for t, mine in a.probe.items() if mine is not None]
+  variances = [np.var(mine.astype(float) - theirs, ddof=1) / len(mine) for mine, theirs in pairs]
+  return float(np.sqrt(sum(variances)) / len(pairs))
 
 
 def rank(models: list, tasks: list) -> list:
@@ -277,8 +278,12 @@ def rank(models: list, tasks: list) -> list:
     ("probe", ModelScores.probe_mean, probe_difference_error),
   )
   for kind, mean_of, difference_error in kinds:
-    scored = {m.model: m for m in models if mean_of(m) is not None}
-    means = {name: mean_of(m) for name, m in scored.items()}
+    means: dict[str, float] = {}
+    for m in models:
+      mean = mean_of(m)
+      if mean is not None:
+        means[m.model] = mean
+    scored = {m.model: m for m in models if m.model in means}
     order = sorted(means, key=lambda name: -means[name])
     baselines = [means[b] for b in ("first_layers", "uniform_layers") if b in means]
     for row in rows:
