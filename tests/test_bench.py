@@ -282,6 +282,14 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   assert results.read_text().splitlines() == measured
   suite(steps=3, models=models[:2])  # the baselines are not distilled: another budget reuses their scores
   assert results.read_text().splitlines() == measured
+  # A later run that measures a distilled student again (a third seed) finds it distilled in moments:
+  # its row keeps the time the distillation took (here a logged 33.6 minutes).
+  entries = [json.loads(line) for line in measured]
+  for entry in entries:
+    entry["distill_minutes"] = 33.6 if json.loads(entry["key"])[0]["distill"] else 0.0
+  results.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+  (again,) = suite(seeds=3, models=models[2:], tasks=tasks[:1])
+  assert again["distill_min"] == 33.6 and len(results.read_text().splitlines()) == len(measured) + 1
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:

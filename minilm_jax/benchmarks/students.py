@@ -340,6 +340,13 @@ class MeasurementLog:
   def __getitem__(self, key) -> dict:
     return self.entries[self._key(key)]
 
+  def distill_minutes(self, model_key) -> float:
+    """How long the model's distillation took: the longest time logged with its measurements (the
+    run that distilled it logs the whole time; a later run finds it distilled and takes moments)."""
+    model = self._key(model_key)
+    times = [e["distill_minutes"] for k, e in self.entries.items() if self._key(json.loads(k)[0]) == model]
+    return max(times, default=0.0)
+
   def add(self, key, value, distill_minutes: float):
     entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes}
     self.entries[entry["key"]] = entry
@@ -368,7 +375,7 @@ class _Model:
     key = (self.key, f"{task.name}={task.data_dir}", what)
     if key not in self.log:
       self.log.add(key, measure(self._path()), self.distill_minutes)
-    self.distill_minutes = self.log[key]["distill_minutes"]
+    self.distill_minutes = self.log.distill_minutes(self.key)
     return self.log[key]["value"]
 
   def _path(self) -> str:
