@@ -215,10 +215,14 @@ class ModelScores:
       return None
     return float(np.mean(list(self.finetuned.values())))
 
+  def per_seed_mean(self) -> np.ndarray:
+    """Each seed's fine-tuned mean over tasks."""
+    return np.mean(list(self.finetuned.values()), axis=0)
+
   def finetuned_error(self) -> float:
-    """The standard error of `finetuned_mean`: each seed's mean over tasks, across seeds (NaN,
-    unknown, from one seed)."""
-    per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
+    """The standard error of `finetuned_mean`: of `per_seed_mean` across seeds (NaN, unknown, from
+    one seed)."""
+    per_seed_mean = self.per_seed_mean()
     return _standard_error(per_seed_mean) if len(per_seed_mean) > 1 else float("nan")
 
   def probe_mean(self) -> float | None:
@@ -237,7 +241,7 @@ class ModelScores:
         correct = self.probe[t]
         row[f"{t}/probe"] = None if correct is None else round(float(correct.mean()), 4)
     if len(self.finetuned) == len(tasks) and all(self.finetuned.values()):
-      per_seed_mean = np.mean(list(self.finetuned.values()), axis=0)
+      per_seed_mean = self.per_seed_mean()
       row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
     probe_mean = self.probe_mean()
     if len(self.probe) == len(tasks) and probe_mean is not None:
