@@ -280,7 +280,10 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   probes = suite(seeds=0)  # the frozen probes alone, all from the results file
   assert [r["mean/probe"] for r in probes] == [r["mean/probe"] for r in rows] and "mean/ft" not in probes[0]
   assert results.read_text().splitlines() == measured
-  suite(steps=3, models=models[:2])  # the baselines are not distilled: another budget reuses their scores
+  # The baselines are not distilled: another budget or corpus reuses their scores.
+  other_corpus = tmp_path / "other_corpus.txt"
+  other_corpus.write_text("Another corpus, which the baselines never read.\n", encoding="utf-8")
+  suite(steps=3, corpus=str(other_corpus), models=models[:2])
   assert results.read_text().splitlines() == measured
   # A later run that measures a distilled student again (a third seed) finds it distilled in moments:
   # its row keeps the time the distillation took (here a logged 33.6 minutes).

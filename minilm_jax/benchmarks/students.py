@@ -89,8 +89,10 @@ def _student(
 ):
   """The distillation config of a recipe or of a no-distillation baseline (0 steps)."""
   recipe = RECIPES.get(name, {})
-  # A baseline is not distilled: its config (so its results' key) must not depend on the budget.
-  steps = steps if name in RECIPES else 0
+  # A baseline is not distilled, and ETD-Rand reads no text: its config (so its results' key) must
+  # depend on neither the budget nor the corpus, or every new corpus would fine-tune it again.
+  if name not in RECIPES:
+    steps, corpus = 0, "demo"
   c = distill_config()
   c.teacher.path, c.data.corpus, c.dtype = teacher, corpus, "float32"
   c.student.num_layers, c.student.hidden_size = shape
