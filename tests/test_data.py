@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from minilm_jax.data import wordnet_db
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError
 
@@ -69,6 +70,23 @@ def test_documents_are_packed_by_whole_sentences_and_kept_apart(minilm, tmp_path
   expected = [ids(first[0]) + ids(first[1]), ids(first[2]), ids(second[0]) + ids(second[1])]
   assert [len(e) for e in expected] == [15, 4, 10]  # the first two sentences fit, the third does not
   assert blocks == [[cls] + e + [sep] for e in expected]
+
+
+def test_the_wordnet_corpus_is_the_excerpts_training_text_one_text_a_block(minilm, tmp_path):
+  """`data.corpus="wordnet"` (the demo's): every training synset's definition and examples, each its
+  own block, and nothing of the dev split the demo's evaluators score, except texts WordNet repeats
+  word for word in a training synset (three definitions, such as "coral snakes")."""
+  *_, tokenizer = minilm
+  blocks = load_blocks(_config("wordnet", max_len=64), tokenizer, str(tmp_path))["input_ids"]
+  synsets = wordnet_db.read_synsets(wordnet_db.EXCERPT_DIR)
+  texts = {
+    split: [t for s in synsets if wordnet_db.split_of(s.offset) == split for t in (s.definition, *s.examples)]
+    for split in ("train", "dev")
+  }
+  ids = tokenizer(texts["train"], add_special_tokens=False)["input_ids"]
+  pieces = [i[start : start + 62] for i in ids for start in range(0, len(i), 62)]  # a long text fills blocks
+  assert blocks == [[tokenizer.cls_token_id] + p + [tokenizer.sep_token_id] for p in pieces]
+  assert len(texts["train"]) == 4834 and len(set(texts["dev"]) & set(texts["train"])) == 3
 
 
 def _stream(n=100, batch=8, seed=3, process_index=0, process_count=1):

@@ -220,8 +220,8 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
 
 
 def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
-  """The demo corpus (megabytes of text) is the first thing a run writes: a disk that is already
-  full ends the run there with one line."""
+  """The docstring corpus (megabytes of text) is the first thing a run on it writes: a disk that is
+  already full ends the run there with one line."""
   import os
 
   with open(os.path.join(small_disk, "filler"), "wb") as f:
@@ -237,6 +237,7 @@ def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
       "--config.student.num_heads=4",
       "--config.loss.num_relation_heads=4",
       "--config.data.max_seq_length=32",
+      "--config.data.corpus=demo",
     ),
     "No space left on device",
     "free space there",

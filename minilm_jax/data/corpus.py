@@ -15,15 +15,17 @@ import re
 import datasets
 import numpy as np
 
-from minilm_jax.data.demo_corpus import write_demo_corpus
+from minilm_jax.data.demo_corpus import write_demo_corpus, write_wordnet_corpus
 from minilm_jax.errors import UserError
 
+# data.corpus names of the corpora that ship with the package (data/demo_corpus.py) -> their writer
+BUILT_IN = {"demo": write_demo_corpus, "wordnet": write_wordnet_corpus}
 _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
-  if corpus == "demo":
-    files = [write_demo_corpus(os.path.join(cache_dir, "demo_corpus.txt"))]
+  if corpus in BUILT_IN:
+    files = [BUILT_IN[corpus](os.path.join(cache_dir, f"{corpus}_corpus.txt"))]
   else:
     files = [f.strip() for f in corpus.split(",") if f.strip()]
   local = [f for f in files if os.path.splitext(f)[1] in _BUILDERS or os.path.exists(f)]
@@ -177,7 +179,7 @@ def rows_are_documents(data_config) -> bool:
   if rows != "auto":
     return rows == "documents"
   files = [f.strip() for f in data_config.corpus.split(",") if f.strip()]
-  return data_config.corpus != "demo" and not all(_is_text_file(f) for f in files)
+  return data_config.corpus not in BUILT_IN and not all(_is_text_file(f) for f in files)
 
 
 def _is_text_file(path: str) -> bool:

@@ -1,14 +1,22 @@
-"""A real English corpus that needs no download: the docstrings of the installed Python standard library.
+"""Real English corpora that need no download, written once as text files (one sentence or text per
+line, a blank line between documents), the same on every run:
 
-Read with `ast` (nothing is imported or run), one sentence per line, a blank line between documents
-(one source file is one document, so blocks fill up as in a book corpus), in sorted file order so
-the corpus is the same on every run.
+- "demo": the docstrings of the installed Python standard library, read with `ast` (nothing is
+  imported or run), one sentence per line; one source file is one document, so blocks fill up as
+  in a book corpus; files in sorted order.
+- "wordnet": the unlabelled text of the training split of the WordNet excerpt that ships with the
+  package: every training synset's definition and example sentences, each its own document, in the
+  excerpt's order. It is the WordNet tasks' and evaluators' kind of text (a task's own unlabelled
+  text is the corpus that wins in the README's "Which student to fine-tune"), and holds nothing of
+  the dev split that the demo's evaluators score.
 """
 
 import ast
 import os
 import re
 import sysconfig
+
+from minilm_jax.data import wordnet_db
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 # Paragraphs that are mostly prose: code examples, tables and argument lists are left out.
@@ -31,7 +39,7 @@ def _sentences(doc):
 
 
 def write_demo_corpus(path: str) -> str:
-  """Writes the corpus to `path` (once; later calls reuse it) and returns `path`."""
+  """Writes the docstring corpus to `path` (once; later calls reuse it) and returns `path`."""
   if os.path.exists(path):
     return path
   stdlib = sysconfig.get_paths()["stdlib"]
@@ -47,8 +55,21 @@ def write_demo_corpus(path: str) -> str:
       sentences = [s for doc in _docstrings(tree) for s in _sentences(doc)]
       if sentences:
         documents.append("\n".join(sentences))
+  return _write_documents(path, documents)
+
+
+def write_wordnet_corpus(path: str) -> str:
+  """Writes the WordNet excerpt's training text to `path` (once) and returns `path`."""
+  if os.path.exists(path):
+    return path
+  synsets = wordnet_db.read_synsets(wordnet_db.EXCERPT_DIR)
+  texts = [t for s in synsets if wordnet_db.split_of(s.offset) == "train" for t in (s.definition, *s.examples)]
+  return _write_documents(path, texts)
+
+
+def _write_documents(path: str, documents: list) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may harvest at once
+  tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may write at once
   try:
     with open(tmp, "w", encoding="utf-8") as f:
       f.write("\n\n".join(documents) + "\n")
@@ -56,5 +77,5 @@ def write_demo_corpus(path: str) -> str:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise OSError(e.errno, e.strerror, path) from None
-  os.replace(tmp, path)  # atomic: an interrupted harvest never leaves a half corpus behind
+  os.replace(tmp, path)  # atomic: an interrupted write never leaves a half corpus behind
   return path

@@ -77,7 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when
-  # online, or "demo" for English text harvested from the Python standard library's docstrings.
+  # online, "demo" for English text harvested from the Python standard library's docstrings, or
+  # "wordnet" for the shipped WordNet excerpt's training definitions and examples (data/demo_corpus.py).
   c.data.corpus = "demo"
   c.data.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
   c.data.text_column = "text"

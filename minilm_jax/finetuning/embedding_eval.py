@@ -23,10 +23,11 @@ import jax
 import numpy as np
 
 from minilm_jax import embeddings, parallel, runs
+from minilm_jax.data import wordnet_db
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.steps import Predictor
 from minilm_jax.models.encoder import Encoder
-from minilm_jax.tasks import glue, metrics, wordnet
+from minilm_jax.tasks import glue, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,7 @@ class RetrievalSet:
 
 def wordnet_retrieval(data_dir: str = "", split: str = "dev") -> RetrievalSet:
   """Definitions -> example sentences of the `split` synsets (see the module's docstring)."""
-  synsets = [s for s in wordnet.read_synsets(data_dir) if s.examples and wordnet.split_of(s.offset) == split]
+  synsets = [s for s in wordnet_db.read_synsets(data_dir) if s.examples and wordnet_db.split_of(s.offset) == split]
   queries, documents, relevant = list[str](), list[str](), list[list[int]]()
   for s in synsets:
     queries.append(s.definition)

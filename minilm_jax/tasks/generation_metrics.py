@@ -17,8 +17,8 @@ import warnings
 import numpy as np
 import sacrebleu
 
+from minilm_jax.data.wordnet_db import WORDNET_DIR
 from minilm_jax.errors import UserError
-from minilm_jax.tasks.wordnet import WORDNET_DIR
 
 # WordNet's lexicographer files (lexnames(5WN)); Debian's wordnet-base does not ship this index,
 # which NLTK's reader requires.

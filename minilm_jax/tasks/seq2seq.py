@@ -32,11 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from minilm_jax.data import wordnet_db
 from minilm_jax.data.corpus import map_batches
 from minilm_jax.errors import UserError
 from minilm_jax.models.generation import DecodeSettings
 from minilm_jax.models.heads import SEQ2SEQ
-from minilm_jax.tasks import wordnet
 from minilm_jax.tasks.generation_metrics import generation_scores
 
 _COLUMNS = ("id", "source", "source_b", "target")
@@ -388,8 +388,8 @@ class DefinitionModelling(Seq2SeqTask):
       raise UserError(f"{self.name} has the splits train and dev, not {split!r}")
     out: dict[str, list] = {c: [] for c in _COLUMNS}
     for pos in ("noun", "verb"):
-      for s in wordnet.read_synsets(data_dir, pos):
-        if s.examples and wordnet.split_of(s.offset) == split:
+      for s in wordnet_db.read_synsets(data_dir, pos):
+        if s.examples and wordnet_db.split_of(s.offset) == split:
           out["id"].append(f"{pos}.{s.offset}")
           out["source"].append(f"{s.words[0]} : {s.examples[0]}")
           out["source_b"].append(None)

@@ -1,10 +1,10 @@
 """Writes `minilm_jax/data/wordnet/data.noun`: the excerpt of WordNet 3.0's noun database that ships
-with the package (`minilm_jax.tasks.wordnet.EXCERPT_DIR`), which the tests and the demo's evaluators
+with the package (`minilm_jax.data.wordnet_db.EXCERPT_DIR`), which the tests and the demo's evaluators
 read, so neither needs `apt-get install wordnet-base`. Run it where the full database is installed:
 
     python tests/data/wordnet/make_excerpt.py /usr/share/wordnet
 
-It keeps the license header and, of every synset it keeps, the fields `minilm_jax.tasks.wordnet`
+It keeps the license header and, of every synset it keeps, the fields `minilm_jax.data.wordnet_db`
 reads (offset, lexicographer file, words, gloss); pointers are dropped (a pointer count of 000), so
 the offsets are WordNet's synset ids, not byte positions in this file. It keeps enough synsets for
 both WordNet tasks' full splits (2,000 training and 1,000 dev examples each):
@@ -19,6 +19,7 @@ import sys
 import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+from minilm_jax.data import wordnet_db  # noqa: E402
 from minilm_jax.tasks import wordnet  # noqa: E402
 
 PER_LEXFILE = {"train": 400, "dev": 200}
@@ -42,7 +43,7 @@ def select(synsets: list) -> set:
   keep = set()
   by_split = {"train": [], "dev": []}
   for s in synsets:
-    by_split[wordnet.split_of(s.offset)].append(s)
+    by_split[wordnet_db.split_of(s.offset)].append(s)
   for split, rows in by_split.items():
     for lexfile in wordnet._LEXNAMES:
       chosen = sorted((s for s in rows if s.lexfile == lexfile), key=lambda s: _order(s.offset))
@@ -63,10 +64,10 @@ def select(synsets: list) -> set:
 
 
 def main(source: str):
-  keep = select(wordnet.read_synsets(source))
+  keep = select(wordnet_db.read_synsets(source))
   with (
     open(os.path.join(source, "data.noun"), encoding="utf-8") as f,
-    open(os.path.join(wordnet.EXCERPT_DIR, "data.noun"), "w", encoding="utf-8") as out,
+    open(os.path.join(wordnet_db.EXCERPT_DIR, "data.noun"), "w", encoding="utf-8") as out,
   ):
     for line in f:
       if line.startswith("  "):
@@ -81,4 +82,4 @@ def main(source: str):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1] if len(sys.argv) > 1 else wordnet.WORDNET_DIR)
+  main(sys.argv[1] if len(sys.argv) > 1 else wordnet_db.WORDNET_DIR)
