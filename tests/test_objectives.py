@@ -151,6 +151,29 @@ def test_layerwise_tinybert_matches_numpy():
     assert float(terms[name]) == pytest.approx(value, rel=1e-5), name
 
 
+def test_hidden_states_match_numpy_at_every_pair_of_the_layer_map():
+  """The hidden-state MSE alone, at student layer m and teacher layer m * L / M, through one W_h."""
+  rng = np.random.default_rng(5)
+  teacher = [_layer(rng, 4, 6) for _ in range(4)]
+  student = [_layer(rng, 4, 3) for _ in range(2)]
+  objective = _objective("hidden_states", layer_pairs(4, 2, "all"))
+  assert objective.projection_shapes() == {"hidden": (12, 24)}
+  projection = {"hidden": {"kernel": jnp.asarray(rng.standard_normal((12, 24)).astype(np.float32))}}
+  terms = objective(
+    Outputs([_lo(t) for t in teacher]),
+    Outputs([_lo(s) for s in student]),
+    {"attention_mask": jnp.asarray(MASK)},
+    projection,
+  )
+  w_h = np.asarray(projection["hidden"]["kernel"])
+  expected = {
+    f"hidden_mse@{m - 1}": _np_mse(student[m - 1]["hidden"] @ w_h, teacher[2 * m - 1]["hidden"], MASK) for m in (1, 2)
+  }
+  assert set(terms) == set(expected)
+  for name, value in expected.items():
+    assert float(terms[name]) == pytest.approx(value, rel=1e-5), name
+
+
 def test_same_width_needs_no_projection():
   assert _objective("hidden_mse", [(0, 0)], student_width=24).projection_shapes() == {}
 
@@ -177,6 +200,7 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
     ("hidden_mse", "last"),
     ("tinybert", "last"),
     ("tinybert_layerwise", "last"),
+    ("hidden_states", "all"),
   ],
 )
 def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, objective, layer_map):

@@ -73,6 +73,14 @@ RECIPES: dict[str, dict[str, Any]] = {
   "embedding_etd": {"init": "etd", "objective": "embedding"},
   # The embedding loss is still falling when 1e-4 has decayed: the same budget at five times the rate.
   "embedding_etd_lr5e4": {"init": "etd", "objective": "embedding", "lr": 5e-4},
+  # The pooled embedding is one target a text; every layer's token states are one a token and layer.
+  "hidden_embedding_etd_lr5e4": {
+    "init": "etd",
+    "objective": "hidden_states",
+    "layer_map": "all",
+    "embedding_weight": 1.0,
+    "lr": 5e-4,
+  },
 }
 
 
@@ -103,6 +111,7 @@ def _student(
   c.etd.layers = recipe.get("layers", "bottom" if name == "first_layers" else "uniform")
   c.teacher.layer = recipe.get("teacher_layer", -1)
   c.loss.objective = recipe.get("objective", "minilm")
+  c.loss.layer_map = recipe.get("layer_map", "last")
   c.loss.relations = recipe.get("relations", "minilm")
   c.loss.num_relation_heads = recipe.get("relation_heads", relation_heads)
   c.loss.embedding_weight = recipe.get("embedding_weight", 0.0)

@@ -60,15 +60,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.etd.seed = 0
 
   c.loss = ml_collections.ConfigDict()
-  # "minilm", a baseline ("layer_to_layer", "value_mse", "hidden_mse", "tinybert", "mlm_kd"), or
-  # "embedding" (see distill/objectives.py)
+  # "minilm", a baseline ("layer_to_layer", "value_mse", "hidden_mse", "tinybert", "tinybert_layerwise",
+  # "mlm_kd"), "hidden_states", or "embedding" (see distill/objectives.py)
   c.loss.objective = "minilm"
   # The sentence-embedding term (objective "embedding" alone, or added to another objective with a
   # weight > 0): "mse" (squared distance) or "cosine" (1 - cos) between the two models' sentence
   # embeddings, pooled and normalised as the teacher's sentence-transformers config says.
   c.loss.embedding_weight = 0.0
   c.loss.embedding_loss = "mse"
-  c.loss.layer_map = "last"  # layer_to_layer: "last", "last_two", "first_and_last" or "all" student layers
+  # layer_to_layer and hidden_states: "last", "last_two", "first_and_last" or "all" student layers
+  c.loss.layer_map = "last"
   c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
   c.loss.num_relation_heads = 12
   # > 0: compute relations this many query rows at a time, so the [batch, A_r, L, L] relation

@@ -25,6 +25,9 @@ declarations (`Objective`): it has no objective-specific code.
   and the hidden-state MSE through one learned W_h shared by all layers, summed. The paper writes
   W_e and W_h apart (TinyBERT's released code uses one map for both): we follow the paper. MSEs are
   over real tokens (and real query-key pairs), not padding.
+- "hidden_states": the hidden-state MSE alone (no attention term), at the layer pairs of
+  `loss.layer_map` (the uniform mapping, like "layer_to_layer"), through one learned W_h when the
+  widths differ: every layer's token states, where the embedding term matches only their pooled mean.
 - "mlm_kd": soft-label distillation of the masked-LM distributions (MiniLM table 3's MLM-KD):
   KL(teacher || student) over the vocabulary at BERT-masked positions. The teacher needs its MLM
   head; the student learns its own (under "mlm_head"), tied to its word embeddings.
@@ -232,6 +235,18 @@ def tinybert_layerwise(objective, teacher, student, batch, projection) -> dict:
   for s, t in objective.pairs:
     terms[f"attention_mse@{s}"] = attention_score_mse(teacher.layers[t], student.layers[s], mask)
     terms[f"hidden_mse@{s}"] = masked_mse(
+      objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
+    )
+  return terms
+
+
+@register("hidden_states", projections=("hidden",), layer_pairs=lambda c, t, s: layer_pairs(t, s, c.layer_map))
+def hidden_states(objective, teacher, student, batch, projection) -> dict:
+  mask = batch["attention_mask"]
+  terms = {}
+  for s, t in objective.pairs:
+    suffix = "" if len(objective.pairs) == 1 else f"@{s}"
+    terms[f"hidden_mse{suffix}"] = masked_mse(
       objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
     )
   return terms
