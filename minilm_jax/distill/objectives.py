@@ -165,7 +165,18 @@ def _pair(objective):
   return s, t
 
 
-@register("layer_to_layer", layer_pairs=lambda c, t, s: layer_pairs(t, s, c.layer_map))
+def _hidden_mse(objective, projection, teacher, student, s: int, t: int, mask_BxL):
+  """MSE of student layer s's hidden states (through W_h when the widths differ) against teacher layer t's."""
+  return masked_mse(
+    objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask_BxL
+  )
+
+
+def _configured_pairs(loss_config, teacher_layers: int, student_layers: int) -> list:
+  return layer_pairs(teacher_layers, student_layers, loss_config.layer_map)
+
+
+@register("layer_to_layer", layer_pairs=_configured_pairs)
 @register("minilm")
 def relation_kls(objective, teacher, student, batch, projection) -> dict:
   """The relation KLs at every layer pair (MiniLM: one pair; layer-to-layer: `@<student layer>` each)."""
@@ -204,7 +215,7 @@ def value_mse(objective, teacher, student, batch, projection) -> dict:
 def hidden_mse(objective, teacher, student, batch, projection) -> dict:
   s, t = _pair(objective)
   mask = batch["attention_mask"]
-  hidden = masked_mse(objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask)
+  hidden = _hidden_mse(objective, projection, teacher, student, s, t, mask)
   return {**_attention_kl(objective, teacher.layers[t], student.layers[s], mask), "hidden_mse": hidden}
 
 
@@ -214,9 +225,7 @@ def tinybert(objective, teacher, student, batch, projection) -> dict:
   mask = batch["attention_mask"]
   return {
     "attention_mse": attention_score_mse(teacher.layers[t], student.layers[s], mask),
-    "hidden_mse": masked_mse(
-      objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
-    ),
+    "hidden_mse": _hidden_mse(objective, projection, teacher, student, s, t, mask),
   }
 
 
@@ -234,21 +243,17 @@ def tinybert_layerwise(objective, teacher, student, batch, projection) -> dict:
   }
   for s, t in objective.pairs:
     terms[f"attention_mse@{s}"] = attention_score_mse(teacher.layers[t], student.layers[s], mask)
-    terms[f"hidden_mse@{s}"] = masked_mse(
-      objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
-    )
+    terms[f"hidden_mse@{s}"] = _hidden_mse(objective, projection, teacher, student, s, t, mask)
   return terms
 
 
-@register("hidden_states", projections=("hidden",), layer_pairs=lambda c, t, s: layer_pairs(t, s, c.layer_map))
+@register("hidden_states", projections=("hidden",), layer_pairs=_configured_pairs)
 def hidden_states(objective, teacher, student, batch, projection) -> dict:
   mask = batch["attention_mask"]
   terms = {}
   for s, t in objective.pairs:
     suffix = "" if len(objective.pairs) == 1 else f"@{s}"
-    terms[f"hidden_mse{suffix}"] = masked_mse(
-      objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask
-    )
+    terms[f"hidden_mse{suffix}"] = _hidden_mse(objective, projection, teacher, student, s, t, mask)
   return terms
 
 
