@@ -7,7 +7,8 @@ Targets: TPU slices (v4-8, v5e-8, v5p-8, v6e-8, v5e-256, ..., `x<slices>` for se
 hosts (h100x1, h100x8, h100x8x2). Prints, per device: argument, output, temporary and peak bytes
 against the chip's memory, whether it fits, XLA's FLOPs per step beside our analytic count, bytes
 accessed, the bytes its collectives move, the attention kernel, tokens per step and the tokens/s
-the chip's peak FLOP/s would allow (an upper bound, not a measurement: no time is measured here).
+the chip's roofline allows: the step takes at least its FLOPs at the peak bf16 rate or its bytes at
+the HBM bandwidth, whichever is longer (a bound, not a measurement: no time is measured here).
 A program that does not fit is one line and exit 2; `--find_batch` reports the largest global
 batch that fits instead. Needs the `aot` extra (pip install -e ".[aot]").
 """
@@ -118,25 +119,37 @@ def analyse(program, target, compiled, seconds: float) -> dict:
   }
   row["fits"] = row["peak_bytes_per_device"] <= target.usable_memory_bytes
   costs = report.costs(compiled, target.chip.platform)
-  kernel = report.attention_kernel(text)
-  uncounted = report.cudnn_attention_flops(text)
+  calls = report.kernel_calls(text)
+  kernel = report.attention_kernel(text, calls)
+  # Kernels the cost models count as nothing: cuDNN's attention and our Pallas kernels, their
+  # FLOPs analytically and their bytes as operands read and results written once.
+  cudnn_flops, pallas_flops = report.cudnn_attention_flops(text), report.pallas_kernel_flops(calls)
+  kernel_bytes = sum(c["bytes"] for c in calls)
+  uncounted = cudnn_flops + pallas_flops
   flops = (costs["flops"] + uncounted) * target.num_devices
   matmuls = report.matmul_flops(text)
   matmuls = None if matmuls is None else (matmuls + uncounted) * target.num_devices
   analytic = program.analytic_flops_per_step
+  bytes_per_device = costs["bytes_accessed"] + kernel_bytes
+  bound = report.roofline(costs["flops"] + uncounted, bytes_per_device, target.chip)
   row.update(
     flops_per_step=flops,
-    cudnn_attention_flops_added=uncounted * target.num_devices,
+    cudnn_attention_flops_added=cudnn_flops * target.num_devices,
+    pallas_kernel_flops_added=pallas_flops * target.num_devices,
     matmul_flops_per_step=matmuls,
     analytic_flops_per_step=analytic,
     flops_over_analytic=flops / analytic if analytic else None,
     matmul_flops_over_analytic=matmuls / analytic if analytic and matmuls else None,
-    bytes_accessed_per_step=costs["bytes_accessed"] * target.num_devices,
+    bytes_accessed_per_step=bytes_per_device * target.num_devices,
+    kernel_bytes_added=kernel_bytes * target.num_devices,
     collective_bytes_per_device=report.collective_bytes(text),
     **kernel,
     tokens_per_step=program.tokens_per_step,
-    # The most tokens per second the chips' peak bf16 FLOP/s would allow for XLA's FLOPs: a bound.
-    tokens_per_s_upper_bound=program.tokens_per_step / (flops / (target.num_devices * target.chip.peak_bf16_flops)),
+    peak_flops_per_s=target.chip.peak_bf16_flops,
+    hbm_bytes_per_s=target.chip.hbm_bytes_per_s,
+    **bound,
+    # Every device runs its share of the step at once: the step's tokens over one device's bound.
+    tokens_per_s_bound=program.tokens_per_step / bound["step_time_bound_s"],
     compile_s=round(seconds, 2),
   )
   return row
@@ -222,18 +235,33 @@ def describe(row: dict) -> str:
       versus += "; matrix products not counted: this compiler writes them as dilated convolutions)"
     elif matmuls is not None:
       versus += f"; matrix products {matmuls:.3e}"
-    added = row["cudnn_attention_flops_added"]
-    cudnn = f", of which {added:.3e} in cuDNN attention, counted analytically" if added else ""
+    added = [
+      f"{row[field]:.3e} in {what}"
+      for field, what in (
+        ("cudnn_attention_flops_added", "cuDNN attention"),
+        ("pallas_kernel_flops_added", "Pallas kernels"),
+      )
+      if row[field]
+    ]
+    kernels = f", of which {' and '.join(added)}, counted analytically" if added else ""
+    in_kernels = f", of which {row['kernel_bytes_added']:.3e} in kernels' operands and results" if added else ""
     collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
+    pallas = ", ".join(f"{n} {k}" for k, n in row["pallas_kernel_calls"].items())
     lines += [
-      ("FLOPs per step", f"{row['flops_per_step']:.3e} (XLA{cudnn}); {versus}"),
-      ("bytes accessed", f"{row['bytes_accessed_per_step']:.3e} per step (XLA)"),
+      ("FLOPs per step", f"{row['flops_per_step']:.3e} (XLA{kernels}); {versus}"),
+      ("bytes accessed", f"{row['bytes_accessed_per_step']:.3e} per step (XLA{in_kernels})"),
       ("collectives", f"{collectives or 'none'} per device per step"),
-      ("attention", f"{row['attention_kernel']} ({row['cudnn_attention_calls']} cuDNN calls)"),
       (
-        "tokens/s bound",
-        f"{row['tokens_per_s_upper_bound']:.3e}: XLA's FLOPs at the chips' peak bf16 rate "
-        "(an upper bound, not a measurement)",
+        "attention",
+        f"{row['attention_kernel']} ({row['cudnn_attention_calls']} cuDNN calls; Pallas: {pallas or 'none'})",
+      ),
+      (
+        "step time bound",
+        f"{row['step_time_bound_s'] * 1e3:.1f} ms, bound by "
+        f"{'HBM bandwidth' if row['bound_by'] == 'hbm' else 'FLOPs'}: "
+        f"the longer of FLOPs at {row['peak_flops_per_s'] / 1e12:.0f} TFLOP/s and bytes at "
+        f"{row['hbm_bytes_per_s'] / 1e12:.2f} TB/s per chip; {row['tokens_per_s_bound']:.3e} tokens/s at most "
+        "(a bound, not a measurement)",
       ),
       ("compile", f"{row['compile_s']} s"),
     ]

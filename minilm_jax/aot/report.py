@@ -1,12 +1,15 @@
 """What a compiled program says about itself: memory per device, FLOPs, bytes accessed, the bytes
-its collectives move, and which attention kernel it runs. Nothing here is a time: no autotuning
-happens ahead of time, and XLA's cost model's "optimal_seconds" is not a measurement."""
+its collectives move, which attention kernels it runs, and the step time its chip's peak FLOP/s
+and HBM bandwidth bound it to. Nothing here is a measured time: no autotuning happens ahead of
+time, and XLA's cost model's "optimal_seconds" is not a measurement."""
 
 import math
 import re
 
 import jax
 from jax._src.lib import _jax  # XLA's HLO cost analysis for programs compiled for GPUs
+
+from minilm_jax.kernels import attention, relation_kl
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4}
 _BYTES.update({"f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16})
@@ -17,6 +20,12 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "col
 _COLLECTIVE_LINE = re.compile(r"=\s+(\(.*?\)|\S+)\s+(" + "|".join(_COLLECTIVES) + r")(-done)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 CUDNN_ATTENTION = "__cudnn$fmha"
+# Custom calls that run a kernel XLA's cost models see as a black box (cuDNN's attention, Pallas
+# kernels lowered to Triton, Mosaic GPU or Mosaic TPU): they count its FLOPs and bytes as nothing.
+KERNEL_CALL_TARGETS = (CUDNN_ATTENTION, "__gpu$xla.gpu.triton", "mosaic_gpu", "tpu_custom_call")
+# Our Pallas kernels by the name they carry into the compiled program: FLOPs of their matrix
+# products from their operands' shapes (`kernels.attention`, `kernels.relation_kl`).
+PALLAS_KERNEL_FLOPS = {**attention.FLOPS, **relation_kl.FLOPS}
 
 
 def memory(compiled) -> dict:
@@ -106,15 +115,73 @@ def collective_bytes(hlo_text: str) -> dict:
   return out
 
 
-def attention_kernel(hlo_text: str) -> dict:
-  """Whether the program's attention runs cuDNN's fused flash kernel, and how many calls do."""
-  calls = hlo_text.count(f'custom_call_target="{CUDNN_ATTENTION}')
-  return {"attention_kernel": "cudnn_flash" if calls else "xla", "cudnn_attention_calls": calls}
+def attention_kernel(hlo_text: str, calls: list) -> dict:
+  """Which kernels the program's attention runs (cuDNN's flash kernel, our Pallas flash kernel,
+  XLA's fusions) and how many calls of each of cuDNN's and our kernels it makes."""
+  cudnn = hlo_text.count(f'custom_call_target="{CUDNN_ATTENTION}')
+  pallas: dict[str, int] = {}
+  for c in calls:
+    if c["kernel"]:
+      pallas[c["kernel"]] = pallas.get(c["kernel"], 0) + 1
+  flash = attention.FORWARD in pallas
+  kinds = [kind for kind, present in (("cudnn_flash", cudnn), ("pallas_flash", flash)) if present]
+  return {
+    "attention_kernel": " + ".join(kinds) or "xla",
+    "cudnn_attention_calls": cudnn,
+    "pallas_kernel_calls": pallas,
+  }
 
 
 _CUDNN_CALL = re.compile(
   r'custom_call_target="__cudnn\$fmha(\w*)".*?operand_layout_constraints=\{\w+\[(\d+),(\d+),(\d+),(\d+)\]'
 )
+
+
+_CUSTOM_CALL = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (\(.*?\)|\S+) custom-call\((.*?)\), (.*)$", re.M)
+_LAYOUT_CONSTRAINTS = re.compile(r"operand_layout_constraints=\{(.*?)\}(?:, \w+=|$)")
+
+
+def kernel_calls(hlo_text: str) -> list:
+  """Every custom call of the optimised program that runs a kernel (`KERNEL_CALL_TARGETS`):
+  [{"target", "kernel" (our Pallas kernel's name, or ""), "operand_shapes", "bytes"}]. A call's
+  bytes are its operands read and its results written once: the least HBM traffic it can have
+  (a kernel that reads a block twice moves more), added to XLA's count, which counts these calls
+  as nothing, so that moving work into a kernel does not hide its traffic."""
+  shapes = {name: shape for name, shape, _, _, _ in _INSTRUCTION.findall(hlo_text)}
+  calls = []
+  for result, operands, attributes in _CUSTOM_CALL.findall(hlo_text):
+    target = re.search(r'custom_call_target="([^"]*)"', attributes)
+    if not target or not target.group(1).startswith(KERNEL_CALL_TARGETS):
+      continue
+    constraints = _LAYOUT_CONSTRAINTS.search(attributes)
+    if constraints:
+      operand_shapes = [f"{t}[{d}]" for t, d in _ARRAY.findall(constraints.group(1))]
+    else:
+      names = [re.sub(r"/\*.*?\*/", "", o).strip().lstrip("%") for o in operands.split(",")]
+      operand_shapes = [shapes.get(n, "") for n in names]
+    kernel = max((k for k in PALLAS_KERNEL_FLOPS if k in attributes), key=len, default="")
+    calls.append(
+      {
+        "target": target.group(1),
+        "kernel": kernel,
+        "operand_shapes": operand_shapes,
+        "bytes": _shape_bytes(result) + sum(_shape_bytes(s) for s in operand_shapes),
+      }
+    )
+  return calls
+
+
+def pallas_kernel_flops(calls: list) -> float:
+  """FLOPs of our Pallas kernels' matrix products, from their operands' shapes (the cost models
+  count the calls as nothing)."""
+  return sum(PALLAS_KERNEL_FLOPS[c["kernel"]]([_dims(s) for s in c["operand_shapes"]]) for c in calls if c["kernel"])
+
+
+def roofline(flops_per_device: float, bytes_per_device: float, chip) -> dict:
+  """The least time a step can take on `chip`: its FLOPs at the peak bf16 rate or its bytes at
+  the HBM bandwidth, whichever is longer, and which one that is."""
+  compute_s, memory_s = flops_per_device / chip.peak_bf16_flops, bytes_per_device / chip.hbm_bytes_per_s
+  return {"step_time_bound_s": max(compute_s, memory_s), "bound_by": "flops" if compute_s >= memory_s else "hbm"}
 
 
 def cudnn_attention_flops(hlo_text: str) -> float:

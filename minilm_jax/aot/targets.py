@@ -28,18 +28,35 @@ class Chip:
   topology_prefix: str  # libtpu's generation name in topology strings ("v5e:2x2"); GPUs: unused
   memory_bytes: int  # high-bandwidth memory per chip
   peak_bf16_flops: float  # dense bfloat16 FLOP/s per chip
-  source: str  # where the two numbers come from
+  hbm_bytes_per_s: float  # HBM bandwidth per chip
+  source: str  # where the three numbers come from
   grid: int = 2  # TPU slices: 2-D (v5e, v6e) or 3-D (v4, v5p) chip grids
 
 
 _TPU_DOCS = "cloud.google.com/tpu/docs/"
 CHIPS = {
-  "v4": Chip("tpu", "v4", 32 * GiB, 275e12, _TPU_DOCS + "v4: 32 GiB HBM2, 275 TFLOP/s bf16 per chip", 3),
-  "v5p": Chip("tpu", "v5", 95 * GiB, 459e12, _TPU_DOCS + "v5p: 95 GiB HBM2e, 459 TFLOP/s bf16 per chip", 3),
-  "v5e": Chip("tpu", "v5e", 16 * GiB, 197e12, _TPU_DOCS + "v5e: 16 GiB HBM2, 197 TFLOP/s bf16 per chip"),
-  "v6e": Chip("tpu", "v6e", 32 * GiB, 918e12, _TPU_DOCS + "v6e: 32 GiB HBM, 918 TFLOP/s bf16 per chip"),
-  # 81,559 MiB is what CUDA reports for the 80 GB part; 989 TFLOP/s is the datasheet's dense bf16.
-  "h100": Chip("cuda", "", 81559 << 20, 989.4e12, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16"),
+  "v4": Chip(
+    "tpu", "v4", 32 * GiB, 275e12, 1200e9, _TPU_DOCS + "v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s per chip", 3
+  ),
+  "v5p": Chip(
+    "tpu", "v5", 95 * GiB, 459e12, 2765e9, _TPU_DOCS + "v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s per chip", 3
+  ),
+  "v5e": Chip(
+    "tpu", "v5e", 16 * GiB, 197e12, 819e9, _TPU_DOCS + "v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip"
+  ),
+  "v6e": Chip(
+    "tpu", "v6e", 32 * GiB, 918e12, 1640e9, _TPU_DOCS + "v6e: 32 GiB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip"
+  ),
+  # 81,559 MiB is what CUDA reports for the 80 GB part; 989 TFLOP/s is the datasheet's dense bf16,
+  # 3.35 TB/s its HBM3 bandwidth (the target description below says the same to the compiler).
+  "h100": Chip(
+    "cuda",
+    "",
+    81559 << 20,
+    989.4e12,
+    3.35e12,
+    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16, 3.35 TB/s",
+  ),
 }
 
 # Chips -> slice shape. 2-D slices (v5e, v6e) and 3-D slices (v4, v5p), as Google Cloud shapes them.

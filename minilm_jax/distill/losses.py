@@ -15,6 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from minilm_jax.errors import UserError
+from minilm_jax.kernels import attention as attention_kernel
+from minilm_jax.kernels import relation_kl as relation_kl_kernel
+from minilm_jax.kernels.platform import kernel_platform
 from minilm_jax.models.encoder import MASK_VALUE, LayerOutput, merge_heads, split_heads
 
 PROJECTIONS = ("q", "k", "v")
@@ -119,17 +122,32 @@ def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, qu
   return _normalise(kl_sum, num_relation_heads, mask_BxL)
 
 
+def fused_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, platform: str):
+  """`relation_kl` of the full relations by the fused kernel (`kernels.relation_kl`): neither
+  [B, A_r, L, L] relation is written to HBM, on any length."""
+  (tx, ty), (sx, sy) = [[relation_heads(z, num_relation_heads) for z in pair] for pair in (teacher_xy, student_xy)]
+  kl_BxAxL = relation_kl_kernel.relation_kl_rows((tx, ty), (sx, sy), mask_BxL, platform)
+  kl_sum = jnp.sum(kl_BxAxL * mask_BxL.astype(jnp.float32)[:, None, :], axis=(1, 2))
+  return _normalise(kl_sum, num_relation_heads, mask_BxL)
+
+
 def minilm_loss(
   teacher: LayerOutput, student: LayerOutput, mask_BxL, relations, num_relation_heads, query_chunk: int = 0
 ):
   """One KL term per relation, e.g. {"qk": ..., "vv": ...}; the total loss is their sum (eq. 10).
-  `query_chunk` > 0 computes each relation that many query rows at a time (same value, bounded memory)."""
+  On accelerators the fused kernel computes each (`fused_relation_kl`); elsewhere `query_chunk` > 0
+  computes each relation that many query rows at a time (same value, bounded memory)."""
   teacher = jax.lax.stop_gradient(teacher)
+  length = mask_BxL.shape[1]
+  platform = kernel_platform()
   terms = {}
   for rel in relations:
     t_xy = (getattr(teacher, rel[0]), getattr(teacher, rel[1]))
     s_xy = (getattr(student, rel[0]), getattr(student, rel[1]))
-    if query_chunk:
+    dims = [z.shape[1] * z.shape[3] // num_relation_heads for z in (*t_xy, *s_xy)]
+    if platform and all(attention_kernel.supported(length, d) for d in dims):
+      terms[rel] = fused_relation_kl(t_xy, s_xy, mask_BxL, num_relation_heads, platform)
+    elif query_chunk:
       terms[rel] = chunked_relation_kl(t_xy, s_xy, mask_BxL, num_relation_heads, query_chunk)
     else:
       t = relation_log_probs(*t_xy, mask_BxL, num_relation_heads)

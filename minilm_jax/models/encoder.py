@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from minilm_jax.errors import UserError
+from minilm_jax.kernels import attention as attention_kernel
+from minilm_jax.kernels import dropout as dropout_bits
+from minilm_jax.kernels.platform import compute_platform, kernel_platform
 from minilm_jax.models import layout
 
 # Added to the attention scores of padding keys. Finite on purpose: a row whose keys are all
@@ -193,17 +196,6 @@ def _key_mask(mask):
   return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
 
 
-def compute_platform() -> str:
-  """The platform the function being traced is compiled for: the devices of the mesh it is traced
-  under (inside `shard_map`, or `parallel.traced_on_mesh` for `jit` with shardings), else the
-  default backend. Compiling ahead of time on a CPU host for a GPU or TPU (`minilm_jax.aot`)
-  therefore picks the kernels the accelerator will run, not the host's."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty and mesh.abstract_device is not None:
-    return mesh.abstract_device.platform
-  return jax.default_backend()
-
-
 def fused_attention_implementation(dtype, head_dim: int, platform: str | None = None) -> str:
   """Which kernel `jax.nn.dot_product_attention` runs: cuDNN's flash attention on GPUs for the
   half-precision dtypes and head sizes it supports, XLA's (the same einsum-softmax-einsum as the
@@ -232,6 +224,15 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
       implementation="cudnn",
     )
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
+
+
+def _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, seed, rate: float, platform: str):
+  """`kernels.attention.flash_attention` in the encoder's [B, L, H, K] layout."""
+  swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
+  context = attention_kernel.flash_attention(
+    swap(q_BxLxHxK), swap(k_BxLxHxK), swap(v_BxLxHxK), mask_BxL, seed, rate, platform
+  )
+  return swap(context)
 
 
 class _ScopeRng(nn.Module):
@@ -306,10 +307,16 @@ class SelfAttention(nn.Module):
       probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     elif dropout_on_probs:
-      # The same random mask as an nn.Dropout at this place (the rng of its scope "Dropout_0"), so
-      # runs are unchanged; the hidden dropout after it keeps its name "Dropout_1".
+      # The rng of the scope an nn.Dropout here would have ("Dropout_0"); the hidden dropout after
+      # it keeps its name "Dropout_1". On accelerators (and in the kernel tests) the flash kernel
+      # makes the dropout mask inside from a seed drawn from that rng, so no [B, H, L, L] tensor
+      # reaches HBM; elsewhere the explicit path draws the same mask an nn.Dropout would.
       rng = _ScopeRng(name="Dropout_0")()
-      context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
+      platform = kernel_platform()
+      if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim):
+        context = _flash(q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform)
+      else:
+        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
       hidden_dropout_name = "Dropout_1"
     else:
       context = fused_attention(q, k, v, mask, c.head_dim)

@@ -1,0 +1,60 @@
+"""Where a step is compiled for, and so which kernels and which Pallas lowering it takes."""
+
+import jax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as plgpu
+
+GPU_PLATFORMS = ("gpu", "cuda")
+
+
+def compute_platform() -> str:
+  """The platform the function being traced is compiled for: the devices of the mesh it is traced
+  under (inside `shard_map`, or `parallel.traced_on_mesh` for `jit` with shardings), else the
+  default backend. Compiling ahead of time on a CPU host for a GPU or TPU (`minilm_jax.aot`)
+  therefore picks the kernels the accelerator will run, not the host's."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.abstract_device is not None:
+    return mesh.abstract_device.platform
+  return jax.default_backend()
+
+
+def kernel_platform() -> str | None:
+  """The platform whose Pallas lowering the fused kernels take in the function being traced, or
+  None for the explicit XLA path. GPUs run the kernels (there the [B, H, L, L] tensors' HBM
+  traffic and memory bound the step: the 6x384 step's bytes fell from 3.6e11 to 2.2e11 on an
+  H100). TPUs keep XLA's path for now: the kernels compile for them (Mosaic), but their per-row
+  statistics ([B, H, L, 1] float32) are padded to 128 lanes in a TPU's HBM, which raised the
+  v5e-8 step's peak from 2.68 to 3.71 GiB per chip. CPUs keep the explicit path, where memory is
+  not the limit and the kernels could only be interpreted (the tests call them with "cpu")."""
+  platform = compute_platform()
+  return platform if platform in GPU_PLATFORMS else None
+
+
+def _compiler_params(platform: str, grid_rank: int):
+  """Lowering options: every grid axis independent (each program writes its own output block) on
+  TPUs; warps and pipeline stages on GPUs; none when interpreting on a CPU."""
+  if platform == "tpu":
+    return pltpu.CompilerParams(dimension_semantics=[pltpu.PARALLEL] * grid_rank)
+  if platform in GPU_PLATFORMS:
+    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  return None
+
+
+def out_shape(shape, dtype, like) -> jax.ShapeDtypeStruct:
+  """A kernel output's shape and dtype, varying over the mesh axes that `like` (an input) varies
+  over: inside `shard_map` Pallas must be told how its outputs vary."""
+  return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).mat)
+
+
+def call(kernel, platform: str, name: str, **kwargs):
+  """`pl.pallas_call` for `platform`: compiled (Triton on GPUs, Mosaic on TPUs), or interpreted
+  on a CPU. `name` is how the kernel appears in the compiled program (`aot.report` counts its
+  traffic and FLOPs by it)."""
+  return pl.pallas_call(
+    kernel,
+    interpret=platform not in ("tpu", *GPU_PLATFORMS),
+    name=name,
+    compiler_params=_compiler_params(platform, len(kwargs.get("grid", ()))),
+    **kwargs,
+  )

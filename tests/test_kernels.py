@@ -1,0 +1,137 @@
+"""The fused Pallas kernels (`minilm_jax.kernels`) in Pallas's interpret mode on the CPU, held to
+the explicit paths they replace: values to 1e-6 relative, gradients to 1e-4, padding contributing
+nothing, the dropout mask the one a reference draws from the same bits. Inside the sharded step
+they are compiled for H100s and TPUs in `tests/test_aot.py`: Pallas's interpreter (jax 0.10.2)
+cannot run inside `shard_map` ("Primitive dynamic_slice requires varying manual axes to match"),
+so the CPU steps keep the explicit path."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from minilm_jax.distill import losses
+from minilm_jax.kernels import attention, dropout, relation_kl
+from minilm_jax.kernels.platform import kernel_platform
+
+B, H, L, K = 2, 3, 256, 32  # two key blocks of 128: the online softmax crosses a block boundary
+MASK = jnp.arange(L)[None, :] < jnp.array([L, 77])[:, None]  # the second example padded after 77 tokens
+
+
+def _normal(seed, shape, scale=1.0):
+  return scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def _rel(a, b):
+  return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
+  keep = np.asarray(dropout.keep_mask(jnp.int32(7), 4, 12, 128, 0.1))
+  # 786,432 draws: the kept share is within 5 standard errors (0.0017) of 0.9.
+  assert abs(keep.mean() - 0.9) < 0.0017
+  again = np.asarray(dropout.keep_mask(jnp.int32(7), 4, 12, 128, 0.1))
+  other = np.asarray(dropout.keep_mask(jnp.int32(8), 4, 12, 128, 0.1))
+  assert (keep == again).all()
+  # Independent masks agree on 0.9^2 + 0.1^2 = 0.82 of the entries; neighbours are uncorrelated.
+  assert abs((keep == other).mean() - 0.82) < 0.005
+  assert abs(np.corrcoef(keep[..., :-1].ravel(), keep[..., 1:].ravel())[0, 1]) < 0.01
+  assert abs(np.corrcoef(keep[:, :-1].ravel(), keep[:, 1:].ravel())[0, 1]) < 0.01
+  assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == round(0.1 * 2**24)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
+  q, k, v = (_normal(i, (B, H, L, K)) for i in range(3))
+  cotangent = _normal(3, (B, H, L, K))
+  seed = jnp.int32(1234)
+
+  def loss(fn):
+    return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent * MASK[:, None, :, None])
+
+  fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu"))
+  explicit = loss(lambda q, k, v: attention.reference(q, k, v, MASK, seed, rate))
+  assert abs(float(fused(q, k, v)) / float(explicit(q, k, v)) - 1) < 1e-6
+  fused_grads, explicit_grads = jax.grad(fused, (0, 1, 2))(q, k, v), jax.grad(explicit, (0, 1, 2))(q, k, v)
+  for got, want in zip(fused_grads, explicit_grads):
+    assert _rel(got, want) < 1e-4
+  # Padding keys get no gradient: nothing attends to them.
+  for grad in fused_grads[1:]:
+    assert float(jnp.max(jnp.abs(grad[1, :, 77:]))) == 0.0
+  # The dropout mask is the reference's: changing the seed changes the output.
+  if rate:
+    other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu")
+    assert _rel(other, attention.reference(q, k, v, MASK, seed, rate)) > 1e-2
+
+
+@pytest.mark.parametrize("widths", [(64, 32), (32, 64)])
+def test_fused_relation_kl_equals_the_explicit_kl(widths):
+  """Teacher and student of different relation-head widths, a padded example; the explicit path
+  is `losses.relation_kl` over the full [B, A_r, L, L] relations, and a float64 numpy reference."""
+  d_t, d_s = widths
+  tx, ty = _normal(0, (B, 4, L, d_t)), _normal(1, (B, 4, L, d_t))
+  sx, sy = _normal(2, (B, 4, L, d_s)), _normal(3, (B, 4, L, d_s))
+
+  def explicit(sx, sy):
+    t, s = losses._log_probs(tx, ty, MASK), losses._log_probs(sx, sy, MASK)
+    return losses.relation_kl(t, s, MASK)
+
+  def fused(sx, sy):
+    rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu")
+    return losses._normalise(jnp.sum(rows * MASK[:, None, :], axis=(1, 2)), 4, MASK)
+
+  assert abs(float(fused(sx, sy)) / float(explicit(sx, sy)) - 1) < 1e-6
+  for got, want in zip(jax.grad(fused, (0, 1))(sx, sy), jax.grad(explicit, (0, 1))(sx, sy)):
+    assert _rel(got, want) < 1e-4
+  # Padding keys of the student get no gradient, and the float64 value agrees.
+  assert float(jnp.max(jnp.abs(jax.grad(fused, 1)(sx, sy)[1, :, 77:]))) == 0.0
+
+  def log_probs(x, y):
+    logits = np.einsum("bhqd,bhkd->bhqk", np.float64(x), np.float64(y)) / np.sqrt(x.shape[-1])
+    logits = np.where(np.asarray(MASK)[:, None, None, :], logits, -1e9)
+    logits -= logits.max(-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+  t, s = log_probs(tx, ty), log_probs(sx, sy)
+  rows = (np.exp(t) * (t - s)).sum(-1) * np.asarray(MASK)[:, None, :]
+  want = np.mean(rows.sum((1, 2)) / (4 * np.asarray(MASK).sum(-1)))
+  assert abs(float(fused(sx, sy)) / want - 1) < 1e-6
+
+
+def test_the_cpu_keeps_the_explicit_path():
+  assert kernel_platform() is None
+
+
+@pytest.mark.xdist_group("aot")  # with the other compiles for targets, on the worker that loads their plugins
+@pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None or importlib.util.find_spec("jax_cuda12_plugin") is None,
+  reason='the aot extra is not installed: pip install -e ".[aot]" (CI installs it)',
+)
+@pytest.mark.parametrize("target", ["h100x1", "v5e-8"])
+def test_the_kernels_compile_for_h100_and_tpu(target):
+  """Both kernels, forward and backward, in bfloat16 at length 512, compiled ahead of time for an
+  H100 (Triton) and a TPU v5e (Mosaic, which the steps do not use yet: `kernels.platform`): each
+  appears in the compiled program by name."""
+  from minilm_jax.aot.targets import compile_devices, parse_target
+
+  chosen = parse_target(target)
+  platform = chosen.chip.platform
+  mesh = jax.sharding.Mesh(compile_devices(chosen)[:1], ("data",))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def grads(q, k, v, tx, ty, mask):
+    def loss(q, k, v):
+      context = attention.flash_attention(q, k, v, mask, 3, 0.1, platform)
+      kl = relation_kl.relation_kl_rows((tx, ty), (q, k), mask, platform)
+      return jnp.sum(context.astype(jnp.float32)) + jnp.sum(kl)
+
+    return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+  student = jax.ShapeDtypeStruct((2, 12, 512, 32), jnp.bfloat16, sharding=whole)
+  teacher = jax.ShapeDtypeStruct((2, 12, 512, 64), jnp.bfloat16, sharding=whole)
+  mask = jax.ShapeDtypeStruct((2, 512), jnp.bool_, sharding=whole)
+  text = jax.jit(grads).lower(student, student, student, teacher, teacher, mask).compile().as_text()
+  for name in (attention.FORWARD, attention.BACKWARD, relation_kl.FORWARD, relation_kl.BACKWARD):
+    assert name in text, name
