@@ -82,7 +82,7 @@ def check_batch_divides(global_batch: int, mesh: Mesh):
 
 def traced_on_mesh(fn, mesh: Mesh):
   """`fn` traced under `mesh`'s abstract mesh, so that kernel choices made while tracing
-  (`models.encoder.compute_platform`) follow the devices the jitted function is compiled for. A
+  (`kernels.platform.compute_platform`) follow the devices the jitted function is compiled for. A
   `shard_map` body sees its mesh already; a `jax.jit` with shardings needs this."""
 
   @functools.wraps(fn)

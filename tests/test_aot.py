@@ -355,3 +355,29 @@ def test_collectives_and_hbm_messages_are_read():
     "operand_layout_constraints={bf16[8,128,12,64]{3,2,1,0}}"
   )
   assert report.cudnn_attention_flops(call) == pytest.approx(14 * 8 * 12 * 128 * 128 * 64)
+
+
+def test_kernel_calls_count_their_operands_results_and_products():
+  """Custom calls that XLA's cost models count as nothing: one of our Pallas kernels (operand
+  shapes from its layout constraints) and a cuBLAS product (operands by name, its workspace left
+  out), each adding its operands read and results written once; the roofline takes the longer time."""
+  hlo = (
+    "  %a = bf16[8,64,16]{2,1,0} parameter(0)\n"
+    "  %b = bf16[8,16,32]{2,1,0} parameter(1)\n"
+    '  %pallas_call.1 = (bf16[2,128,4,32]{3,2,1,0}, f32[2,128,4,1]{3,2,1,0}) custom-call(%s, %m, %q, %k, %v), '
+    'custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={s32[1,1]{1,0}, s32[2,1,128]{2,1,0}, '
+    "bf16[2,128,4,32]{3,2,1,0}, bf16[2,128,4,32]{3,2,1,0}, bf16[2,128,4,32]{3,2,1,0}}, "
+    'metadata={op_name="jit(f)/minilm_flash_fwd/pallas_call"}\n'
+    "  %custom-call.5 = (f32[8,64,32]{2,1,0}, s8[4194304]{0}) custom-call(%a, %b), "
+    'custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":'
+    '{"lhs_contracting_dimensions":["2"],"rhs_contracting_dimensions":["1"]}}}\n'
+  )
+  flash, gemm = report.kernel_calls(hlo)
+  qkv = 3 * 2 * 128 * 4 * 32 * 2
+  assert flash["kernel"] == "minilm_flash_fwd" and flash["bytes"] == 4 + 2 * 128 * 4 + qkv + qkv // 3 + 2 * 128 * 4 * 4
+  assert report.pallas_kernel_flops([flash]) == 2 * (2 * 2 * 4 * 128 * 128 * 32)
+  assert gemm["kernel"] == "" and gemm["bytes"] == (8 * 64 * 16 + 8 * 16 * 32) * 2 + 8 * 64 * 32 * 4
+  assert gemm["flops"] == 2 * 8 * 64 * 32 * 16
+  chip = targets.CHIPS["h100"]
+  assert report.roofline(1e12, 1e9, chip) == {"step_time_bound_s": 1e12 / chip.peak_bf16_flops, "bound_by": "flops"}
+  assert report.roofline(1e12, 1e11, chip)["bound_by"] == "hbm"

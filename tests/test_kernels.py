@@ -16,7 +16,9 @@ from minilm_jax.distill import losses
 from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.platform import kernel_platform
 
-B, H, L, K = 2, 3, 256, 32  # two key blocks of 128: the online softmax crosses a block boundary
+# [B, L, H, K] operands, as the encoder makes them; two key blocks of 128, so that the online
+# softmax crosses a block boundary.
+B, H, L, K = 2, 3, 256, 32
 MASK = jnp.arange(L)[None, :] < jnp.array([L, 77])[:, None]  # the second example padded after 77 tokens
 
 
@@ -44,12 +46,12 @@ def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
 
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
-  q, k, v = (_normal(i, (B, H, L, K)) for i in range(3))
-  cotangent = _normal(3, (B, H, L, K))
+  q, k, v = (_normal(i, (B, L, H, K)) for i in range(3))
+  cotangent = _normal(3, (B, L, H, K))
   seed = jnp.int32(1234)
 
   def loss(fn):
-    return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent * MASK[:, None, :, None])
+    return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent * MASK[:, :, None, None])
 
   fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu"))
   explicit = loss(lambda q, k, v: attention.reference(q, k, v, MASK, seed, rate))
@@ -59,7 +61,7 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
     assert _rel(got, want) < 1e-4
   # Padding keys get no gradient: nothing attends to them.
   for grad in fused_grads[1:]:
-    assert float(jnp.max(jnp.abs(grad[1, :, 77:]))) == 0.0
+    assert float(jnp.max(jnp.abs(grad[1, 77:]))) == 0.0
   # The dropout mask is the reference's: changing the seed changes the output.
   if rate:
     other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu")
@@ -124,12 +126,12 @@ def test_the_kernels_compile_for_h100_and_tpu(target):
   def grads(q, k, v, tx, ty, mask):
     def loss(q, k, v):
       context = attention.flash_attention(q, k, v, mask, 3, 0.1, platform)
-      kl = relation_kl.relation_kl_rows((tx, ty), (q, k), mask, platform)
+      kl = relation_kl.relation_kl_rows((tx, ty), (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)), mask, platform)
       return jnp.sum(context.astype(jnp.float32)) + jnp.sum(kl)
 
     return jax.grad(loss, (0, 1, 2))(q, k, v)
 
-  student = jax.ShapeDtypeStruct((2, 12, 512, 32), jnp.bfloat16, sharding=whole)
+  student = jax.ShapeDtypeStruct((2, 512, 12, 32), jnp.bfloat16, sharding=whole)
   teacher = jax.ShapeDtypeStruct((2, 12, 512, 64), jnp.bfloat16, sharding=whole)
   mask = jax.ShapeDtypeStruct((2, 512), jnp.bool_, sharding=whole)
   text = jax.jit(grads).lower(student, student, student, teacher, teacher, mask).compile().as_text()

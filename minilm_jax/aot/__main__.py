@@ -121,11 +121,12 @@ def analyse(program, target, compiled, seconds: float) -> dict:
   costs = report.costs(compiled, target.chip.platform)
   calls = report.kernel_calls(text)
   kernel = report.attention_kernel(text, calls)
-  # Kernels the cost models count as nothing: cuDNN's attention and our Pallas kernels, their
-  # FLOPs analytically and their bytes as operands read and results written once.
+  # Kernels the cost models count as nothing: cuDNN's attention, cuBLAS's products and our Pallas
+  # kernels, their FLOPs analytically and their bytes as operands read and results written once.
   cudnn_flops, pallas_flops = report.cudnn_attention_flops(text), report.pallas_kernel_flops(calls)
+  cublas_flops = sum(c["flops"] for c in calls)
   kernel_bytes = sum(c["bytes"] for c in calls)
-  uncounted = cudnn_flops + pallas_flops
+  uncounted = cudnn_flops + pallas_flops + cublas_flops
   flops = (costs["flops"] + uncounted) * target.num_devices
   matmuls = report.matmul_flops(text)
   matmuls = None if matmuls is None else (matmuls + uncounted) * target.num_devices
@@ -136,6 +137,7 @@ def analyse(program, target, compiled, seconds: float) -> dict:
     flops_per_step=flops,
     cudnn_attention_flops_added=cudnn_flops * target.num_devices,
     pallas_kernel_flops_added=pallas_flops * target.num_devices,
+    cublas_flops_added=cublas_flops * target.num_devices,
     matmul_flops_per_step=matmuls,
     analytic_flops_per_step=analytic,
     flops_over_analytic=flops / analytic if analytic else None,
@@ -239,12 +241,17 @@ def describe(row: dict) -> str:
       f"{row[field]:.3e} in {what}"
       for field, what in (
         ("cudnn_attention_flops_added", "cuDNN attention"),
+        ("cublas_flops_added", "cuBLAS products"),
         ("pallas_kernel_flops_added", "Pallas kernels"),
       )
       if row[field]
     ]
-    kernels = f", of which {' and '.join(added)}, counted analytically" if added else ""
-    in_kernels = f", of which {row['kernel_bytes_added']:.3e} in kernels' operands and results" if added else ""
+    kernels = f", of which {', '.join(added)}, counted analytically" if added else ""
+    in_kernels = (
+      f", of which {row['kernel_bytes_added']:.3e} in kernel calls' operands and results"
+      if row["kernel_bytes_added"]
+      else ""
+    )
     collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
     pallas = ", ".join(f"{n} {k}" for k, n in row["pallas_kernel_calls"].items())
     lines += [

@@ -20,9 +20,11 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "col
 _COLLECTIVE_LINE = re.compile(r"=\s+(\(.*?\)|\S+)\s+(" + "|".join(_COLLECTIVES) + r")(-done)?\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 CUDNN_ATTENTION = "__cudnn$fmha"
-# Custom calls that run a kernel XLA's cost models see as a black box (cuDNN's attention, Pallas
-# kernels lowered to Triton, Mosaic GPU or Mosaic TPU): they count its FLOPs and bytes as nothing.
-KERNEL_CALL_TARGETS = (CUDNN_ATTENTION, "__gpu$xla.gpu.triton", "mosaic_gpu", "tpu_custom_call")
+CUBLAS = "__cublas$"
+# Custom calls that run a kernel XLA's cost models see as a black box (cuDNN's attention, cuBLAS's
+# matrix products where XLA's GPU compiler leaves a product to it, Pallas kernels lowered to
+# Triton, Mosaic GPU or Mosaic TPU): they count its FLOPs and bytes as nothing.
+KERNEL_CALL_TARGETS = (CUDNN_ATTENTION, CUBLAS, "__gpu$xla.gpu.triton", "mosaic_gpu", "tpu_custom_call")
 # Our Pallas kernels by the name they carry into the compiled program: FLOPs of their matrix
 # products from their operands' shapes (`kernels.attention`, `kernels.relation_kl`).
 PALLAS_KERNEL_FLOPS = {**attention.FLOPS, **relation_kl.FLOPS}
@@ -143,10 +145,13 @@ _LAYOUT_CONSTRAINTS = re.compile(r"operand_layout_constraints=\{(.*?)\}(?:, \w+=
 
 def kernel_calls(hlo_text: str) -> list:
   """Every custom call of the optimised program that runs a kernel (`KERNEL_CALL_TARGETS`):
-  [{"target", "kernel" (our Pallas kernel's name, or ""), "operand_shapes", "bytes"}]. A call's
-  bytes are its operands read and its results written once: the least HBM traffic it can have
-  (a kernel that reads a block twice moves more), added to XLA's count, which counts these calls
-  as nothing, so that moving work into a kernel does not hide its traffic."""
+  [{"target", "kernel" (our Pallas kernel's name, or ""), "operand_shapes", "bytes", "flops"}]. A
+  call's bytes are its operands read and its results written once (a cuBLAS call's workspace
+  aside): the least HBM traffic it can have (a kernel that reads a block twice moves more), added
+  to XLA's count, which counts these calls as nothing, so that moving work into a kernel does not
+  hide its traffic. `flops` are a cuBLAS product's (2 x its output's elements x the products each
+  sums); cuDNN's and our kernels' are counted by `cudnn_attention_flops` and
+  `pallas_kernel_flops`."""
   shapes = {name: shape for name, shape, _, _, _ in _INSTRUCTION.findall(hlo_text)}
   calls = []
   for result, operands, attributes in _CUSTOM_CALL.findall(hlo_text):
@@ -160,12 +165,21 @@ def kernel_calls(hlo_text: str) -> list:
       names = [re.sub(r"/\*.*?\*/", "", o).strip().lstrip("%") for o in operands.split(",")]
       operand_shapes = [shapes.get(n, "") for n in names]
     kernel = max((k for k in PALLAS_KERNEL_FLOPS if k in attributes), key=len, default="")
+    flops = 0.0
+    if target.group(1).startswith(CUBLAS):
+      product = _ARRAY.search(result)  # the product, not the workspace beside it
+      result = product.group(0) if product else result
+      contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', attributes)
+      lhs = _dims(operand_shapes[0]) if operand_shapes else []
+      summed = math.prod(lhs[int(d.strip('" '))] for d in contracting.group(1).split(",") if d) if contracting else 1
+      flops = 2.0 * math.prod(_dims(result)) * summed
     calls.append(
       {
         "target": target.group(1),
         "kernel": kernel,
         "operand_shapes": operand_shapes,
         "bytes": _shape_bytes(result) + sum(_shape_bytes(s) for s in operand_shapes),
+        "flops": flops,
       }
     )
   return calls

@@ -1,6 +1,6 @@
 """The students' self-attention with dropout on its probabilities, flash-style (forward and backward).
 
-`flash_attention(q, k, v, key_mask, seed, rate, platform)` equals the explicit
+`flash_attention(q, k, v, key_mask, seed, rate, platform)` ([B, L, H, K] in and out) equals the explicit
 `dropout(softmax(Q K^T / sqrt(d) masked)) V` whose dropout keeps `dropout.keep_mask(seed, ...)`,
 with the same large finite `MASK_VALUE` for padding keys (a row whose keys are all padding is
 uniform, as the explicit path makes it). No [B, H, L, L] tensor is written to HBM: each program
@@ -33,10 +33,9 @@ FORWARD, BACKWARD = "minilm_flash_fwd", "minilm_flash_bwd"
 
 
 def _product_flops(operand_dims: list) -> int:
-  """One [L, L] x K product of every (example, head): 2 B H L^2 K, from the queries' [B, H, L, K]
-  (the kernels' third operand)."""
-  b, h, length, k = operand_dims[2]
-  return 2 * b * h * length * length * k
+  """One [L, L] x K product of every (example, head): 2 B H L^2 K, from the queries (the kernels'
+  third operand, B H L K elements in either layout) and the key mask's length (the second)."""
+  return 2 * math.prod(operand_dims[2]) * operand_dims[1][-1]
 
 
 # Matrix products each kernel computes: the forward's scores and weighted sum; the backward's scores
@@ -148,11 +147,39 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
   dq_ref[...] = dq_ref[...] * scale
 
 
+class _Layout:
+  """Where batch, length and head sit in the kernels' [.., .., .., K] operands, and the BlockSpecs
+  that take one (example, head)'s rows from them: the encoder's own [B, L, H, K] on GPUs (Triton
+  loads a strided block as it loads a dense one, so no transpose reaches HBM), [B, H, L, K] on
+  TPUs (Mosaic tiles the last two dimensions, which must then be length and head size). Row
+  statistics (log-sum-exps, rowsum(dO * O)) have the same layout with a last dimension of 1."""
+
+  def __init__(self, platform: str):
+    self.heads_first = platform == "tpu"
+
+  def shape(self, batch, heads, length, dim):
+    return (batch, heads, length, dim) if self.heads_first else (batch, length, heads, dim)
+
+  def dims(self, x):
+    """(batch, heads, length, head size) of an operand."""
+    b, second, third, dim = x.shape
+    return (b, second, third, dim) if self.heads_first else (b, third, second, dim)
+
+  def rows(self, count: int, dim: int, blocked: bool):
+    """`count` rows of one (example, head): the grid's third index's block, or all of them."""
+
+    def index(b, h, *i):
+      row = i[0] if blocked else 0
+      return (b, h, row, 0) if self.heads_first else (b, row, h, 0)
+
+    block = (None, None, count, dim) if self.heads_first else (None, count, None, dim)
+    return pl.BlockSpec(block, index)
+
+
 def _forward(q, k, v, key_mask, seed, rate, platform):
-  batch, heads, length, dim = q.shape
+  layout = _Layout(platform)
+  batch, heads, length, dim = layout.dims(q)
   block = block_size(length)
-  query_block = pl.BlockSpec((None, None, block, dim), lambda b, h, i: (b, h, i, 0))
-  whole = pl.BlockSpec((None, None, length, dim), lambda b, h, i: (b, h, 0, 0))
   kernel = functools.partial(_forward_kernel, heads=heads, length=length, block=block, rate=rate)
   return call(
     kernel,
@@ -162,22 +189,25 @@ def _forward(q, k, v, key_mask, seed, rate, platform):
     in_specs=[
       pl.BlockSpec((1, 1), lambda b, h, i: (0, 0)),
       pl.BlockSpec((None, 1, length), lambda b, h, i: (b, 0, 0)),
-      query_block,
-      whole,
-      whole,
+      layout.rows(block, dim, blocked=True),
+      layout.rows(length, dim, blocked=False),
+      layout.rows(length, dim, blocked=False),
     ],
-    out_specs=[query_block, pl.BlockSpec((None, None, block, 1), lambda b, h, i: (b, h, i, 0))],
-    out_shape=[out_shape(q.shape, q.dtype, q), out_shape((batch, heads, length, 1), jnp.float32, q)],
+    out_specs=[layout.rows(block, dim, blocked=True), layout.rows(block, 1, blocked=True)],
+    out_shape=[
+      out_shape(q.shape, q.dtype, q),
+      out_shape(layout.shape(batch, heads, length, 1), jnp.float32, q),
+    ],
   )(seed, key_mask, q, k, v)
 
 
 def _backward(rate, platform, residuals, do):
   seed, key_mask, q, k, v, o, lse = residuals
-  batch, heads, length, dim = q.shape
+  layout = _Layout(platform)
+  batch, heads, length, dim = layout.dims(q)
   block = block_size(length)
   d = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1, keepdims=True)
-  whole = pl.BlockSpec((None, None, length, dim), lambda b, h: (b, h, 0, 0))
-  row_stat = pl.BlockSpec((None, None, length, 1), lambda b, h: (b, h, 0, 0))
+  whole, row_stat = layout.rows(length, dim, blocked=False), layout.rows(length, 1, blocked=False)
   kernel = functools.partial(_backward_kernel, heads=heads, length=length, block=block, rate=rate)
   dq, dk, dv = call(
     kernel,
@@ -213,21 +243,24 @@ def _flash_fwd(seed, key_mask, q, k, v, rate, platform):
 _flash.defvjp(_flash_fwd, _backward)
 
 
-def flash_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, seed, rate: float, platform: str):
-  """Context [B, H, L, K] of attention whose probabilities are dropped out at `rate` by
-  `dropout.keep_mask(seed, ...)`, under a [B, L] key padding mask; differentiable in q, k, v.
-  `platform` picks the lowering (Triton on GPUs, Mosaic on TPUs, interpreted on CPUs)."""
+def flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, seed, rate: float, platform: str):
+  """Context [B, L, H, K] (the encoder's layout) of attention whose probabilities are dropped out
+  at `rate` by `dropout.keep_mask(seed, ...)`, under a [B, L] key padding mask; differentiable in
+  q, k, v. `platform` picks the lowering (Triton on GPUs, Mosaic on TPUs, interpreted on CPUs)."""
   seed_1x1 = jnp.reshape(jnp.asarray(seed, jnp.int32), (1, 1))
   key_mask = key_mask_BxL.astype(jnp.int32)[:, None, :]
-  return _flash(seed_1x1, key_mask, q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, float(rate), platform)
+  if not _Layout(platform).heads_first:
+    return _flash(seed_1x1, key_mask, q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, float(rate), platform)
+  swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
+  return swap(_flash(seed_1x1, key_mask, swap(q_BxLxHxK), swap(k_BxLxHxK), swap(v_BxLxHxK), float(rate), platform))
 
 
-def reference(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, key_mask_BxL, seed, rate: float):
+def reference(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, seed, rate: float):
   """The explicit computation the kernels equal: full [B, H, L, L] scores, softmax, the same mask."""
-  batch, heads, length, dim = q_BxHxLxK.shape
-  s = jnp.einsum("bhqd,bhkd->bhqk", q_BxHxLxK, k_BxHxLxK, preferred_element_type=jnp.float32) / math.sqrt(dim)
+  batch, length, heads, dim = q_BxLxHxK.shape
+  s = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK, preferred_element_type=jnp.float32) / math.sqrt(dim)
   s = jnp.where(key_mask_BxL[:, None, None, :].astype(bool), s, MASK_VALUE)
   p = jax.nn.softmax(s, axis=-1)
   if rate > 0:
     p = jnp.where(dropout.keep_mask(seed, batch, heads, length, rate), p / (1.0 - rate), 0.0)
-  return jnp.einsum("bhqk,bhkd->bhqd", p.astype(v_BxHxLxK.dtype), v_BxHxLxK, preferred_element_type=jnp.float32)
+  return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxLxHxK.dtype), v_BxLxHxK, preferred_element_type=jnp.float32)

@@ -19,6 +19,12 @@ def compute_platform() -> str:
   return jax.default_backend()
 
 
+def on_accelerator() -> bool:
+  """Whether the function being traced is compiled for a GPU or TPU, where memory, not compute,
+  limits the batch: rematerialisation pays there and is only cost on a CPU."""
+  return compute_platform() != "cpu"
+
+
 def kernel_platform() -> str | None:
   """The platform whose Pallas lowering the fused kernels take in the function being traced, or
   None for the explicit XLA path. GPUs run the kernels (there the [B, H, L, L] tensors' HBM

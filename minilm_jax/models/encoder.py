@@ -9,7 +9,6 @@ short table.
 """
 
 import dataclasses
-import functools
 
 import flax.linen as nn
 import flax.struct
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import dropout as dropout_bits
-from minilm_jax.kernels.platform import compute_platform, kernel_platform
+from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
 from minilm_jax.models import layout
 
 # Added to the attention scores of padding keys. Finite on purpose: a row whose keys are all
@@ -226,15 +225,6 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
 
 
-def _flash(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask_BxL, seed, rate: float, platform: str):
-  """`kernels.attention.flash_attention` in the encoder's [B, L, H, K] layout."""
-  swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
-  context = attention_kernel.flash_attention(
-    swap(q_BxLxHxK), swap(k_BxLxHxK), swap(v_BxLxHxK), mask_BxL, seed, rate, platform
-  )
-  return swap(context)
-
-
 class _ScopeRng(nn.Module):
   """The "dropout" rng of this module's scope: what an `nn.Dropout` of the same name would draw."""
 
@@ -243,15 +233,9 @@ class _ScopeRng(nn.Module):
     return self.make_rng("dropout")
 
 
-@functools.partial(jax.checkpoint, static_argnums=(5,))
 def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float):
   """Context [B, L, H, K] of attention whose probabilities are dropped out (as `nn.Dropout` drops
-  them), rematerialised: the backward pass recomputes the [B, H, L, L] scores, probabilities and
-  mask from Q, K, V and the rng instead of keeping them from the forward pass. At MiniLM's length
-  512 they are the largest tensors of the student's step (3 GiB per layer at batch 256, the six
-  layers' 19 GiB), for one more [L, L] product per layer in the backward pass (the scores; XLA does
-  not recompute the weighted sum, which the gradients do not need): about 3 % of a 6x384 student's
-  step."""
+  them). On accelerators without our kernel (TPUs) it is rematerialised (`_rematerialised`)."""
   head_dim = q_BxLxHxK.shape[-1]
   scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / jnp.sqrt(head_dim).astype(
     jnp.float32
@@ -260,6 +244,14 @@ def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: fl
   keep = jax.random.bernoulli(rng, 1.0 - rate, attention.shape)
   probs = jax.lax.select(keep, attention / (1.0 - rate), jnp.zeros_like(attention))
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
+
+
+# The backward pass recomputes the [B, H, L, L] scores, probabilities and mask from Q, K, V and the
+# rng instead of keeping them from the forward pass. At MiniLM's length 512 they are the largest
+# tensors of the student's step (3 GiB per layer at batch 256, the six layers' 19 GiB), for one
+# more [L, L] product per layer in the backward pass (the scores; XLA does not recompute the
+# weighted sum, which the gradients do not need): about 3 % of a 6x384 student's step.
+_rematerialised_attention_with_dropout = jax.checkpoint(_attention_with_dropout, static_argnums=(5,))
 
 
 @flax.struct.dataclass
@@ -287,7 +279,7 @@ class SelfAttention(nn.Module):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
-    # [B, L, H, K]: the layout the fused kernel takes; transposed to [B, H, L, K] for the outputs.
+    # [B, L, H, K]: the layout the fused kernels take; transposed to [B, H, L, K] for the outputs.
     q, k, v = (
       _dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
       for name in ("query", "key", "value")
@@ -314,9 +306,12 @@ class SelfAttention(nn.Module):
       rng = _ScopeRng(name="Dropout_0")()
       platform = kernel_platform()
       if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim):
-        context = _flash(q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform)
+        context = attention_kernel.flash_attention(
+          q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
+        )
       else:
-        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
+        explicit = _rematerialised_attention_with_dropout if on_accelerator() else _attention_with_dropout
+        context = explicit(q, k, v, mask, rng, c.attention_dropout)
       hidden_dropout_name = "Dropout_1"
     else:
       context = fused_attention(q, k, v, mask, c.head_dim)
@@ -333,13 +328,23 @@ class TransformerLayer(nn.Module):
   def __call__(self, x_BxLxD, mask, deterministic, return_attention=False, cache=None):
     c = self.config
     h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask, deterministic, return_attention, cache)
-    # Rematerialised: the backward pass recomputes the activation from its input, which it keeps
-    # anyway, instead of keeping the activation's own intermediate products (exact GELU's erf and
-    # products: three more [B, L, intermediate] tensors a layer, 4.5 of the 17 GiB at the peak of
-    # MiniLM's step at batch 256 x 512 on one H100), for a few elementwise operations.
-    activation = jax.checkpoint(ACTIVATIONS[c.hidden_act])
-    y = _probe(self, "ffn", activation(_dense(c.intermediate_size, c, "intermediate")(h)))
-    y = nn.Dropout(c.hidden_dropout)(_dense(c.hidden_size, c, "output")(y), deterministic=deterministic)
+
+    def activation_and_output(module, pre_activation):
+      return _dense(c.hidden_size, c, "output")(_probe(module, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
+
+    # Training on an accelerator, the activation and the output projection are rematerialised: the
+    # backward pass keeps only the activation's input and recomputes the activation (elementwise)
+    # from it, instead of keeping the activation's output for the projection's gradient and the
+    # activation's own intermediate products (exact GELU's erf: three more [B, L, intermediate]
+    # tensors a layer). XLA drops the projection's recomputed output, which no gradient reads. At
+    # MiniLM's batch 256 x 512 on one H100 this took the step's peak from 17.0 to 8.4 GiB in two
+    # steps (the erf products, then the activation's output). CPUs, whose memory is not the limit,
+    # keep everything: a recomputation would be only cost.
+    remat = not deterministic and on_accelerator()
+    y = (nn.remat(activation_and_output) if remat else activation_and_output)(
+      self, _dense(c.intermediate_size, c, "intermediate")(h)
+    )
+    y = nn.Dropout(c.hidden_dropout)(y, deterministic=deterministic)
     out = _layer_norm(c, "output_LayerNorm")(y + h)
     return LayerOutput(q=q, k=k, v=v, attention=attention, hidden=out)
 
