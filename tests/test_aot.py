@@ -109,17 +109,20 @@ def test_distillation_step_compiles_for_tpu_and_h100(train_reports):
     assert row["bound_by"] == max(times, key=times.get)
     assert row["step_time_bound_s"] == pytest.approx(max(times.values()))
     assert row["tokens_per_s_bound"] == pytest.approx(row["tokens_per_step"] / row["step_time_bound_s"])
-    assert 0 <= row["kernel_bytes_added"] < row["bytes_accessed_per_step"]
+    assert 0 < row["kernel_bytes_added"] < row["bytes_accessed_per_step"]
   tpu, gpu = train_reports["v5e-8"][0], train_reports["h100x8"][0]
   assert tpu["device_memory_bytes"] == 16 * targets.GiB
   # In bfloat16 on H100s the teacher's attention runs in cuDNN's flash kernel (given lengths, not a
   # mask); the student's, with attention dropout, in our Pallas flash kernel (Triton), as the
-  # relation KLs in theirs. A TPU keeps XLA's (`kernels.platform.kernel_platform` says why).
+  # relation KLs in theirs. A TPU runs our kernels for both models' attention (Mosaic).
   assert gpu["attention_kernel"] == "cudnn_flash + pallas_flash" and gpu["cudnn_attention_calls"] >= 1
   assert gpu["cudnn_attention_flops_added"] > 0 and gpu["pallas_kernel_flops_added"] > 0
   kernels = {"minilm_flash_fwd", "minilm_flash_bwd", "minilm_relation_kl_fwd", "minilm_relation_kl_bwd"}
-  assert set(gpu["pallas_kernel_calls"]) == kernels and 0 < gpu["kernel_bytes_added"]
-  assert tpu["attention_kernel"] == "xla" and tpu["pallas_kernel_calls"] == {} and tpu["kernel_bytes_added"] == 0
+  assert set(gpu["pallas_kernel_calls"]) == kernels and set(tpu["pallas_kernel_calls"]) == kernels
+  # The teacher's first layer and the student's first (the last layers' attention is dead code).
+  assert gpu["pallas_kernel_calls"]["minilm_flash_fwd"] == 1 and tpu["pallas_kernel_calls"]["minilm_flash_fwd"] == 2
+  assert tpu["attention_kernel"] == "pallas_flash" and tpu["cudnn_attention_flops_added"] == 0
+  assert gpu["kernel_bytes_added"] > 0 and tpu["kernel_bytes_added"] > 0
 
 
 def test_xla_flops_match_the_analytic_count_at_a_tiny_shape(train_reports):
@@ -131,11 +134,14 @@ def test_xla_flops_match_the_analytic_count_at_a_tiny_shape(train_reports):
   # The matrix products alone (the optimised HLO's dots, cuDNN's and our kernels' calls added) are
   # what the analytic count counts, the student's attention scores recomputed in the backward pass
   # included: close to it even at this width (the relation kernels' backward recomputes the logits).
-  # On a TPU they are dilated convolutions, not counted.
+  # On a TPU they are dilated convolutions where its compiler writes them so: then not counted.
   gpu, tpu = train_reports["h100x8"][0], train_reports["v5e-8"][0]
   assert 0.95 < gpu["matmul_flops_over_analytic"] < 1.15, gpu["matmul_flops_over_analytic"]
   assert gpu["matmul_flops_per_step"] < gpu["flops_per_step"]
-  assert tpu["matmul_flops_per_step"] is None and "not counted" in train_reports["v5e-8"][1]
+  if tpu["matmul_flops_per_step"] is None:
+    assert "not counted" in train_reports["v5e-8"][1]
+  else:
+    assert 0.95 < tpu["matmul_flops_over_analytic"] < 1.15, tpu["matmul_flops_over_analytic"]
 
 
 def test_what_is_live_at_the_peak_adds_up_to_the_peak(train_reports):
@@ -365,7 +371,7 @@ def test_kernel_calls_count_their_operands_results_and_products():
     "  %a = bf16[8,64,16]{2,1,0} parameter(0)\n"
     "  %b = bf16[8,16,32]{2,1,0} parameter(1)\n"
     '  %pallas_call.1 = (bf16[2,128,4,32]{3,2,1,0}, f32[2,128,4,1]{3,2,1,0}) custom-call(%s, %m, %q, %k, %v), '
-    'custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={s32[1,1]{1,0}, s32[2,1,128]{2,1,0}, '
+    'custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={s32[1,1]{1,0}, s32[2,128,1]{2,1,0}, '
     "bf16[2,128,4,32]{3,2,1,0}, bf16[2,128,4,32]{3,2,1,0}, bf16[2,128,4,32]{3,2,1,0}}, "
     'metadata={op_name="jit(f)/minilm_flash_fwd/pallas_call"}\n'
     "  %custom-call.5 = (f32[8,64,32]{2,1,0}, s8[4194304]{0}) custom-call(%a, %b), "

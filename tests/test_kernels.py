@@ -14,6 +14,7 @@ import pytest
 
 from minilm_jax.distill import losses
 from minilm_jax.kernels import attention, dropout, relation_kl
+from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import kernel_platform
 
 # [B, L, H, K] operands, as the encoder makes them; two key blocks of 128, so that the online
@@ -44,8 +45,13 @@ def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
   assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == round(0.1 * 2**24)
 
 
+# The operands as the model makes them (GPUs), and the TPU's [B, H, K, L].
+LAYOUTS = [pytest.param(None, id="model_order"), pytest.param(Layout("bhkl"), id="tpu_order")]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
+def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layout):
   q, k, v = (_normal(i, (B, L, H, K)) for i in range(3))
   cotangent = _normal(3, (B, L, H, K))
   seed = jnp.int32(1234)
@@ -53,7 +59,7 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent * MASK[:, :, None, None])
 
-  fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu"))
+  fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu", layout))
   explicit = loss(lambda q, k, v: attention.reference(q, k, v, MASK, seed, rate))
   assert abs(float(fused(q, k, v)) / float(explicit(q, k, v)) - 1) < 1e-6
   fused_grads, explicit_grads = jax.grad(fused, (0, 1, 2))(q, k, v), jax.grad(explicit, (0, 1, 2))(q, k, v)
@@ -64,12 +70,13 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate):
     assert float(jnp.max(jnp.abs(grad[1, 77:]))) == 0.0
   # The dropout mask is the reference's: changing the seed changes the output.
   if rate:
-    other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu")
+    other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu", layout)
     assert _rel(other, attention.reference(q, k, v, MASK, seed, rate)) > 1e-2
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("widths", [(64, 32), (32, 64)])
-def test_fused_relation_kl_equals_the_explicit_kl(widths):
+def test_fused_relation_kl_equals_the_explicit_kl(widths, layout):
   """Teacher and student of different relation-head widths, a padded example; the explicit path
   is `losses.relation_kl` over the full [B, A_r, L, L] relations, and a float64 numpy reference."""
   d_t, d_s = widths
@@ -81,7 +88,7 @@ def test_fused_relation_kl_equals_the_explicit_kl(widths):
     return losses.relation_kl(t, s, MASK)
 
   def fused(sx, sy):
-    rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu")
+    rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu", layout)
     return losses._normalise(jnp.sum(rows * MASK[:, None, :], axis=(1, 2)), 4, MASK)
 
   assert abs(float(fused(sx, sy)) / float(explicit(sx, sy)) - 1) < 1e-6

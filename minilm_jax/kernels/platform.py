@@ -27,14 +27,11 @@ def on_accelerator() -> bool:
 
 def kernel_platform() -> str | None:
   """The platform whose Pallas lowering the fused kernels take in the function being traced, or
-  None for the explicit XLA path. GPUs run the kernels (there the [B, H, L, L] tensors' HBM
-  traffic and memory bound the step: the 6x384 step's bytes fell from 3.6e11 to 2.2e11 on an
-  H100). TPUs keep XLA's path for now: the kernels compile for them (Mosaic), but their per-row
-  statistics ([B, H, L, 1] float32) are padded to 128 lanes in a TPU's HBM, which raised the
-  v5e-8 step's peak from 2.68 to 3.71 GiB per chip. CPUs keep the explicit path, where memory is
-  not the limit and the kernels could only be interpreted (the tests call them with "cpu")."""
+  None for the explicit XLA path. GPUs and TPUs run the kernels (there the [B, H, L, L] tensors'
+  HBM traffic and memory bound the step); CPUs keep the explicit path, where memory is not the
+  limit and the kernels could only be interpreted (the tests call them with "cpu")."""
   platform = compute_platform()
-  return platform if platform in GPU_PLATFORMS else None
+  return platform if platform == "tpu" or platform in GPU_PLATFORMS else None
 
 
 def _compiler_params(platform: str, grid_rank: int):

@@ -23,16 +23,17 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from minilm_jax.kernels.attention import MASK_VALUE, block_size
+from minilm_jax.kernels.layout import Layout, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import call, out_shape
 
 FORWARD, BACKWARD = "minilm_relation_kl_fwd", "minilm_relation_kl_bwd"
 
 
 def _logit_flops(operand_dims: list) -> tuple:
-  """(teacher, student) relation-logit products, 2 B A L^2 d each, from the operands (key mask,
-  teacher x, teacher y, student x, student y, ...)."""
-  (b, a, length, d_t), (_, _, _, d_s) = operand_dims[1], operand_dims[3]
-  return 2 * b * a * length * length * d_t, 2 * b * a * length * length * d_s
+  """(teacher, student) relation-logit products, 2 B A L^2 d each, from the operands (key mask
+  [B, L, 1], teacher x, teacher y, student x, student y: B A L d elements each in any layout, ...)."""
+  length = operand_dims[0][1]
+  return 2 * math.prod(operand_dims[1]) * length, 2 * math.prod(operand_dims[3]) * length
 
 
 # Matrix products each kernel computes: the forward's two logits; the backward's two logits
@@ -53,31 +54,31 @@ def _dot(a, b, dims):
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
-def _logits(x, y, key_mask):
-  s = _dot(x, y, _NT) * (1.0 / math.sqrt(x.shape[-1]))
-  return jnp.where(key_mask > 0, s, MASK_VALUE)
+def _logits(yT, xT, key_column):
+  """Scaled relation logits [keys, queries] of [d, keys] and [d, queries] blocks, padding keys at MASK_VALUE."""
+  return jnp.where(key_column > 0, _dot(yT, xT, _TN) * (1.0 / math.sqrt(xT.shape[0])), MASK_VALUE)
 
 
-def _forward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, kl_ref, lse_t_ref, lse_s_ref, *, length, block):
-  tx, sx = tx_ref[...], sx_ref[...]
+def _forward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, kl_ref, lse_t_ref, lse_s_ref, *, layout, length, block):
+  txT, sxT = layout.load(tx_ref), layout.load(sx_ref)
 
   def body(j, carry):
     m_t, l_t, acc, m_s, l_s = carry
-    start = pl.multiple_of(j * block, block)
-    key_mask = mask_ref[:, pl.ds(start, block)]
-    t = _logits(tx, ty_ref[pl.ds(start, block), :], key_mask)
-    s = _logits(sx, sy_ref[pl.ds(start, block), :], key_mask)
-    m_t_new = jnp.maximum(m_t, jnp.max(t, axis=1, keepdims=True))
+    keys = pl.ds(pl.multiple_of(j * block, block), block)
+    key_column = mask_ref[keys, :]
+    t = _logits(layout.load(ty_ref, keys), txT, key_column)
+    s = _logits(layout.load(sy_ref, keys), sxT, key_column)
+    m_t_new = jnp.maximum(m_t, jnp.max(t, axis=0, keepdims=True))
     alpha = jnp.exp(m_t - m_t_new)
     e_t = jnp.exp(t - m_t_new)
-    l_t = alpha * l_t + jnp.sum(e_t, axis=1, keepdims=True)
-    acc = alpha * acc + jnp.sum(e_t * (t - s), axis=1, keepdims=True)
-    m_s_new = jnp.maximum(m_s, jnp.max(s, axis=1, keepdims=True))
-    l_s = jnp.exp(m_s - m_s_new) * l_s + jnp.sum(jnp.exp(s - m_s_new), axis=1, keepdims=True)
+    l_t = alpha * l_t + jnp.sum(e_t, axis=0, keepdims=True)
+    acc = alpha * acc + jnp.sum(e_t * (t - s), axis=0, keepdims=True)
+    m_s_new = jnp.maximum(m_s, jnp.max(s, axis=0, keepdims=True))
+    l_s = jnp.exp(m_s - m_s_new) * l_s + jnp.sum(jnp.exp(s - m_s_new), axis=0, keepdims=True)
     return m_t_new, l_t, acc, m_s_new, l_s
 
-  rows = (tx.shape[0], 1)
-  low, zero = jnp.full(rows, -jnp.inf, jnp.float32), jnp.zeros(rows, jnp.float32)
+  row = (1, txT.shape[1])
+  low, zero = jnp.full(row, -jnp.inf, jnp.float32), jnp.zeros(row, jnp.float32)
   m_t, l_t, acc, m_s, l_s = jax.lax.fori_loop(0, length // block, body, (low, zero, zero, low, zero))
   lse_t, lse_s = m_t + jnp.log(l_t), m_s + jnp.log(l_s)
   kl_ref[...] = acc / l_t - lse_t + lse_s
@@ -85,110 +86,96 @@ def _forward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, kl_ref, lse_t_ref,
   lse_s_ref[...] = lse_s
 
 
-def _grad_logits(tx, ty, sx, sy, key_mask, lse_t, lse_s, g):
-  """dKL/ds of a block, times the rows' cotangents: g (p_s - p_t) at real keys."""
-  p_t = jnp.exp(_logits(tx, ty, key_mask) - lse_t)
-  p_s = jnp.exp(_logits(sx, sy, key_mask) - lse_s)
-  return jnp.where(key_mask > 0, g * (p_s - p_t), 0.0)
-
-
-def _backward_kernel(
-  mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_ref, g_ref, dsx_ref, dsy_ref, *, length, block
-):
+def _backward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_ref, g_ref, dsx_ref, dsy_ref, **kw):
   """The student's gradients of one (example, relation head), the whole [L, L] a block at a time:
   the keys' side in the outer loop's carry, the queries' accumulated in float32 in `dsx_ref`
   (this program's own block), so each block's logits are recomputed once."""
+  layout, length, block = kw["layout"], kw["length"], kw["block"]
   dsx_ref[...] = jnp.zeros(dsx_ref.shape, dsx_ref.dtype)
 
   def over_keys(j, _):
     keys = pl.ds(pl.multiple_of(j * block, block), block)
-    ty, sy, key_mask = ty_ref[keys, :], sy_ref[keys, :], mask_ref[:, keys]
+    tyT, syT, key_column = layout.load(ty_ref, keys), layout.load(sy_ref, keys), mask_ref[keys, :]
+    scale = 1.0 / math.sqrt(syT.shape[0])
 
-    def over_queries(i, dsy):
+    def over_queries(i, dsyT):
       rows = pl.ds(pl.multiple_of(i * block, block), block)
-      sx = sx_ref[rows, :]
-      ds = _grad_logits(tx_ref[rows, :], ty, sx, sy, key_mask, lse_t_ref[rows, :], lse_s_ref[rows, :], g_ref[rows, :])
-      dsx_ref[rows, :] += _dot(ds.astype(sy.dtype), sy, _NN)
-      return dsy + _dot(ds.astype(sx.dtype), sx, _TN)
+      sxT = layout.load(sx_ref, rows)
+      p_t = jnp.exp(_logits(tyT, layout.load(tx_ref, rows), key_column) - lse_t_ref[:, rows])
+      p_s = jnp.exp(_logits(syT, sxT, key_column) - lse_s_ref[:, rows])
+      # dKL/ds at real keys, times the rows' cotangents: g (p_s - p_t), as [keys, queries].
+      ds = jnp.where(key_column > 0, g_ref[:, rows] * (p_s - p_t), 0.0).astype(sxT.dtype)
+      layout.add(dsx_ref, _dot(syT, ds, _NN) * scale, rows)
+      return dsyT + _dot(sxT, ds, _NT)
 
-    dsy = jax.lax.fori_loop(0, length // block, over_queries, jnp.zeros(sy.shape, jnp.float32))
-    dsy_ref[keys, :] = (dsy * (1.0 / math.sqrt(sy.shape[-1]))).astype(dsy_ref.dtype)
+    dsyT = jax.lax.fori_loop(0, length // block, over_queries, jnp.zeros(syT.shape, jnp.float32))
+    layout.store(dsy_ref, dsyT * scale, keys)
     return 0
 
   jax.lax.fori_loop(0, length // block, over_keys, 0)
-  dsx_ref[...] = dsx_ref[...] * (1.0 / math.sqrt(sx_ref.shape[-1]))
 
 
-def _forward(key_mask, tx, ty, sx, sy, platform):
-  batch, heads, length, _ = tx.shape
+def _forward(key_mask, tx, ty, sx, sy, platform, layout):
+  batch, heads, length, d_t = layout.dims(tx)
+  d_s = layout.dims(sx)[3]
   block = block_size(length)
-
-  def query_block(dim):
-    return pl.BlockSpec((None, None, block, dim), lambda b, a, i: (b, a, i, 0))
-
-  def whole(dim):
-    return pl.BlockSpec((None, None, length, dim), lambda b, a, i: (b, a, 0, 0))
-
-  row = out_shape((batch, heads, length, 1), jnp.float32, sx)
+  row = out_shape((batch, heads, 1, length), jnp.float32, sx)
   return call(
-    functools.partial(_forward_kernel, length=length, block=block),
+    functools.partial(_forward_kernel, layout=layout, length=length, block=block),
     platform,
     FORWARD,
     grid=(batch, heads, length // block),
     in_specs=[
-      pl.BlockSpec((None, 1, length), lambda b, a, i: (b, 0, 0)),
-      query_block(tx.shape[-1]),
-      whole(tx.shape[-1]),
-      query_block(sx.shape[-1]),
-      whole(sx.shape[-1]),
+      key_mask_spec(length),
+      layout.spec(block, d_t, blocked=True),
+      layout.spec(length, d_t, blocked=False),
+      layout.spec(block, d_s, blocked=True),
+      layout.spec(length, d_s, blocked=False),
     ],
-    out_specs=[query_block(1)] * 3,
+    out_specs=[stat_spec(block, blocked=True)] * 3,
     out_shape=[row] * 3,
   )(key_mask, tx, ty, sx, sy)
 
 
-def _backward(platform, residuals, g):
+def _backward(platform, layout, residuals, g):
   key_mask, tx, ty, sx, sy, lse_t, lse_s = residuals
-  batch, heads, length, _ = tx.shape
-
-  def whole(dim):
-    return pl.BlockSpec((None, None, length, dim), lambda b, a: (b, a, 0, 0))
-
+  batch, heads, length, d_t = layout.dims(tx)
+  d_s = layout.dims(sx)[3]
+  teacher, student = layout.spec(length, d_t, blocked=False), layout.spec(length, d_s, blocked=False)
+  stat = stat_spec(length, blocked=False)
   dsx, dsy = call(
-    functools.partial(_backward_kernel, length=length, block=block_size(length)),
+    functools.partial(_backward_kernel, layout=layout, length=length, block=block_size(length)),
     platform,
     BACKWARD,
     grid=(batch, heads),
-    in_specs=[
-      pl.BlockSpec((None, 1, length), lambda b, a: (b, 0, 0)),
-      *[whole(z.shape[-1]) for z in (tx, ty, sx, sy)],
-      *[whole(1)] * 3,
-    ],
-    out_specs=[whole(sx.shape[-1]), whole(sy.shape[-1])],
+    in_specs=[key_mask_spec(length), teacher, teacher, student, student, stat, stat, stat],
+    out_specs=[student, student],
     out_shape=[out_shape(sx.shape, jnp.float32, sx), out_shape(sy.shape, sy.dtype, sx)],
   )(key_mask, tx, ty, sx, sy, lse_t, lse_s, g[0])  # g[0]: the row KLs' cotangent (no one differentiates the lses)
   return None, None, None, dsx.astype(sx.dtype), dsy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _relation_kl(key_mask, tx, ty, sx, sy, platform):
-  return _forward(key_mask, tx, ty, sx, sy, platform)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _relation_kl(key_mask, tx, ty, sx, sy, platform, layout):
+  return _forward(key_mask, tx, ty, sx, sy, platform, layout)
 
 
-def _relation_kl_fwd(key_mask, tx, ty, sx, sy, platform):
-  kl, lse_t, lse_s = _forward(key_mask, tx, ty, sx, sy, platform)
+def _relation_kl_fwd(key_mask, tx, ty, sx, sy, platform, layout):
+  kl, lse_t, lse_s = _forward(key_mask, tx, ty, sx, sy, platform, layout)
   return (kl, lse_t, lse_s), (key_mask, tx, ty, sx, sy, lse_t, lse_s)
 
 
 _relation_kl.defvjp(_relation_kl_fwd, _backward)
 
 
-def relation_kl_rows(teacher_xy, student_xy, key_mask_BxL, platform: str):
+def relation_kl_rows(teacher_xy, student_xy, key_mask_BxL, platform: str, layout: Layout | None = None):
   """KL(teacher || student) of every query row of the relations softmax(X Y^T / sqrt(d)):
   [B, A_r, L], float32. `teacher_xy`, `student_xy`: pairs of [B, A_r, L, d] projections already
   split into relation heads (teacher and student widths may differ). Differentiable in the
-  student's pair only."""
-  key_mask = key_mask_BxL.astype(jnp.int32)[:, None, :]
+  student's pair only. `platform` picks the lowering and the memory layout the kernels read
+  (`layout.for_platform`; `layout` overrides it, as the tests do to run the TPU's interpreted)."""
+  layout = layout or for_platform(platform, "bhlk")
   teacher_xy = jax.lax.stop_gradient(teacher_xy)
-  kl, _, _ = _relation_kl(key_mask, *teacher_xy, *student_xy, platform)
-  return kl[..., 0]
+  tx, ty, sx, sy = (layout.to("bhlk", z) for z in (*teacher_xy, *student_xy))
+  kl, _, _ = _relation_kl(key_mask_column(key_mask_BxL), tx, ty, sx, sy, platform, layout)
+  return kl[:, :, 0, :]

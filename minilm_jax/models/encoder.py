@@ -209,8 +209,10 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
   """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask.
   cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
   broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
-  (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. A
-  per-query mask (sequence-to-sequence) stays with XLA's kernel."""
+  (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. On
+  TPUs our flash kernel (`kernels.attention`, without dropout) keeps the [B, H, L, L] scores out
+  of HBM, where XLA's attention writes them. A per-query mask (sequence-to-sequence) stays with
+  XLA's kernel."""
   implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
   if implementation == "cudnn" and mask.ndim == 2:
     lengths_B = jnp.sum(mask, axis=-1, dtype=jnp.int32)
@@ -222,6 +224,8 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
       key_value_seq_lengths=lengths_B,
       implementation="cudnn",
     )
+  if mask.ndim == 2 and kernel_platform() == "tpu" and attention_kernel.supported(mask.shape[1], head_dim):
+    return attention_kernel.flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, 0, 0.0, "tpu")
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
 
 
