@@ -109,7 +109,7 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
   layout, heads, length, block, rate = kw["layout"], kw["heads"], kw["length"], kw["block"], kw["rate"]
   b, h = pl.program_id(0), pl.program_id(1)
   seed, row_head = seed_ref[...], b * heads + h
-  dq_ref[...] = jnp.zeros(dq_ref.shape, dq_ref.dtype)
+  layout.zero(dq_ref, length, block)
 
   def over_keys(j, _):
     keys = pl.ds(pl.multiple_of(j * block, block), block)

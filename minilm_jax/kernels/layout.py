@@ -62,6 +62,16 @@ class Layout:
   def add(self, ref, value_KxR, rows):
     self.store(ref, self.load(ref, rows) + value_KxR, rows)
 
+  def zero(self, ref, length: int, block: int):
+    """Zeroes a whole-length block `block` rows at a time (Triton takes only arrays whose sizes are
+    powers of two, and a length such as 384 is not)."""
+    for start in range(0, length, block):
+      rows = pl.ds(start, block)
+      if self.rows_last:
+        ref[:, rows] = jnp.zeros((ref.shape[0], block), ref.dtype)
+      else:
+        ref[rows, :] = jnp.zeros((block, ref.shape[1]), ref.dtype)
+
 
 def for_platform(platform: str, gpu_order: str) -> Layout:
   """[B, H, K, L] on TPUs; elsewhere the operands' own order."""

@@ -91,7 +91,7 @@ def _backward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_
   the keys' side in the outer loop's carry, the queries' accumulated in float32 in `dsx_ref`
   (this program's own block), so each block's logits are recomputed once."""
   layout, length, block = kw["layout"], kw["length"], kw["block"]
-  dsx_ref[...] = jnp.zeros(dsx_ref.shape, dsx_ref.dtype)
+  layout.zero(dsx_ref, length, block)
 
   def over_keys(j, _):
     keys = pl.ds(pl.multiple_of(j * block, block), block)
