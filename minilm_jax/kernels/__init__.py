@@ -9,6 +9,7 @@
   online log-sum-exp, the backward pass recomputing them.
 
 Each kernel lowers through Pallas to Triton on GPUs and to Mosaic on TPUs, and runs in Pallas's
-interpret mode on CPUs (the tests). `platform.kernel_platform` says which a step compiled for
-some devices should use; the encoder and the objectives keep their explicit XLA paths on CPUs.
+interpret mode on CPUs (the tests); `layout` says how their operands sit in each chip's memory and
+how they compute on them. `platform.kernel_platform` says which a step compiled for some devices
+should use; the encoder and the objectives keep their explicit XLA paths on CPUs.
 """

@@ -27,7 +27,8 @@ from minilm_jax.kernels import dropout
 from minilm_jax.kernels.layout import Layout, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import call, out_shape
 
-# Added to the scores of padding keys: the encoder's value (models.encoder.MASK_VALUE).
+# Added to the attention scores of padding keys, here and on the explicit paths. Finite on
+# purpose: a row whose keys are all masked then gets a uniform distribution instead of NaN.
 MASK_VALUE = -1e9
 # Names the compiled program carries (aot.report counts their bytes and FLOPs by them).
 FORWARD, BACKWARD = "minilm_flash_fwd", "minilm_flash_bwd"

@@ -18,12 +18,9 @@ import jax.numpy as jnp
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import dropout as dropout_bits
+from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
 from minilm_jax.models import layout
-
-# Added to the attention scores of padding keys. Finite on purpose: a row whose keys are all
-# masked then gets a uniform distribution instead of NaN.
-MASK_VALUE = -1e9
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 ACTIVATIONS = {
