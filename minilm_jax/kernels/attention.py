@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from minilm_jax.kernels import dropout
-from minilm_jax.kernels.layout import Layout, for_platform, key_mask_column, key_mask_spec, stat_spec
+from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import call, out_shape
 
 # Added to the attention scores of padding keys, here and on the explicit paths. Finite on
@@ -84,7 +84,7 @@ def _forward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
 
   def body(j, carry):
     accT, m, l = carry
-    keys = pl.ds(pl.multiple_of(j * block, block), block)
+    keys = block_rows(j, block)
     kT, vT = layout.load(k_ref, keys), layout.load(v_ref, keys)
     sT = _scores(kT, qT, mask_ref[keys, :], scale)
     m_new = jnp.maximum(m, jnp.max(sT, axis=0, keepdims=True))
@@ -113,13 +113,13 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
   layout.zero(dq_ref, length, block)
 
   def over_keys(j, _):
-    keys = pl.ds(pl.multiple_of(j * block, block), block)
+    keys = block_rows(j, block)
     kT, vT, key_column = layout.load(k_ref, keys), layout.load(v_ref, keys), mask_ref[keys, :]
     scale = 1.0 / math.sqrt(kT.shape[0])
 
     def over_queries(i, carry):
       dkT, dvT = carry
-      rows = pl.ds(pl.multiple_of(i * block, block), block)
+      rows = block_rows(i, block)
       qT, doT = layout.load(q_ref, rows), layout.load(do_ref, rows)
       p = jnp.exp(_scores(kT, qT, key_column, scale) - lse_ref[:, rows])
       dp = _dot(vT, doT, _TN)

@@ -73,6 +73,11 @@ class Layout:
         ref[rows, :] = jnp.zeros((block, ref.shape[1]), ref.dtype)
 
 
+def block_rows(index, block: int):
+  """The `index`-th block of `block` rows, as the kernels' loops slice their operands."""
+  return pl.ds(pl.multiple_of(index * block, block), block)
+
+
 def for_platform(platform: str, gpu_order: str) -> Layout:
   """[B, H, K, L] on TPUs; elsewhere the operands' own order."""
   return Layout("bhkl" if platform == "tpu" else gpu_order)

@@ -20,10 +20,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
 from minilm_jax.kernels.attention import MASK_VALUE, block_size
-from minilm_jax.kernels.layout import Layout, for_platform, key_mask_column, key_mask_spec, stat_spec
+from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import call, out_shape
 
 FORWARD, BACKWARD = "minilm_relation_kl_fwd", "minilm_relation_kl_bwd"
@@ -64,7 +63,7 @@ def _forward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, kl_ref, lse_t_ref,
 
   def body(j, carry):
     m_t, l_t, acc, m_s, l_s = carry
-    keys = pl.ds(pl.multiple_of(j * block, block), block)
+    keys = block_rows(j, block)
     key_column = mask_ref[keys, :]
     t = _logits(layout.load(ty_ref, keys), txT, key_column)
     s = _logits(layout.load(sy_ref, keys), sxT, key_column)
@@ -94,12 +93,12 @@ def _backward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_
   layout.zero(dsx_ref, length, block)
 
   def over_keys(j, _):
-    keys = pl.ds(pl.multiple_of(j * block, block), block)
+    keys = block_rows(j, block)
     tyT, syT, key_column = layout.load(ty_ref, keys), layout.load(sy_ref, keys), mask_ref[keys, :]
     scale = 1.0 / math.sqrt(syT.shape[0])
 
     def over_queries(i, dsyT):
-      rows = pl.ds(pl.multiple_of(i * block, block), block)
+      rows = block_rows(i, block)
       sxT = layout.load(sx_ref, rows)
       p_t = jnp.exp(_logits(tyT, layout.load(tx_ref, rows), key_column) - lse_t_ref[:, rows])
       p_s = jnp.exp(_logits(syT, sxT, key_column) - lse_s_ref[:, rows])
