@@ -6,6 +6,10 @@ cannot run inside `shard_map` ("Primitive dynamic_slice requires varying manual 
 so the CPU steps keep the explicit path."""
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +17,9 @@ import numpy as np
 import pytest
 
 from minilm_jax.distill import losses
-from minilm_jax.kernels import attention, dropout, relation_kl
+from minilm_jax.kernels import attention, check, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
-from minilm_jax.kernels.platform import kernel_platform
+from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
 
 # [B, L, H, K] operands, as the encoder makes them; two key blocks of 128, so that the online
 # softmax crosses a block boundary.
@@ -45,13 +49,17 @@ def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
   assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == round(0.1 * 2**24)
 
 
-# The operands as the model makes them (GPUs), and the TPU's [B, H, K, L].
-LAYOUTS = [pytest.param(None, id="model_order"), pytest.param(Layout("bhkl"), id="tpu_order")]
+# Each chip's layout and blocks: the operands as the model makes them in 64-row blocks (GPUs: four
+# blocks here), and the TPU's [B, H, K, L] in 128-row blocks.
+CHIPS = [
+  pytest.param(None, TILINGS["gpu"], id="gpu_layout_and_blocks"),
+  pytest.param(Layout("bhkl"), TILINGS["tpu"], id="tpu_layout_and_blocks"),
+]
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("layout", "tiling"), CHIPS)
 @pytest.mark.parametrize("rate", [0.0, 0.1])
-def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layout):
+def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layout, tiling):
   q, k, v = (_normal(i, (B, L, H, K)) for i in range(3))
   cotangent = _normal(3, (B, L, H, K))
   seed = jnp.int32(1234)
@@ -59,7 +67,7 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layou
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent * MASK[:, :, None, None])
 
-  fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu", layout))
+  fused = loss(lambda q, k, v: attention.flash_attention(q, k, v, MASK, seed, rate, "cpu", layout, tiling))
   explicit = loss(lambda q, k, v: attention.reference(q, k, v, MASK, seed, rate))
   assert abs(float(fused(q, k, v)) / float(explicit(q, k, v)) - 1) < 1e-6
   fused_grads, explicit_grads = jax.grad(fused, (0, 1, 2))(q, k, v), jax.grad(explicit, (0, 1, 2))(q, k, v)
@@ -70,13 +78,13 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layou
     assert float(jnp.max(jnp.abs(grad[1, 77:]))) == 0.0
   # The dropout mask is the reference's: changing the seed changes the output.
   if rate:
-    other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu", layout)
+    other = attention.flash_attention(q, k, v, MASK, seed + 1, rate, "cpu", layout, tiling)
     assert _rel(other, attention.reference(q, k, v, MASK, seed, rate)) > 1e-2
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("layout", "tiling"), CHIPS)
 @pytest.mark.parametrize("widths", [(64, 32), (32, 64)])
-def test_fused_relation_kl_equals_the_explicit_kl(widths, layout):
+def test_fused_relation_kl_equals_the_explicit_kl(widths, layout, tiling):
   """Teacher and student of different relation-head widths, a padded example; the explicit path
   is `losses.relation_kl` over the full [B, A_r, L, L] relations, and a float64 numpy reference."""
   d_t, d_s = widths
@@ -88,7 +96,7 @@ def test_fused_relation_kl_equals_the_explicit_kl(widths, layout):
     return losses.relation_kl(t, s, MASK)
 
   def fused(sx, sy):
-    rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu", layout)
+    rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu", layout, tiling)
     return losses._normalise(jnp.sum(rows * MASK[:, None, :], axis=(1, 2)), 4, MASK)
 
   assert abs(float(fused(sx, sy)) / float(explicit(sx, sy)) - 1) < 1e-6
@@ -111,6 +119,39 @@ def test_fused_relation_kl_equals_the_explicit_kl(widths, layout):
 
 def test_the_cpu_keeps_the_explicit_path():
   assert kernel_platform() is None
+
+
+def test_the_chip_check_holds_both_kernels_to_the_explicit_path_in_every_tiling():
+  """`python -m minilm_jax.kernels.check`, interpreted here: one row per kernel and tiling, the
+  errors float32's."""
+  rows = check.check([128], batch=2, dtype="float32", repeats=1, tilings=[Tiling(64), Tiling(32, 8, 3)])
+  assert [(r["kernel"], r["tiling"]) for r in rows] == [
+    ("attention", "64x4x2"),
+    ("relation_kl", "64x4x2"),
+    ("attention", "32x8x3"),
+    ("relation_kl", "32x8x3"),
+  ]
+  for r in rows:
+    assert r["platform"] == "cpu" and max(r["loss_error"], r["grad_error"]) < 1e-5, r
+    assert r["fused_ms"] > 0 and r["explicit_ms"] > 0
+
+
+def test_the_chip_check_program_writes_its_rows_and_refuses_bad_tilings(tmp_path):
+  out = tmp_path / "kernels.json"
+  ok = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.kernels.check", "--lengths=32", "--batch=2", "--dtype=float32"]
+    + ["--repeats=1", f"--json={out}"],
+    capture_output=True,
+    text=True,
+  )
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "relation_kl  128x4x2  cpu" in ok.stdout and len(json.loads(out.read_text())) == 2
+  bad = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.kernels.check", "--tilings=64x4x2,big"], capture_output=True, text=True
+  )
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+    "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"
+  )
 
 
 @pytest.mark.xdist_group("aot")  # with the other compiles for targets, on the worker that loads their plugins
@@ -146,3 +187,30 @@ def test_the_kernels_compile_for_h100_and_tpu(target):
   text = jax.jit(grads).lower(student, student, student, teacher, teacher, mask).compile().as_text()
   for name in (attention.FORWARD, attention.BACKWARD, relation_kl.FORWARD, relation_kl.BACKWARD):
     assert name in text, name
+
+
+def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp_path):
+  """`launch/chip_benchmarks.sh` with a stand-in for python that records its arguments (the
+  programs themselves are tested above and in test_bench.py): the check first, then one `bench
+  distill` per (student, length), each writing its own JSON; a failing program fails the script."""
+  log = tmp_path / "calls"
+  python = tmp_path / "python"
+  python.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n[[ "$*" != *"seq_len 128"* ]]\n')
+  python.chmod(0o755)
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", "chip_benchmarks.sh")
+  proc = subprocess.run(
+    ["bash", script, str(tmp_path / "out"), "6x384 6x768", "512 128"],
+    env={**os.environ, "PYTHON": str(python)},
+    capture_output=True,
+    text=True,
+  )
+  calls = log.read_text().splitlines()
+  assert proc.returncode == 1  # the stand-in failed the length-128 runs
+  assert calls[0].startswith("-m minilm_jax.kernels.check --lengths 128,512 --batch 32 --dtype bfloat16")
+  assert [c.split("--student ")[1].split(" --dtype")[0] for c in calls[1:]] == [
+    "6x384 --seq_len 512",
+    "6x384 --seq_len 128",
+    "6x768 --seq_len 512",
+    "6x768 --seq_len 128",
+  ]
+  assert all(f"--json {tmp_path}/out/distill_" in c for c in calls[1:])

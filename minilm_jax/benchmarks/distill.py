@@ -11,8 +11,9 @@ shapes a user trains at, in one process.
   `torch.compile`.
 
 MFU is analytic (`timing.distill_flops_per_token`) over the device's peak bfloat16 FLOP/s.
-Memory: ours is XLA's compiled footprint of the step (arguments + outputs + temporaries), the
-peers' `torch.cuda.max_memory_allocated` (CUDA only).
+Memory: ours is XLA's compiled footprint of the step (arguments + outputs + temporaries) and, on
+GPUs and TPUs, the device's measured peak (`memory_stats`); the peers' `torch.cuda.max_memory_allocated`
+(CUDA only).
 """
 
 import contextlib
@@ -145,7 +146,7 @@ class _OurStep:
       self.state, metrics = self(self.state, batch)
       block(metrics)
 
-    return median_seconds(run, repeats), footprint
+    return median_seconds(run, repeats), footprint, device_peak_bytes()
 
   def train_program_seconds(self, batch, steps: int):
     """Seconds per step of the training loop from a fresh state over `2 * steps` steps, timed on
@@ -174,6 +175,14 @@ class _OurStep:
       )
       rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return rows[-1]["step_time_s"]
+
+
+def device_peak_bytes() -> int | None:
+  """The first device's peak bytes in use in this process so far (GPUs and TPUs; None on CPUs).
+  JAX cannot reset it, so it is one step's real peak only for the first row a process measures,
+  or for a row larger than those before it: the chip runs measure one row per process."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
 
 
 class _NoCheckpoints:
@@ -340,7 +349,7 @@ def run(
         tokens = n * length
         config = step_config(teacher_config, student_config, dtype, num_relation_heads, n, length)
         ours = _OurStep(teacher_config, teacher_params, config)
-        seconds, footprint = ours.bare_seconds(batch, repeats)
+        seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
         program = ours.train_program_seconds(batch, train_steps) if train_steps else None
         del ours
         flops = (
@@ -366,6 +375,7 @@ def run(
           "program_over_step": seconds / program if program else None,
           "mfu": flops / seconds / peak if peak else None,
           "ours_mem_gib": _gib(footprint),
+          "ours_device_peak_gib": _gib(device_peak),
         }
         for peer in PEERS:
           if peer in peers:

@@ -122,11 +122,11 @@ def chunked_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, qu
   return _normalise(kl_sum, num_relation_heads, mask_BxL)
 
 
-def fused_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, platform: str):
-  """`relation_kl` of the full relations by the fused kernel (`kernels.relation_kl`): neither
-  [B, A_r, L, L] relation is written to HBM, on any length."""
+def fused_relation_kl(teacher_xy, student_xy, mask_BxL, num_relation_heads, platform: str, tiling=None):
+  """`relation_kl` of the full relations by the fused kernel (`kernels.relation_kl`, its blocks
+  `tiling` or the platform's): neither [B, A_r, L, L] relation is written to HBM, on any length."""
   (tx, ty), (sx, sy) = [[relation_heads(z, num_relation_heads) for z in pair] for pair in (teacher_xy, student_xy)]
-  kl_BxAxL = relation_kl_kernel.relation_kl_rows((tx, ty), (sx, sy), mask_BxL, platform)
+  kl_BxAxL = relation_kl_kernel.relation_kl_rows((tx, ty), (sx, sy), mask_BxL, platform, tiling=tiling)
   kl_sum = jnp.sum(kl_BxAxL * mask_BxL.astype(jnp.float32)[:, None, :], axis=(1, 2))
   return _normalise(kl_sum, num_relation_heads, mask_BxL)
 
@@ -145,7 +145,7 @@ def minilm_loss(
     t_xy = (getattr(teacher, rel[0]), getattr(teacher, rel[1]))
     s_xy = (getattr(student, rel[0]), getattr(student, rel[1]))
     dims = [z.shape[1] * z.shape[3] // num_relation_heads for z in (*t_xy, *s_xy)]
-    if platform and all(attention_kernel.supported(length, d) for d in dims):
+    if platform and all(attention_kernel.supported(length, d, platform) for d in dims):
       terms[rel] = fused_relation_kl(t_xy, s_xy, mask_BxL, num_relation_heads, platform)
     elif query_chunk:
       terms[rel] = chunked_relation_kl(t_xy, s_xy, mask_BxL, num_relation_heads, query_chunk)

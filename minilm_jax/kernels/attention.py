@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 
 from minilm_jax.kernels import dropout
 from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
-from minilm_jax.kernels.platform import call, out_shape
+from minilm_jax.kernels.platform import Tiling, call, out_shape, tiling_for
 
 # Added to the attention scores of padding keys, here and on the explicit paths. Finite on
 # purpose: a row whose keys are all masked then gets a uniform distribution instead of NaN.
@@ -48,15 +48,11 @@ _TN = (((0,), (0,)), ((), ()))  # A^T B
 _NN = (((1,), (0,)), ((), ()))  # A B
 
 
-def block_size(length: int) -> int:
-  """Query and key block: 128 rows (Triton's and Mosaic's tiles take it), or the whole length."""
-  return 128 if length % 128 == 0 else length
-
-
-def supported(length: int, head_dim: int) -> bool:
-  """Shapes the kernels take: power-of-two blocks of at least 16 rows and a head size of 16 to 256,
-  a multiple of 8 (Triton's matrix products want every side at least 16)."""
-  block = block_size(length)
+def supported(length: int, head_dim: int, platform: str, tiling: Tiling | None = None) -> bool:
+  """Shapes the kernels take on `platform` (in its blocks, or `tiling`'s): power-of-two blocks of
+  at least 16 rows and a head size of 16 to 256, a multiple of 8 (Triton's matrix products want
+  every side at least 16)."""
+  block = (tiling or tiling_for(platform)).block_for(length)
   return block >= 16 and block & (block - 1) == 0 and head_dim % 8 == 0 and 16 <= head_dim <= 256
 
 
@@ -142,14 +138,15 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
   jax.lax.fori_loop(0, length // block, over_keys, 0)
 
 
-def _forward(q, k, v, key_mask, seed, rate, platform, layout):
+def _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling):
   batch, heads, length, dim = layout.dims(q)
-  block = block_size(length)
+  block = tiling.block_for(length)
   kernel = functools.partial(_forward_kernel, layout=layout, heads=heads, length=length, block=block, rate=rate)
   return call(
     kernel,
     platform,
     FORWARD,
+    tiling,
     grid=(batch, heads, length // block),
     in_specs=[
       pl.BlockSpec((1, 1), lambda b, h, i: (0, 0)),
@@ -163,19 +160,20 @@ def _forward(q, k, v, key_mask, seed, rate, platform, layout):
   )(seed, key_mask, q, k, v)
 
 
-def _backward(rate, platform, layout, residuals, do):
+def _backward(rate, platform, layout, tiling, residuals, do):
   seed, key_mask, q, k, v, o, lse = residuals
   batch, heads, length, dim = layout.dims(q)
   # D = rowsum(dO * O) per query, as a [B, H, 1, L] row like the log-sum-exps.
   d = jnp.sum(Layout("bhlk").to(layout.order, do.astype(jnp.float32) * o.astype(jnp.float32)), -1)[:, :, None, :]
   whole = layout.spec(length, dim, blocked=False)
   kernel = functools.partial(
-    _backward_kernel, layout=layout, heads=heads, length=length, block=block_size(length), rate=rate
+    _backward_kernel, layout=layout, heads=heads, length=length, block=tiling.block_for(length), rate=rate
   )
   dq, dk, dv = call(
     kernel,
     platform,
     BACKWARD,
+    tiling,
     grid=(batch, heads),
     in_specs=[
       pl.BlockSpec((1, 1), lambda b, h: (0, 0)),
@@ -193,13 +191,13 @@ def _backward(rate, platform, layout, residuals, do):
   return None, None, dq.astype(q.dtype), dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(seed, key_mask, q, k, v, rate, platform, layout):
-  return _forward(q, k, v, key_mask, seed, rate, platform, layout)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _flash(seed, key_mask, q, k, v, rate, platform, layout, tiling):
+  return _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling)[0]
 
 
-def _flash_fwd(seed, key_mask, q, k, v, rate, platform, layout):
-  o, lse = _forward(q, k, v, key_mask, seed, rate, platform, layout)
+def _flash_fwd(seed, key_mask, q, k, v, rate, platform, layout, tiling):
+  o, lse = _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling)
   return o, (seed, key_mask, q, k, v, o, lse)
 
 
@@ -207,17 +205,27 @@ _flash.defvjp(_flash_fwd, _backward)
 
 
 def flash_attention(
-  q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, seed, rate: float, platform: str, layout: Layout | None = None
+  q_BxLxHxK,
+  k_BxLxHxK,
+  v_BxLxHxK,
+  key_mask_BxL,
+  seed,
+  rate: float,
+  platform: str,
+  layout: Layout | None = None,
+  tiling: Tiling | None = None,
 ):
   """Context [B, L, H, K] (the encoder's layout) of attention whose probabilities are dropped out
   at `rate` by `dropout.keep_mask(seed, ...)`, under a [B, L] key padding mask; differentiable in
   q, k, v. `platform` picks the lowering (Triton on GPUs, Mosaic on TPUs, interpreted on CPUs) and
   the memory layout the kernels read (`layout.for_platform`; `layout` overrides it, as the tests
-  do to run the TPU's layout interpreted)."""
+  do to run the TPU's layout interpreted) and the blocks (`platform.TILINGS`; `tiling` overrides
+  them, as `kernels.check --tilings` does)."""
   layout = layout or for_platform(platform, "blhk")
+  tiling = tiling or tiling_for(platform)
   seed_1x1 = jnp.reshape(jnp.asarray(seed, jnp.int32), (1, 1))
   q, k, v = (layout.to("blhk", x) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
-  context = _flash(seed_1x1, key_mask_column(key_mask_BxL), q, k, v, float(rate), platform, layout)
+  context = _flash(seed_1x1, key_mask_column(key_mask_BxL), q, k, v, float(rate), platform, layout, tiling)
   return Layout("blhk").to(layout.order, context)
 
 

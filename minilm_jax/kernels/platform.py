@@ -1,5 +1,7 @@
 """Where a step is compiled for, and so which kernels and which Pallas lowering it takes."""
 
+import dataclasses
+
 import jax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -34,13 +36,43 @@ def kernel_platform() -> str | None:
   return platform if platform == "tpu" or platform in GPU_PLATFORMS else None
 
 
-def _compiler_params(platform: str, grid_rank: int):
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """How the kernels cut their work: query and key rows per block, and on GPUs the warps of a
+  program and the software-pipeline stages of its loops."""
+
+  block: int
+  num_warps: int = 4
+  num_stages: int = 2
+
+  def block_for(self, length: int) -> int:
+    """The block for a sequence `length`: `block` rows, or the whole length where it does not divide it."""
+    return self.block if length % self.block == 0 else length
+
+  @classmethod
+  def parse(cls, spec: str) -> "Tiling":
+    """'64x4x2' (block, warps, stages) -> Tiling."""
+    return cls(*(int(part) for part in spec.split("x")))
+
+
+# TPUs: 128 rows fill the lanes. GPUs: 64-row blocks, whose [64, 64] float32 scores (and the dropout
+# hash's integers) take 32 registers a thread at 4 warps; 128-row blocks spilled to local memory
+# and ran both kernels slower than XLA's explicit path on an H100 (`python -m minilm_jax.kernels.check`,
+# README "Kernels on an H100").
+TILINGS = {"tpu": Tiling(128), "gpu": Tiling(64), "cuda": Tiling(64), "cpu": Tiling(128)}
+
+
+def tiling_for(platform: str) -> Tiling:
+  return TILINGS.get(platform, TILINGS["cpu"])
+
+
+def _compiler_params(platform: str, grid_rank: int, tiling: Tiling):
   """Lowering options: every grid axis independent (each program writes its own output block) on
   TPUs; warps and pipeline stages on GPUs; none when interpreting on a CPU."""
   if platform == "tpu":
     return pltpu.CompilerParams(dimension_semantics=[pltpu.PARALLEL] * grid_rank)
   if platform in GPU_PLATFORMS:
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+    return plgpu.CompilerParams(num_warps=tiling.num_warps, num_stages=tiling.num_stages)
   return None
 
 
@@ -50,7 +82,7 @@ def out_shape(shape, dtype, like) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).mat)
 
 
-def call(kernel, platform: str, name: str, **kwargs):
+def call(kernel, platform: str, name: str, tiling: Tiling, **kwargs):
   """`pl.pallas_call` for `platform`: compiled (Triton on GPUs, Mosaic on TPUs), or interpreted
   on a CPU. `name` is how the kernel appears in the compiled program (`aot.report` counts its
   traffic and FLOPs by it)."""
@@ -58,6 +90,6 @@ def call(kernel, platform: str, name: str, **kwargs):
     kernel,
     interpret=platform not in ("tpu", *GPU_PLATFORMS),
     name=name,
-    compiler_params=_compiler_params(platform, len(kwargs.get("grid", ()))),
+    compiler_params=_compiler_params(platform, len(kwargs.get("grid", ())), tiling),
     **kwargs,
   )

@@ -21,9 +21,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from minilm_jax.kernels.attention import MASK_VALUE, block_size
+from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
-from minilm_jax.kernels.platform import call, out_shape
+from minilm_jax.kernels.platform import Tiling, call, out_shape, tiling_for
 
 FORWARD, BACKWARD = "minilm_relation_kl_fwd", "minilm_relation_kl_bwd"
 
@@ -114,15 +114,16 @@ def _backward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_
   jax.lax.fori_loop(0, length // block, over_keys, 0)
 
 
-def _forward(key_mask, tx, ty, sx, sy, platform, layout):
+def _forward(key_mask, tx, ty, sx, sy, platform, layout, tiling):
   batch, heads, length, d_t = layout.dims(tx)
   d_s = layout.dims(sx)[3]
-  block = block_size(length)
+  block = tiling.block_for(length)
   row = out_shape((batch, heads, 1, length), jnp.float32, sx)
   return call(
     functools.partial(_forward_kernel, layout=layout, length=length, block=block),
     platform,
     FORWARD,
+    tiling,
     grid=(batch, heads, length // block),
     in_specs=[
       key_mask_spec(length),
@@ -136,16 +137,17 @@ def _forward(key_mask, tx, ty, sx, sy, platform, layout):
   )(key_mask, tx, ty, sx, sy)
 
 
-def _backward(platform, layout, residuals, g):
+def _backward(platform, layout, tiling, residuals, g):
   key_mask, tx, ty, sx, sy, lse_t, lse_s = residuals
   batch, heads, length, d_t = layout.dims(tx)
   d_s = layout.dims(sx)[3]
   teacher, student = layout.spec(length, d_t, blocked=False), layout.spec(length, d_s, blocked=False)
   stat = stat_spec(length, blocked=False)
   dsx, dsy = call(
-    functools.partial(_backward_kernel, layout=layout, length=length, block=block_size(length)),
+    functools.partial(_backward_kernel, layout=layout, length=length, block=tiling.block_for(length)),
     platform,
     BACKWARD,
+    tiling,
     grid=(batch, heads),
     in_specs=[key_mask_spec(length), teacher, teacher, student, student, stat, stat, stat],
     out_specs=[student, student],
@@ -154,27 +156,31 @@ def _backward(platform, layout, residuals, g):
   return None, None, None, dsx.astype(sx.dtype), dsy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _relation_kl(key_mask, tx, ty, sx, sy, platform, layout):
-  return _forward(key_mask, tx, ty, sx, sy, platform, layout)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _relation_kl(key_mask, tx, ty, sx, sy, platform, layout, tiling):
+  return _forward(key_mask, tx, ty, sx, sy, platform, layout, tiling)
 
 
-def _relation_kl_fwd(key_mask, tx, ty, sx, sy, platform, layout):
-  kl, lse_t, lse_s = _forward(key_mask, tx, ty, sx, sy, platform, layout)
+def _relation_kl_fwd(key_mask, tx, ty, sx, sy, platform, layout, tiling):
+  kl, lse_t, lse_s = _forward(key_mask, tx, ty, sx, sy, platform, layout, tiling)
   return (kl, lse_t, lse_s), (key_mask, tx, ty, sx, sy, lse_t, lse_s)
 
 
 _relation_kl.defvjp(_relation_kl_fwd, _backward)
 
 
-def relation_kl_rows(teacher_xy, student_xy, key_mask_BxL, platform: str, layout: Layout | None = None):
+def relation_kl_rows(
+  teacher_xy, student_xy, key_mask_BxL, platform: str, layout: Layout | None = None, tiling: Tiling | None = None
+):
   """KL(teacher || student) of every query row of the relations softmax(X Y^T / sqrt(d)):
   [B, A_r, L], float32. `teacher_xy`, `student_xy`: pairs of [B, A_r, L, d] projections already
   split into relation heads (teacher and student widths may differ). Differentiable in the
   student's pair only. `platform` picks the lowering and the memory layout the kernels read
-  (`layout.for_platform`; `layout` overrides it, as the tests do to run the TPU's interpreted)."""
+  (`layout.for_platform`; `layout` overrides it, as the tests do to run the TPU's interpreted) and
+  the blocks (`platform.TILINGS`; `tiling` overrides them)."""
   layout = layout or for_platform(platform, "bhlk")
+  tiling = tiling or tiling_for(platform)
   teacher_xy = jax.lax.stop_gradient(teacher_xy)
   tx, ty, sx, sy = (layout.to("bhlk", z) for z in (*teacher_xy, *student_xy))
-  kl, _, _ = _relation_kl(key_mask_column(key_mask_BxL), tx, ty, sx, sy, platform, layout)
+  kl, _, _ = _relation_kl(key_mask_column(key_mask_BxL), tx, ty, sx, sy, platform, layout, tiling)
   return kl[:, :, 0, :]

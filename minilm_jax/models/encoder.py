@@ -221,7 +221,7 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
       key_value_seq_lengths=lengths_B,
       implementation="cudnn",
     )
-  if mask.ndim == 2 and kernel_platform() == "tpu" and attention_kernel.supported(mask.shape[1], head_dim):
+  if mask.ndim == 2 and kernel_platform() == "tpu" and attention_kernel.supported(mask.shape[1], head_dim, "tpu"):
     return attention_kernel.flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, 0, 0.0, "tpu")
   return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
 
@@ -307,7 +307,7 @@ class SelfAttention(nn.Module):
       # reaches HBM; elsewhere the explicit path draws the same mask an nn.Dropout would.
       rng = _ScopeRng(name="Dropout_0")()
       platform = kernel_platform()
-      if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim):
+      if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
         context = attention_kernel.flash_attention(
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The accelerator measurements the README reports, on the GPU (or TPU) this runs on:
+#   1. the fused kernels checked against the explicit path and timed (python -m minilm_jax.kernels.check);
+#   2. the distillation step at the paper's shapes (BERT-base shape -> STUDENTS, batch 256, bfloat16)
+#      against torch.compile, one (student, length) per process, so that each row's measured peak
+#      memory (bench distill's ours_device_peak_gib) is its own.
+# Usage: bash launch/chip_benchmarks.sh RESULTS_DIR [STUDENTS (default 6x384)] [LENGTHS (default "512 128")]
+set -uo pipefail
+out=${1:?usage: bash launch/chip_benchmarks.sh RESULTS_DIR [STUDENTS] [LENGTHS]}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+# STAGE_TIMEOUT_S: seconds each program may run (0, the default: no limit).
+limit=${STAGE_TIMEOUT_S:-0}
+# JAX allocates from a share of the GPU's memory that it takes at start; the PyTorch peers, in the
+# same process, allocate from the rest.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.45} PYTHONUNBUFFERED=1
+status=0
+timeout "$limit" "$python" -m minilm_jax.kernels.check --lengths 128,512 --batch 32 --dtype bfloat16 --json "$out/kernels.json" \
+  >"$out/kernels.log" 2>&1 || status=1
+tail -n 5 "$out/kernels.log"
+for student in ${2:-6x384}; do
+  for length in ${3:-512 128}; do
+    timeout "$limit" "$python" -m minilm_jax.bench distill --case paper --student "$student" --seq_len "$length" --dtype bfloat16 \
+      --peers compile --train_steps 0 --repeats 10 --json "$out/distill_${student}_${length}.json" \
+      >>"$out/distill.log" 2>&1 || status=1
+    tail -n 3 "$out/distill.log"
+  done
+done
+exit $status
