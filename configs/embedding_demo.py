@@ -1,5 +1,5 @@
 """Sentence-embedding students of the real all-MiniLM-L6-v2 (6x384, mean-pooled, normalised) on
-2 CPU cores in minutes, and the baselines they are measured against (README, "Sentence embeddings"):
+2 CPU cores in minutes, and the baselines they are measured against (docs/embeddings.md):
 
   python -m minilm_jax.train --config configs/embedding_demo.py --workdir workdirs/embedding
   python -m minilm_jax.train --config configs/embedding_demo.py:minilm --workdir workdirs/embedding_minilm

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator measurements the README reports, on the GPU (or TPU) this runs on:
+# The accelerator measurements docs/results.md reports, on the GPU (or TPU) this runs on:
 #   1. the fused kernels checked against the explicit path and timed (python -m minilm_jax.kernels.check);
 #   2. the distillation step at the paper's shapes (BERT-base shape -> STUDENTS, batch 256, bfloat16)
 #      against torch.compile, one (student, length) per process, so that each row's measured peak

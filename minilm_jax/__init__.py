@@ -1,3 +1,71 @@
-"""minilm_jax: knowledge distillation of Transformer encoders in JAX/Flax."""
+"""minilm_jax: knowledge distillation of Transformer encoders in JAX/Flax.
+
+Importing the package starts JAX quietly. The `[aot]` extra installs jax's CUDA plugin and libtpu
+into every environment that compiles for accelerators; where their hardware is absent, their
+native code writes start-up failures to stderr (CUDA drivers not found, a plugin traceback,
+libtpu's host bounds and worker hostnames), which a newcomer reads as a broken install. So:
+
+- on a host with no accelerator device (no NVIDIA, AMD or TPU device files), JAX runs on the CPU
+  only (`JAX_PLATFORMS=cpu`, unless it is set): no plugin's backend is started;
+- the native lines those plugins write while jax is imported and the plugins are registered (and
+  while `aot` asks libtpu or the CUDA plugin for a target's devices: `native_stderr_filtered`)
+  are dropped; every other line written then reaches stderr as written.
+"""
+
+import contextlib
+import glob
+import os
+import re
+import sys
+import tempfile
 
 __version__ = "0.1.0"
+
+# Device files of the accelerators JAX has plugins for: NVIDIA GPUs, AMD GPUs (ROCm), TPUs (v2-v4
+# as /dev/accel*, v5e and later through VFIO).
+_ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+
+# What the plugins' native code writes when their hardware is absent (one pattern per line kind).
+_PLUGIN_NOISE = re.compile(
+  r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+  r"|WARNING: Logging before InitGoogle\(\) is written to STDERR"
+  r"|I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\."
+  r"|Failed to find host bounds for accelerator type: .*"
+  r"|E\d{4} .*\] INVALID_ARGUMENT: Error: unexpected worker hostname .*"
+  r"|=== Source Location Trace: ===|learning/\S+/libtpu_init_utils\.cc:\d+"
+)
+
+
+def accelerator_present() -> bool:
+  return any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
+
+
+@contextlib.contextmanager
+def native_stderr_filtered():
+  """Runs the block with file descriptor 2 (where native code writes) captured in a file, then
+  writes what was captured to stderr without the plugins' start-up lines."""
+  sys.stderr.flush()
+  with tempfile.TemporaryFile() as capture:
+    saved = os.dup(2)
+    os.dup2(capture.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      capture.seek(0)
+      lines = capture.read().decode(errors="replace").splitlines(keepends=True)
+      sys.stderr.write("".join(line for line in lines if not _PLUGIN_NOISE.fullmatch(line.strip())))
+      sys.stderr.flush()
+
+
+if "JAX_PLATFORMS" not in os.environ and not accelerator_present():
+  os.environ["JAX_PLATFORMS"] = "cpu"
+with native_stderr_filtered():
+  import jax  # noqa: F401  (loads the CUDA plugin's libraries, when installed)
+  from jax._src import xla_bridge
+
+  # Imports and registers the installed plugins (what jax does at its first backend), starting none:
+  # a multi-host run still calls jax.distributed.initialize before any backend exists.
+  xla_bridge._discover_and_register_pjrt_plugins()

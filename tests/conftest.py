@@ -188,27 +188,10 @@ def apply_overrides(config, overrides: dict):
   return config
 
 
-# What jax's CUDA plugin (the `aot` extra) prints at every start on a machine without an NVIDIA
-# driver, before any of our code runs: the plugin's, not a program's.
-_CUDA_PLUGIN_START = re.compile(
-  r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR|"
-  r"I0000 .* cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be used\.)$"
-)
-
-
-def program_stderr(stderr: str) -> str:
-  """A program's stderr without the CUDA plugin's start-up lines."""
-  return "".join(line for line in stderr.splitlines(keepends=True) if not _CUDA_PLUGIN_START.match(line.strip()))
-
-
 def output_lines(stderr: str) -> list:
   """A program's stderr without its progress bars (ours and `datasets`'; tqdm redraws them after
   carriage returns): what is left is what the program said."""
-  return [
-    line
-    for line in re.split(r"[\r\n]", program_stderr(stderr))
-    if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)
-  ]
+  return [line for line in re.split(r"[\r\n]", stderr) if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
 
 
 def read_metrics(workdir):

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from conftest import ROOT, program_stderr
+from conftest import ROOT
 from minilm_jax.aot import programs, report, targets
 from minilm_jax.errors import UserError
 from minilm_jax.models import encoder
@@ -62,7 +62,7 @@ def run_aot(*args, env=None):
     cwd=ROOT,
     env={**os.environ, **(env or {})},
   )
-  return proc.returncode, proc.stdout, program_stderr(proc.stderr)
+  return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VADER_EXCERPT, WORDNET_EXCERPT, program_stderr
+from conftest import VADER_EXCERPT, WORDNET_EXCERPT
 from minilm_jax import parallel, runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
 from minilm_jax.distill import losses
@@ -161,7 +161,7 @@ def test_bench_bad_shapes_are_one_line_errors():
   proc = subprocess.run(
     [sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True, text=True
   )
-  stderr = program_stderr(proc.stderr)
+  stderr = proc.stderr
   assert proc.returncode == 2 and stderr.count("\n") == 1 and stderr.startswith("error: --seq_len"), proc.stderr
   for kwargs, message in (
     ({"teacher": "12by768"}, "is not LAYERSxHIDDEN"),
@@ -180,13 +180,13 @@ def test_bench_counts_below_one_are_one_line(suite, flag):
   """Checked when the flags are read, before any model is built (`--batch 0` ran the default batch;
   `--batches 0` ended in an IndexError)."""
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", suite, flag], capture_output=True, text=True)
-  stderr = program_stderr(proc.stderr)
+  stderr = proc.stderr
   assert proc.returncode == 2 and stderr.count("\n") == 1 and flag.split("=")[0] in stderr, proc.stderr[-2000:]
 
 
 def test_bench_unknown_suite_is_one_line_error():
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
-  assert proc.returncode == 2 and program_stderr(proc.stderr).strip().startswith("error: name one suite")
+  assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
 
 
 @pytest.mark.slow

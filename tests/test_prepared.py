@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, program_stderr, read_metrics, tiny_config
+from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, read_metrics, tiny_config
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
@@ -47,7 +47,7 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
-  line = program_stderr(again.stderr).strip()
+  line = again.stderr.strip()
   assert again.returncode == 2 and "\n" not in line and f"--out {out} already holds 7 files" in line, line
   assert "--overwrite" in line
   return out

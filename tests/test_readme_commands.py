@@ -1,5 +1,5 @@
-"""Every command in the README's bash blocks parses as its program would parse it: the module
-exists, each flag is one of its flags, the --config file loads with every --config.<field>
+"""Every command in the bash blocks of the README and of docs/ parses as its program would parse
+it: the module exists, each flag is one of its flags, the --config file loads with every --config.<field>
 override, the fields are in range and every task named exists. (What each command then does is
 tested on small files by the test of its program.)"""
 
@@ -46,9 +46,16 @@ for argv in json.loads(sys.argv[2]):
 """
 
 
+def documentation() -> str:
+  """The README and every page under docs/, one after another."""
+  pages = ["README.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")))
+  return "\n".join(open(os.path.join(ROOT, page)).read() for page in pages if page.endswith(".md"))
+
+
 def readme_commands() -> dict:
-  """{program module: [argv, ...]} of the `python -m minilm_jax.<program>` lines of the README's bash blocks."""
-  text = open(os.path.join(ROOT, "README.md")).read()
+  """{program module: [argv, ...]} of the `python -m minilm_jax.<program>` lines of the bash blocks
+  of the README and docs/."""
+  text = documentation()
   commands = {}
   for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
     for line in block.replace("\\\n", " ").splitlines():
@@ -91,9 +98,9 @@ def test_every_readme_command_parses_with_its_program():
 
 
 def test_readme_python_example_runs(tiny_teacher, tmp_path):
-  """The map's Python example (load, run, save), on a small checkpoint; and the "Extending"
-  section's snippets are valid Python (they are exercised by the tests they name)."""
-  text = open(os.path.join(ROOT, "README.md")).read()
+  """docs/architecture.md's Python example (load, run, save), on a small checkpoint; and the
+  "Extending" section's snippets are valid Python (they are exercised by the tests they name)."""
+  text = documentation()
   blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
   example = next(b for b in blocks if "hf.load(" in b)
   code = example.replace("path/to/hf_checkpoint", tiny_teacher).replace('"exported"', repr(str(tmp_path / "out")))
@@ -101,3 +108,13 @@ def test_readme_python_example_runs(tiny_teacher, tmp_path):
   assert os.path.exists(tmp_path / "out" / "model.safetensors")
   for block in blocks:
     compile(block if not block.startswith("ClassificationTask") else f"x = [{block}]", "README.md", "exec")
+
+
+def test_the_readme_is_a_first_screen_whose_links_resolve():
+  """At most 200 lines (the rest lives in docs/), and every relative link of the README and the
+  pages names a file that exists."""
+  assert len(open(os.path.join(ROOT, "README.md")).read().splitlines()) <= 200
+  pages = ["README.md"] + [os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))]
+  for page in pages:
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", open(os.path.join(ROOT, page)).read()):
+      assert os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)), (page, target)

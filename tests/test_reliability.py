@@ -16,7 +16,6 @@ from conftest import (
   damage_settings,
   damaged_bytes,
   output_lines,
-  program_stderr,
   read_metrics,
   tiny_config,
 )
@@ -33,7 +32,7 @@ def _program(*args, program="train"):
 
 
 def _one_line_error(proc, *expected):
-  lines = program_stderr(proc.stderr).strip().splitlines()
+  lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
   for text in expected:
     assert text in lines[0], lines[0]
@@ -283,17 +282,14 @@ def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_tea
 @pytest.mark.parametrize("setting", ["NUM_PROCESSES=0", "NUM_PROCESSES=-1", "NUM_PROCESSES=abc", "CPU_DEVICES=x"])
 def test_launcher_settings_that_are_not_counts(setting):
   proc = subprocess.run(["bash", "launch/local.sh", setting, "--help"], capture_output=True, text=True, cwd=ROOT)
-  assert (
-    proc.returncode == 2
-    and program_stderr(proc.stderr).strip() == f"error: {setting}: it must be a whole number of at least 1"
-  )
+  assert proc.returncode == 2 and proc.stderr.strip() == f"error: {setting}: it must be a whole number of at least 1"
 
 
 def test_launcher_program_that_does_not_exist():
   proc = subprocess.run(
     ["bash", "launch/local.sh", "PROGRAM=trian", "--help"], capture_output=True, text=True, cwd=ROOT
   )
-  line = program_stderr(proc.stderr).strip()
+  line = proc.stderr.strip()
   assert proc.returncode == 2 and "\n" not in line, proc.stderr
   assert line.startswith("error: PROGRAM=trian is not a minilm_jax program: use one of aot ") and " train" in line
 

@@ -397,3 +397,31 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
       jax.tree.leaves((kept.params, kept.opt_state)), jax.tree.leaves((applied.params, applied.opt_state))
     ):
       np.testing.assert_array_equal(a, b)
+
+
+# What a newcomer must never see first: the accelerator plugins' start-up lines (the `aot` extra puts
+# jax's CUDA plugin and libtpu into the environment), a plugin's traceback, any traceback.
+_PLUGIN_LINES = (
+  "cudart_stub",
+  "absl::InitializeLog",
+  "InitGoogle",
+  "Jax plugin configuration error",
+  "Traceback",
+  "TPU",
+  "host bounds",
+  "Unable to load CUDA",
+)
+
+
+def test_the_train_program_started_as_the_readme_starts_it_writes_only_its_own_lines(
+  tiny_teacher, tiny_corpus, tmp_path
+):
+  """The README's way: no JAX_PLATFORMS and no device-count flag in the environment (the suite's
+  conftest sets both), with whatever plugins CI's install put there. Every line on stderr is the
+  program's own: its progress bars, the datasets library's, and nothing a plugin printed."""
+  env = _env(tiny_teacher, tiny_corpus)
+  del env["JAX_PLATFORMS"], env["XLA_FLAGS"]
+  proc = subprocess.run(train_command(str(tmp_path / "run")), env=env, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  noise = [line for line in proc.stderr.splitlines() if any(marker in line for marker in _PLUGIN_LINES)]
+  assert noise == [], noise

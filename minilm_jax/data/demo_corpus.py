@@ -7,7 +7,7 @@ line, a blank line between documents), the same on every run:
 - "wordnet": the unlabelled text of the training split of the WordNet excerpt that ships with the
   package: every training synset's definition and example sentences, each its own document, in the
   excerpt's order. It is the WordNet tasks' and evaluators' kind of text (a task's own unlabelled
-  text is the corpus that wins in the README's "Which student to fine-tune"), and holds nothing of
+  text is the corpus that wins in docs/embeddings.md's "Which student to fine-tune"), and holds nothing of
   the dev split that the demo's evaluators score.
 """
 
