@@ -43,13 +43,13 @@ def main(argv):
   if _FROM_HF.value:
     if _SENTENCE_TRANSFORMERS.value or _OVERWRITE.value:
       raise UserError("--sentence-transformers and --overwrite go with --to-hf: they concern an export")
-    with new_directory(_OUT.value, "--out", overwrite=False) as staging:
+    with new_directory(_OUT.value, "--out", False, [("the Hugging Face folder", _FROM_HF.value)]) as staging:
       runs.write_run_from_hf(_FROM_HF.value, staging)
     print(f"wrote run {_OUT.value} from {_FROM_HF.value}", file=sys.stderr)
     return
   if not _WORKDIR.value:
     raise UserError("--to-hf needs --workdir <run to export>")
-  with new_directory(_OUT.value, "--out", _OVERWRITE.value) as staging:
+  with new_directory(_OUT.value, "--out", _OVERWRITE.value, [("the run", _WORKDIR.value)]) as staging:
     config, head = runs.export_run(_WORKDIR.value, staging, _STEP.value, _SENTENCE_TRANSFORMERS.value)
   kind = (
     "sentence-transformers encoder"

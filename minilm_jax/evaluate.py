@@ -56,10 +56,12 @@ def main(argv):
       "name the runs, or the models whose embeddings to evaluate, and an output folder: "
       "--runs <workdir>[,...] --out <dir>, or --embeddings <run or model dir>[,...] --out <dir>"
     )
-  outputs.check_new_directory(_OUT.value, "--out", _OVERWRITE.value)  # before any work
+  inputs = [("the run", run) for run in _RUNS.value or []] + [("the model", m) for m in _EMBEDDINGS.value or []]
+  outputs.check_new_directory(_OUT.value, "--out", _OVERWRITE.value, inputs)  # before any work
   # Process 0 writes the results, into a hidden directory that becomes --out once they are complete.
   writing = jax.process_index() == 0
-  with outputs.new_directory(_OUT.value, "--out", _OVERWRITE.value) if writing else contextlib.nullcontext() as out:
+  destination = outputs.new_directory(_OUT.value, "--out", _OVERWRITE.value, inputs)
+  with destination if writing else contextlib.nullcontext() as out:
     if _EMBEDDINGS.value:
       rows = evaluate_embeddings(
         _EMBEDDINGS.value,

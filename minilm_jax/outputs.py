@@ -1,7 +1,9 @@
-"""Writing a program's result directory (an export, a prepared corpus): never over an existing
-result unless the user said so, and never half. The files are written into a hidden directory
-beside the destination, which takes the destination's name only once everything is written, so
-a full disk, a kill or a bad input midway leaves the destination exactly as it was."""
+"""Writing a program's result directory (an export, a prepared corpus, evaluation results): never
+over an existing result unless the user said so, never over anything we did not write, never over
+or into what the program reads, and never half. The files are written into a hidden directory
+beside the destination, which takes the destination's name only once everything is written (with
+`MARKER` in it, last), so a full disk, a kill or a bad input midway leaves the destination exactly
+as it was; `--overwrite` replaces only a directory that holds `MARKER`."""
 
 import contextlib
 import json
@@ -9,20 +11,47 @@ import os
 import shutil
 import tempfile
 
+from minilm_jax import __version__
 from minilm_jax.errors import UserError
 
+# Written last into every result directory these programs finish: what `--overwrite` may replace.
+MARKER = ".minilm_jax_output"
 
-def check_new_directory(path: str, flag: str, overwrite: bool):
-  """Refuses, in one line, a destination that is a file, or a directory holding files without
-  `overwrite`. Called before any work, so that the refusal costs nothing."""
+
+def _check_apart(path: str, flag: str, inputs):
+  """Refuses a destination that is, lies inside or contains one of `inputs` ((what, path) pairs:
+  the runs, models and files the program reads), links resolved: replacing it would delete what
+  the program reads, and writing inside it would change a run or model behind its back."""
+  out = os.path.realpath(path)
+  for what, given in inputs:
+    if not os.path.exists(given):  # a hub name, a corpus name: nothing on this disk to protect
+      continue
+    source = os.path.realpath(given)
+    if out == source or out.startswith(source + os.sep):
+      raise UserError(f"{flag} {path} is {what} {given} or lies inside it: write the output outside what it reads")
+    if source.startswith(out + os.sep):
+      raise UserError(f"{flag} {path} contains {what} {given}: write the output where nothing it reads lies")
+
+
+def check_new_directory(path: str, flag: str, overwrite: bool, inputs=()):
+  """Refuses, in one line, a destination that is a file; that is, lies inside or contains one of
+  `inputs` ((what, path) pairs); that holds files without `overwrite`; or, with `overwrite`, that
+  holds files without `MARKER` (not an earlier output of ours). Called before any work, so that
+  the refusal costs nothing."""
   if os.path.isfile(path):
     raise UserError(f"{flag} {path} is a file: name a directory to write into")
+  _check_apart(path, flag, inputs)
   entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
+  shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
   if entries and not overwrite:
-    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
     raise UserError(
       f"{flag} {path} already holds {len(entries)} files ({shown}): choose a new {flag}, "
       f"or add --overwrite to replace them"
+    )
+  if entries and MARKER not in entries:
+    raise UserError(
+      f"{flag} {path} holds {len(entries)} files ({shown}) that are not an earlier output of minilm_jax "
+      f"(no {MARKER}): --overwrite replaces only those; choose a new {flag}, or remove it yourself"
     )
 
 
@@ -35,11 +64,11 @@ def write_json(path: str, value):
 
 
 @contextlib.contextmanager
-def new_directory(path: str, flag: str, overwrite: bool):
+def new_directory(path: str, flag: str, overwrite: bool, inputs=()):
   """Yields a hidden directory beside `path` to write into; when the block ends without an
-  error it becomes `path` (an earlier `path`, allowed by `overwrite`, is removed only then). On an
-  error it is removed and `path` is untouched."""
-  check_new_directory(path, flag, overwrite)
+  error it gets `MARKER` and becomes `path` (an earlier `path`, allowed by `overwrite`, is removed
+  only then). On an error it is removed and `path` is untouched. `inputs`: as `check_new_directory`."""
+  check_new_directory(path, flag, overwrite, inputs)
   path = os.path.abspath(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=os.path.dirname(path))
@@ -51,6 +80,7 @@ def new_directory(path: str, flag: str, overwrite: bool):
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+  write_json(os.path.join(staging, MARKER), {"written_by": "minilm_jax", "version": __version__})
   if os.path.isdir(path):
     earlier = staging + ".replaced"
     os.rename(path, earlier)

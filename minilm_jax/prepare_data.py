@@ -48,13 +48,14 @@ def main(argv):
     raise UserError(f"--shards={_SHARDS.value}: give at least 1")
   if c.data.prepared:
     raise UserError("the config already reads a prepared corpus (data.prepared): prepare from its data.corpus instead")
+  inputs = [("the corpus file", path) for path in c.data.corpus.split(",")] + [("the teacher", c.teacher.path)]
   if _is_local(_OUT.value):
-    check_new_directory(_OUT.value, "--out", _OVERWRITE.value)
+    check_new_directory(_OUT.value, "--out", _OVERWRITE.value, inputs)
   elif _OVERWRITE.value:
     raise UserError(f"--overwrite is for a local --out: remove {_OUT.value} with your storage's tools first")
   tokenizer = runs.load_tokenizer_of(c.teacher.path, "teacher.path")
   destination = (
-    new_directory(_OUT.value, "--out", _OVERWRITE.value)
+    new_directory(_OUT.value, "--out", _OVERWRITE.value, inputs)
     if _is_local(_OUT.value)
     else contextlib.nullcontext(_OUT.value)
   )

@@ -16,6 +16,8 @@ import re  # noqa: E402
 
 import pytest  # noqa: E402
 
+import minilm_jax  # noqa: E402, F401  (imports JAX as the programs do: without the plugins' start-up lines)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # WordNet 3.0's noun synsets that the WordNet tasks' splits need, shipped with the package
 # (minilm_jax/data/wordnet/), so the suite runs without `apt-get install wordnet-base` and reads the

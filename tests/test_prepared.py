@@ -48,7 +48,7 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
   assert proc.returncode == 0, proc.stderr[-2000:]
   again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
   line = again.stderr.strip()
-  assert again.returncode == 2 and "\n" not in line and f"--out {out} already holds 7 files" in line, line
+  assert again.returncode == 2 and "\n" not in line and f"--out {out} already holds 8 files" in line, line
   assert "--overwrite" in line
   return out
 

@@ -1,6 +1,7 @@
 """Bad input and faults (issue 14's table): each ends in one line and exit 2, or works; nothing
 saved is lost."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from minilm_jax import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.metrics import MetricWriter
+from minilm_jax.outputs import MARKER, check_new_directory
 
 
 def _program(*args, program="train"):
@@ -322,11 +324,7 @@ def _leftovers(parent):
 
 
 def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_teacher, tmp_path):
-  import hashlib
-  import os
-
   from minilm_jax import runs
-  from minilm_jax.outputs import check_new_directory
 
   run, out = str(tmp_path / "run"), str(tmp_path / "export")
   runs.write_run_from_hf(tiny_teacher, run)
@@ -400,19 +398,65 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
 
 def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path):
   """`evaluate --out` holding earlier results is refused in one line before any work; with
-  --overwrite the new results replace them only once complete."""
+  --overwrite the new results replace them only once complete, and only an earlier output of ours."""
   from conftest import WORDNET_EXCERPT
 
   out = tmp_path / "results"
-  out.mkdir()
-  (out / "embeddings.json").write_text('{"earlier": true}')
   args = ["--embeddings", tiny_teacher, "--out", str(out), "--wordnet_dir", WORDNET_EXCERPT, "--max_seq_length", "16"]
-  _one_line_error(_program(*args, program="evaluate"), f"--out {out} already holds 1 files", "--overwrite")
-  assert (out / "embeddings.json").read_text() == '{"earlier": true}'
+  assert _program(*args, program="evaluate").returncode == 0
+  earlier = (out / "embeddings.json").read_text()
+  _one_line_error(_program(*args, program="evaluate"), f"--out {out} already holds 2 files", "--overwrite")
+  assert (out / "embeddings.json").read_text() == earlier
   proc = _program(*args, "--overwrite", program="evaluate")
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert os.listdir(out) == ["embeddings.json"] and json.load(open(out / "embeddings.json"))["rows"][0]["model"]
+  assert sorted(os.listdir(out)) == [MARKER, "embeddings.json"]
+  assert json.load(open(out / "embeddings.json"))["rows"][0]["model"]
   assert [p for p in os.listdir(tmp_path) if p.startswith(".results")] == []  # no staging directory left
+
+
+def _tree_digest(root) -> str:
+  """One checksum of every file under `root`: its path and its bytes."""
+  digest = hashlib.sha256()
+  for folder, _, files in sorted(os.walk(root)):
+    for name in sorted(files):
+      path = os.path.join(folder, name)
+      digest.update(os.path.relpath(path, root).encode() + open(path, "rb").read())
+  return digest.hexdigest()
+
+
+def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not_write(tiny_teacher, tmp_path):
+  """The five ways `--overwrite` deleted data (an output that is the run it reads, inside it or
+  above it, for `convert` and `evaluate`), refused in one line before any work, and `--overwrite`
+  over a folder that is not an earlier output of ours; every input byte for byte as it was."""
+  from minilm_jax import runs
+
+  parent = tmp_path / "runs"
+  run = str(parent / "run")
+  runs.write_run_from_hf(tiny_teacher, run)
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("my own notes")
+  before = _tree_digest(tmp_path)
+  # Through the programs: the run as --out, and a folder holding the run.
+  _one_line_error(_program("--to-hf", "--workdir", run, "--out", run, "--overwrite", program="convert"), "is the run")
+  _one_line_error(
+    _program("--runs", run, "--out", str(parent), "--overwrite", program="evaluate"), f"contains the run {run}"
+  )
+  _one_line_error(
+    _program("--to-hf", "--workdir", run, "--out", str(mine), "--overwrite", program="convert"),
+    "not an earlier output of minilm_jax",
+  )
+  # The rule itself, for each way an output can meet an input (links resolved).
+  os.symlink(run, tmp_path / "link")
+  for out, text in [
+    (run + "/checkpoints", "lies inside it"),
+    (str(tmp_path / "link"), "is the run"),
+    (str(tmp_path), "contains the run"),
+  ]:
+    with pytest.raises(UserError, match=text):
+      check_new_directory(out, "--out", True, [("the run", run)])
+  check_new_directory(str(tmp_path / "new"), "--out", False, [("the run", run), ("the model", "org/hub-name")])
+  assert _tree_digest(tmp_path) == before
 
 
 def test_a_damaged_parquet_task_file_is_one_line_not_two(tiny_teacher, tmp_path):

@@ -292,12 +292,28 @@ def _word_tokenizer(student, tasks, train_examples: dict, seed: int):
   return tokenizer, word_vectors.embedding_matrix(tokenizer, vectors, dim, seed)
 
 
+def merge_grid(path: str, rows: list) -> tuple[list, int]:
+  """`rows` (one per learning rate) joined to the rows of an earlier `lr_grid.json` at `path` whose
+  rates they do not measure again, ordered by rate, and the index of the lowest dev loss among
+  them all: a grid over other rates adds to the earlier one and never deletes it."""
+  earlier = []
+  if os.path.exists(path):
+    try:
+      earlier = json.load(open(path))["rows"]
+      measured = {row["lr"] for row in rows}
+      earlier = [row for row in earlier if row["lr"] not in measured]
+    except (ValueError, KeyError, TypeError):
+      raise UserError(f"{path} is not a learning-rate grid this program wrote: move it out of --workdir") from None
+  merged = sorted(earlier + rows, key=lambda row: row["lr"])
+  return merged, min(range(len(merged)), key=lambda i: merged[i]["dev_loss"])
+
+
 def run_lr_grid(config, workdir: str):
   """One run per learning rate of `config.lr_grid` (a comma list) in `<workdir>/lr<rate>`, and the
   rate whose runs' dev loss against the gold labels, averaged over the tasks, is lowest: MKD's last
   stage (thesis section 4.3.2: "the learning rate is chosen from {1, 1.5, 5} x 1e-5 according to
-  the validation set loss on each task"). Writes `<workdir>/lr_grid.json`; returns its rows and the
-  best row's index."""
+  the validation set loss on each task"). Writes `<workdir>/lr_grid.json`, merged with the rows of
+  an earlier grid there (`merge_grid`); returns its rows and the best row's index."""
   try:
     rates = [float(r) for r in config.lr_grid.split(",") if r.strip()]
   except ValueError:
@@ -306,6 +322,8 @@ def run_lr_grid(config, workdir: str):
     raise UserError(
       f"lr_grid={config.lr_grid!r}: give positive learning rates, comma separated (e.g. 1e-5,1.5e-5,5e-5)"
     )
+  if len(set(rates)) < len(rates):
+    raise UserError(f"lr_grid={config.lr_grid!r} names a learning rate twice: give each once")
   if not workdir:
     raise UserError("--workdir is required: the grid's runs and lr_grid.json go there")
   rows = []
@@ -316,7 +334,8 @@ def run_lr_grid(config, workdir: str):
     results = build_task_distillation(run_config, run_dir).run()[1]
     losses = [v for k, v in results.items() if k.endswith("/loss")]
     rows.append({"lr": rate, "workdir": run_dir, "dev_loss": float(np.mean(losses)), **results})
-  best = min(range(len(rows)), key=lambda i: rows[i]["dev_loss"])
+  path = os.path.join(workdir, "lr_grid.json")
+  rows, best = merge_grid(path, rows)
   if jax.process_index() == 0:
-    write_json(os.path.join(workdir, "lr_grid.json"), {"rows": rows, "best": rows[best]})
+    write_json(path, {"rows": rows, "best": rows[best]})
   return rows, best
