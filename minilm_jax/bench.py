@@ -25,7 +25,7 @@ from minilm_jax.benchmarks import (
 )
 from minilm_jax.benchmarks.table import format_table
 from minilm_jax.errors import UserError
-from minilm_jax.outputs import write_json
+from minilm_jax.outputs import check_new_file, write_json
 from minilm_jax.program import run_program
 
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
@@ -165,6 +165,8 @@ def _seq_lens():
 def main(argv):
   if len(argv) != 2 or argv[1] not in SUITES:
     raise UserError(f"name one suite: python -m minilm_jax.bench <{'|'.join(SUITES)}> [--json FILE]")
+  if _JSON.value:
+    check_new_file(_JSON.value, "--json")
   rows = SUITES[argv[1]]()
   print(format_table(rows))
   if _JSON.value:

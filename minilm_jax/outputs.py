@@ -55,6 +55,13 @@ def check_new_directory(path: str, flag: str, overwrite: bool, inputs=()):
     )
 
 
+def check_new_file(path: str, flag: str):
+  """Refuses, in one line and before any work, a results file that exists: results are kept, never
+  replaced by a later run."""
+  if os.path.exists(path):
+    raise UserError(f"{flag} {path} already exists: name a new file (earlier results are never replaced)")
+
+
 def write_json(path: str, value):
   """`value` as indented JSON at `path`, written to a temporary name then renamed: an interrupted
   write leaves the earlier file (or none), never half of one."""

@@ -78,6 +78,12 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
   assert "chunked_bytes" in proc.stdout.splitlines()[0]
   # The issue's bound: at length 512 the chunked loss needs at most a quarter of the full loss's memory.
   assert written[-1]["chunked_bytes"] <= written[-1]["full_bytes"] / 4
+  # Again into the same file: refused before any work, the results kept.
+  again = subprocess.run(proc.args, capture_output=True, text=True)
+  assert again.returncode == 2 and again.stderr.strip() == (
+    f"error: --json {out} already exists: name a new file (earlier results are never replaced)"
+  )
+  assert json.loads(out.read_text()) == written
 
 
 def test_analytic_flops_are_the_issues_formula():

@@ -29,6 +29,7 @@ from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
+from minilm_jax.outputs import check_new_file
 from minilm_jax.program import run_program
 
 _LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths to check (each one the kernels take).")
@@ -151,6 +152,8 @@ def main(argv):
     tilings = [Tiling.parse(spec) for spec in _TILINGS.value]
   except (TypeError, ValueError):
     raise UserError(f"--tilings {','.join(_TILINGS.value)}: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2") from None
+  if _JSON.value:
+    check_new_file(_JSON.value, "--json")
   rows = check([int(n) for n in _LENGTHS.value], _BATCH.value, _DTYPE.value, _REPEATS.value, tilings)
   header = ("kernel", "tiling", "platform", "length", "loss err", "grad err", "fused ms", "XLA ms", "speedup")
   print("{:<12} {:<8} {:<9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8}".format(*header))
