@@ -3,11 +3,7 @@
 import os
 import sys
 
-# LLVM at -O0 for the CPU backend: the suite's many small programs spend longer compiling than
-# running (tests/test_objectives.py, test_steps.py and test_etd.py: 125 s -> 87 s on 2 cores).
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-)
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 # The tests run on CPUs. With the `aot` extra installed, jax would otherwise also try to start
 # libtpu's TPU backend (and fail, loudly) in every process.
 os.environ["JAX_PLATFORMS"] = "cpu"
