@@ -43,7 +43,9 @@ def main(argv):
   if _FROM_HF.value:
     if _SENTENCE_TRANSFORMERS.value or _OVERWRITE.value:
       raise UserError("--sentence-transformers and --overwrite go with --to-hf: they concern an export")
-    with new_directory(_OUT.value, "--out", False, [("the Hugging Face folder", _FROM_HF.value)]) as staging:
+    # A run is never replaced: --from-hf has no --overwrite, so its refusal offers none.
+    source = [("the Hugging Face folder", _FROM_HF.value)]
+    with new_directory(_OUT.value, "--out", False, source, overwritable=False) as staging:
       runs.write_run_from_hf(_FROM_HF.value, staging)
     print(f"wrote run {_OUT.value} from {_FROM_HF.value}", file=sys.stderr)
     return

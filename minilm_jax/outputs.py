@@ -33,21 +33,20 @@ def _check_apart(path: str, flag: str, inputs):
       raise UserError(f"{flag} {path} contains {what} {given}: write the output where nothing it reads lies")
 
 
-def check_new_directory(path: str, flag: str, overwrite: bool, inputs=()):
+def check_new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwritable: bool = True):
   """Refuses, in one line, a destination that is a file; that is, lies inside or contains one of
-  `inputs` ((what, path) pairs); that holds files without `overwrite`; or, with `overwrite`, that
-  holds files without `MARKER` (not an earlier output of ours). Called before any work, so that
-  the refusal costs nothing."""
+  `inputs` ((what, path) pairs); that holds files without `overwrite` (the message offers
+  --overwrite where the program has it: `overwritable`); or, with `overwrite`, that holds files
+  without `MARKER` (not an earlier output of ours). Called before any work, so that the refusal
+  costs nothing."""
   if os.path.isfile(path):
     raise UserError(f"{flag} {path} is a file: name a directory to write into")
   _check_apart(path, flag, inputs)
   entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
   shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
   if entries and not overwrite:
-    raise UserError(
-      f"{flag} {path} already holds {len(entries)} files ({shown}): choose a new {flag}, "
-      f"or add --overwrite to replace them"
-    )
+    hint = ", or add --overwrite to replace them" if overwritable else ""
+    raise UserError(f"{flag} {path} already holds {len(entries)} files ({shown}): choose a new {flag}{hint}")
   if entries and MARKER not in entries:
     raise UserError(
       f"{flag} {path} holds {len(entries)} files ({shown}) that are not an earlier output of minilm_jax "
@@ -71,11 +70,11 @@ def write_json(path: str, value):
 
 
 @contextlib.contextmanager
-def new_directory(path: str, flag: str, overwrite: bool, inputs=()):
+def new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwritable: bool = True):
   """Yields a hidden directory beside `path` to write into; when the block ends without an
   error it gets `MARKER` and becomes `path` (an earlier `path`, allowed by `overwrite`, is removed
   only then). On an error it is removed and `path` is untouched. `inputs`: as `check_new_directory`."""
-  check_new_directory(path, flag, overwrite, inputs)
+  check_new_directory(path, flag, overwrite, inputs, overwritable)
   path = os.path.abspath(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=os.path.dirname(path))

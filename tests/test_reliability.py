@@ -456,6 +456,11 @@ def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not
     with pytest.raises(UserError, match=text):
       check_new_directory(out, "--out", True, [("the run", run)])
   check_new_directory(str(tmp_path / "new"), "--out", False, [("the run", run), ("the model", "org/hub-name")])
+  _one_line_error(_program("--peak_buffers", "-3", program="aot"), "--peak_buffers=-3", "not a non-negative integer")
+  # A program without --overwrite (convert --from-hf) does not offer it.
+  with pytest.raises(UserError) as refused:
+    check_new_directory(str(mine), "--out", False, overwritable=False)
+  assert str(refused.value).endswith("choose a new --out")
   assert _tree_digest(tmp_path) == before
 
 

@@ -39,7 +39,10 @@ _PROGRAM = flags.DEFINE_string("program", "", "train, finetune or evaluate (defa
 _JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")
 _FIND_BATCH = flags.DEFINE_bool("find_batch", False, "Report the largest global batch that fits.")
 _PEAK_BUFFERS = flags.DEFINE_integer(
-  "peak_buffers", 0, "Also list what is live at the peak (XLA's buffer assignment): the N largest sources."
+  "peak_buffers",
+  0,
+  "Also list what is live at the peak (XLA's buffer assignment): the N largest sources.",
+  lower_bound=0,
 )
 _MODEL_SHAPE = flags.DEFINE_string(
   "model_shape", "", "The pre-trained model's shape (LAYERSxHIDDEN[xHEADS]) when its config.json is not at hand."
