@@ -7,9 +7,9 @@ libtpu's host bounds and worker hostnames), which a newcomer reads as a broken i
 
 - on a Linux host with no accelerator device (no NVIDIA, AMD or TPU device files), JAX runs on the
   CPU only (`JAX_PLATFORMS=cpu`, unless it is set): no plugin's backend is started;
-- the native lines those plugins write while jax is imported and the plugins are registered (and
-  while `aot` asks libtpu or the CUDA plugin for a target's devices: `native_stderr_filtered`)
-  are dropped; every other line written then reaches stderr as written.
+- the native lines those plugins write while jax is imported and the plugins are registered are
+  dropped; every other line written then reaches stderr as written. (`aot` asking libtpu or the
+  CUDA plugin for a target's devices writes nothing.)
 """
 
 import contextlib
@@ -36,14 +36,14 @@ _PLUGIN_NOISE = re.compile(
 )
 
 
-def accelerator_present() -> bool:
+def _accelerator_present() -> bool:
   """Whether this host may have an accelerator: on Linux, one of its device files exists; elsewhere
   (macOS's Metal plugin has none) we cannot tell, so yes."""
   return not sys.platform.startswith("linux") or any(glob.glob(pattern) for pattern in _ACCELERATOR_DEVICES)
 
 
 @contextlib.contextmanager
-def native_stderr_filtered():
+def _native_stderr_filtered():
   """Runs the block with file descriptor 2 (where native code writes) captured in a file, then
   writes what was captured to stderr without the plugins' start-up lines."""
   sys.stderr.flush()
@@ -62,9 +62,9 @@ def native_stderr_filtered():
       sys.stderr.flush()
 
 
-if "JAX_PLATFORMS" not in os.environ and not accelerator_present():
+if "JAX_PLATFORMS" not in os.environ and not _accelerator_present():
   os.environ["JAX_PLATFORMS"] = "cpu"
-with native_stderr_filtered():
+with _native_stderr_filtered():
   import jax  # noqa: F401  (loads the CUDA plugin's libraries, when installed)
   from jax._src import xla_bridge
 

@@ -325,16 +325,16 @@ def test_a_grid_over_other_rates_adds_to_the_earlier_one(tmp_path):
   """`lr_grid.json` is merged, never replaced: a later grid's rates replace only their own rows, the
   best is chosen over them all, and a file that is not a grid is refused before it is touched."""
   from minilm_jax.outputs import write_json
-  from minilm_jax.task_distill.run import merge_grid
+  from minilm_jax.task_distill.run import merge_grid, read_grid
 
   path = str(tmp_path / "lr_grid.json")
   write_json(path, {"rows": [{"lr": 1e-5, "dev_loss": 0.4}, {"lr": 5e-5, "dev_loss": 0.3}], "best": {}})
-  rows, best = merge_grid(path, [{"lr": 2e-5, "dev_loss": 0.35}, {"lr": 5e-5, "dev_loss": 0.5}])
+  rows, best = merge_grid(read_grid(path), [{"lr": 2e-5, "dev_loss": 0.35}, {"lr": 5e-5, "dev_loss": 0.5}])
   assert [(r["lr"], r["dev_loss"]) for r in rows] == [(1e-5, 0.4), (2e-5, 0.35), (5e-5, 0.5)] and best == 1
-  assert merge_grid(str(tmp_path / "none.json"), rows[:1]) == (rows[:1], 0)
+  assert merge_grid(read_grid(str(tmp_path / "none.json")), rows[:1]) == (rows[:1], 0)
   (tmp_path / "notes.json").write_text('["mine"]')
   with pytest.raises(UserError, match="is not a learning-rate grid this program wrote"):
-    merge_grid(str(tmp_path / "notes.json"), rows)
+    read_grid(str(tmp_path / "notes.json"))
   assert (tmp_path / "notes.json").read_text() == '["mine"]'
   from minilm_jax.task_distill.config import task_distillation_config
   from minilm_jax.task_distill.run import run_lr_grid

@@ -292,19 +292,26 @@ def _word_tokenizer(student, tasks, train_examples: dict, seed: int):
   return tokenizer, word_vectors.embedding_matrix(tokenizer, vectors, dim, seed)
 
 
-def merge_grid(path: str, rows: list) -> tuple[list, int]:
-  """`rows` (one per learning rate) joined to the rows of an earlier `lr_grid.json` at `path` whose
-  rates they do not measure again, ordered by rate, and the index of the lowest dev loss among
-  them all: a grid over other rates adds to the earlier one and never deletes it."""
-  earlier = []
-  if os.path.exists(path):
-    try:
-      earlier = json.load(open(path))["rows"]
-      measured = {row["lr"] for row in rows}
-      earlier = [row for row in earlier if row["lr"] not in measured]
-    except (ValueError, KeyError, TypeError):
-      raise UserError(f"{path} is not a learning-rate grid this program wrote: move it out of --workdir") from None
-  merged = sorted(earlier + rows, key=lambda row: row["lr"])
+def read_grid(path: str) -> list:
+  """The rows of an earlier `lr_grid.json` at `path` (none if there is none); a file there that is not
+  a grid is refused, before the grid runs anything."""
+  if not os.path.exists(path):
+    return []
+  try:
+    rows = json.load(open(path))["rows"]
+    if all("lr" in row and "dev_loss" in row for row in rows):
+      return rows
+  except (ValueError, KeyError, TypeError):
+    pass
+  raise UserError(f"{path} is not a learning-rate grid this program wrote: move it out of --workdir")
+
+
+def merge_grid(earlier: list, rows: list) -> tuple[list, int]:
+  """`rows` (one per learning rate) joined to the `earlier` rows whose rates they do not measure
+  again, ordered by rate, and the index of the lowest dev loss among them all: a grid over other
+  rates adds to the earlier one and never deletes it."""
+  measured = {row["lr"] for row in rows}
+  merged = sorted([row for row in earlier if row["lr"] not in measured] + rows, key=lambda row: row["lr"])
   return merged, min(range(len(merged)), key=lambda i: merged[i]["dev_loss"])
 
 
@@ -313,7 +320,7 @@ def run_lr_grid(config, workdir: str):
   rate whose runs' dev loss against the gold labels, averaged over the tasks, is lowest: MKD's last
   stage (thesis section 4.3.2: "the learning rate is chosen from {1, 1.5, 5} x 1e-5 according to
   the validation set loss on each task"). Writes `<workdir>/lr_grid.json`, merged with the rows of
-  an earlier grid there (`merge_grid`); returns its rows and the best row's index."""
+  an earlier grid there (`read_grid`, `merge_grid`); returns its rows and the best row's index."""
   try:
     rates = [float(r) for r in config.lr_grid.split(",") if r.strip()]
   except ValueError:
@@ -326,6 +333,8 @@ def run_lr_grid(config, workdir: str):
     raise UserError(f"lr_grid={config.lr_grid!r} names a learning rate twice: give each once")
   if not workdir:
     raise UserError("--workdir is required: the grid's runs and lr_grid.json go there")
+  path = os.path.join(workdir, "lr_grid.json")
+  earlier = read_grid(path)
   rows = []
   for rate in rates:
     run_config = copy.deepcopy(config)
@@ -334,8 +343,7 @@ def run_lr_grid(config, workdir: str):
     results = build_task_distillation(run_config, run_dir).run()[1]
     losses = [v for k, v in results.items() if k.endswith("/loss")]
     rows.append({"lr": rate, "workdir": run_dir, "dev_loss": float(np.mean(losses)), **results})
-  path = os.path.join(workdir, "lr_grid.json")
-  rows, best = merge_grid(path, rows)
+  rows, best = merge_grid(earlier, rows)
   if jax.process_index() == 0:
     write_json(path, {"rows": rows, "best": rows[best]})
   return rows, best
