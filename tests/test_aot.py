@@ -192,6 +192,14 @@ def test_matrix_products_are_counted_from_the_hlo():
   """
   assert report.matmul_flops(hlo) == 2 * 8 * 4 * 16 + 2 * (2 * 10 * 5) * 3
   assert report.matmul_flops(hlo + "window={size=2x4 stride=1x3 lhs_dilate=2x4}") is None
+  # XLA's TPU compiler writes a batched product as a convolution whose window spans 32 positions,
+  # padded by 31 on each side, over an input of one: each output reads one tap, not 32.
+  padded = """
+  %g = bf16[384,384,1]{1,0,2} parameter(0)
+  %w = bf16[32,512,384]{1,2,0} parameter(1)
+  %t = bf16[32,512,384]{1,2,0} convolution(%g, %w), window={size=32 pad=31_31 rhs_reversal=1}, dim_labels=bf0_0oi->0fb
+  """
+  assert report.matmul_flops(padded) == 2 * (32 * 512 * 384) * 384
 
 
 def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from minilm_jax.models.encoder import Encoder, EncoderConfig, fused_attention_implementation, init_params
+from minilm_jax.models.encoder import Encoder, EncoderConfig, exact_gelu, fused_attention_implementation, init_params
 
 CONFIG = EncoderConfig(
   vocab_size=60,
@@ -106,3 +106,17 @@ def test_cudnn_is_chosen_only_for_half_precision_on_gpus():
   assert fused_attention_implementation(jnp.float32, 64) == "xla"
   assert fused_attention_implementation(jnp.bfloat16, 64) == ("cudnn" if on_gpu else "xla")
   assert fused_attention_implementation(jnp.bfloat16, 12) == "xla"
+
+
+def test_exact_gelu_is_flaxs_erfc_form_to_rounding():
+  """BERT's GELU written with erf (it fuses whole on GPUs; PyTorch's BERT writes it so too) equals
+  `nn.gelu(approximate=False)` (erfc) to float32 rounding: 1 + erf(x / sqrt 2) cancels for x < -5,
+  where the value is below 1e-6 anyway; and to bfloat16's where the model computes in it."""
+  import flax.linen as nn
+
+  x = jnp.linspace(-12.0, 12.0, 20001, dtype=jnp.float32)
+  np.testing.assert_allclose(exact_gelu(x), nn.gelu(x, approximate=False), rtol=1e-6, atol=1e-6)
+  half = x.astype(jnp.bfloat16)
+  np.testing.assert_allclose(
+    exact_gelu(half).astype(jnp.float32), nn.gelu(half, approximate=False).astype(jnp.float32), rtol=2e-2, atol=1e-2
+  )

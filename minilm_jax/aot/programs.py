@@ -180,7 +180,7 @@ def _task_columns(task, head: dict, config, mesh, batch: int) -> dict:
 def _rematerialised_scores_flops_per_token(config, layers: int, length: int) -> int:
   """The attention scores that the backward pass of a layer with attention dropout recomputes (our
   flash kernel's backward on GPUs, `kernels.attention`; the rematerialised explicit path on TPUs,
-  `models.encoder._rematerialised_attention_with_dropout`), one [L, L] product per layer: work that
+  `models.encoder._RematerialisedLayer`), one [L, L] product per layer: work that
   keeping the probabilities out of memory asks for, so the analytic count includes it."""
   return layers * 2 * length * config.hidden_size if config.attention_dropout > 0 else 0
 

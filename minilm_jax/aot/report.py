@@ -71,16 +71,33 @@ def _dims(shape: str) -> list:
   return _ints(found.group(2)) if found else []
 
 
-def _contracted(instruction: str, operands: str, attributes: str, shapes: dict) -> int:
-  """How many products each output element of a dot or convolution sums."""
+def _taps(size: int, pad_low: int, input_size: int, output_size: int) -> float:
+  """Window taps per output position that land on the input rather than on padding (stride 1),
+  on average: XLA's TPU compiler writes some batched products as convolutions whose window spans
+  the batch, padded by window - 1 on each side, where each output reads one tap of 32."""
+  valid = sum(max(0, min(output_size, input_size + pad_low - t) - max(0, pad_low - t)) for t in range(size))
+  return valid / output_size if output_size else 0.0
+
+
+def _contracted(instruction: str, operands: str, attributes: str, shapes: dict, output: list) -> float:
+  """How many products each output element of a dot or convolution sums (a convolution's: the
+  lhs's feature dimension times the window's taps on the input)."""
   lhs = _dims(shapes.get(operands.split(",")[0].strip().lstrip("%"), ""))
   if instruction == "dot":
     found = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attributes)
     return math.prod(lhs[int(d)] for d in found.group(1).split(",") if d) if found else 1
-  labels = re.search(r"dim_labels=(\w+)_", attributes)  # convolution: the lhs's feature dimension, times the window
-  window = re.search(r"window=\{size=([\dx]+)", attributes)
-  feature = lhs[labels.group(1).index("f")] if labels and lhs else 1
-  return feature * (math.prod(int(w) for w in window.group(1).split("x")) if window else 1)
+  labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", attributes)
+  if not labels or not lhs:
+    return 1
+  lhs_labels, out_labels = labels.groups()
+  taps = 1.0
+  window = re.search(r"window=\{size=([\dx]+)(?: pad=([\d_x\-]+))?", attributes)
+  if window:
+    sizes = [int(w) for w in window.group(1).split("x")]
+    pads = [int(p.split("_")[0]) for p in window.group(2).split("x")] if window.group(2) else [0] * len(sizes)
+    for i, (size, pad) in enumerate(zip(sizes, pads)):
+      taps *= _taps(size, pad, lhs[lhs_labels.index(str(i))], output[out_labels.index(str(i))])
+  return lhs[lhs_labels.index("f")] * taps
 
 
 def matmul_flops(hlo_text: str):
@@ -100,7 +117,8 @@ def matmul_flops(hlo_text: str):
     shapes[name] = shape
   for _, shape, instruction, operands, attributes in instructions:
     if instruction in ("dot", "convolution"):
-      total += 2.0 * math.prod(_dims(shape)) * _contracted(instruction, operands, attributes, shapes)
+      output = _dims(shape)
+      total += 2.0 * math.prod(output) * _contracted(instruction, operands, attributes, shapes, output)
   return total
 
 

@@ -21,6 +21,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 
 from minilm_jax.kernels import dropout
@@ -30,6 +31,10 @@ from minilm_jax.kernels.platform import Tiling, call, out_shape, tiling_for
 # Added to the attention scores of padding keys, here and on the explicit paths. Finite on
 # purpose: a row whose keys are all masked then gets a uniform distribution instead of NaN.
 MASK_VALUE = -1e9
+# The name the forward kernel's output and log-sum-exp carry as residuals: a rematerialised caller
+# whose policy saves it (`jax.checkpoint_policies.save_only_these_names`) keeps them rather than
+# running the forward kernel again in the backward pass.
+RESIDUALS = "flash_attention_residuals"
 # Names the compiled program carries (aot.report counts their bytes and FLOPs by them).
 FORWARD, BACKWARD = "minilm_flash_fwd", "minilm_flash_bwd"
 
@@ -198,7 +203,8 @@ def _flash(seed, key_mask, q, k, v, rate, platform, layout, tiling):
 
 def _flash_fwd(seed, key_mask, q, k, v, rate, platform, layout, tiling):
   o, lse = _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling)
-  return o, (seed, key_mask, q, k, v, o, lse)
+  o_saved, lse_saved = (checkpoint_name(x, RESIDUALS) for x in (o, lse))
+  return o, (seed, key_mask, q, k, v, o_saved, lse_saved)
 
 
 _flash.defvjp(_flash_fwd, _backward)

@@ -14,6 +14,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention as attention_kernel
@@ -23,8 +24,19 @@ from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_ac
 from minilm_jax.models import layout
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+
+
+def exact_gelu(x):
+  """BERT's GELU, x * Phi(x), written with erf as PyTorch's BERT writes it, not with `nn.gelu`'s erfc:
+  XLA's GPU compiler splits erfc's long expansion from its argument and writes the argument,
+  [tokens, intermediate], to HBM and reads it back in every layer (4 GB of traffic per step in the
+  6x384 step at 256 x 512); erf's expansion fuses whole. The two agree to float rounding (1 + erf
+  cancels below x = -5, where the value is under 1e-6)."""
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+
 ACTIVATIONS = {
-  "gelu": lambda x: nn.gelu(x, approximate=False),
+  "gelu": exact_gelu,
   "gelu_new": lambda x: nn.gelu(x, approximate=True),
   "relu": nn.relu,
 }
@@ -122,6 +134,21 @@ def _dense(features, config, name):
     kernel_init=nn.initializers.normal(config.initializer_range),
     name=name,
   )
+
+
+class _DenseParams(nn.Module):
+  """An `nn.Dense`'s parameters (its names, shapes, dtype and initialisers, so the same checkpoints
+  and conversions), returned for a product the caller writes itself."""
+
+  features: int
+  config: "EncoderConfig"
+
+  @nn.compact
+  def __call__(self, in_features: int):
+    kernel = self.param(
+      "kernel", nn.initializers.normal(self.config.initializer_range), (in_features, self.features), jnp.float32
+    )
+    return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
 
 
 def _layer_norm(config, name):
@@ -237,7 +264,8 @@ class _ScopeRng(nn.Module):
 def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float):
   """Context [B, L, H, K] of attention whose probabilities are dropped out (as `nn.Dropout` drops
   them). On accelerators, where a shape does not suit our kernel (`kernels.attention.supported`),
-  it runs rematerialised (`_rematerialised_attention_with_dropout`)."""
+  its layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
+  (`_RematerialisedLayer`)."""
   head_dim = q_BxLxHxK.shape[-1]
   scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / jnp.sqrt(head_dim).astype(
     jnp.float32
@@ -248,12 +276,12 @@ def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: fl
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
 
 
-# The backward pass recomputes the [B, H, L, L] scores, probabilities and mask from Q, K, V and the
-# rng instead of keeping them from the forward pass. At MiniLM's length 512 they are the largest
-# tensors of the student's step (3 GiB per layer at batch 256, the six layers' 19 GiB), for one
-# more [L, L] product per layer in the backward pass (the scores; XLA does not recompute the
-# weighted sum, which the gradients do not need): about 3 % of a 6x384 student's step.
-_rematerialised_attention_with_dropout = jax.checkpoint(_attention_with_dropout, static_argnums=(5,))
+# What a rematerialised layer's backward pass keeps (`_RematerialisedLayer`).
+_KEPT = "kept_for_backward"
+
+
+def _kept(x):
+  return checkpoint_name(x, _KEPT)
 
 
 @flax.struct.dataclass
@@ -282,10 +310,23 @@ class SelfAttention(nn.Module):
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
     # [B, L, H, K]: the layout the fused kernels take; transposed to [B, H, L, K] for the outputs.
-    q, k, v = (
-      _dense(c.hidden_size, c, name)(x_BxLxD).reshape(b, l, c.num_heads, c.head_dim)
-      for name in ("query", "key", "value")
+    # One product for the three projections (their parameters kept apart, as `nn.Dense`'s): x is
+    # read once rather than three times, forward and backward. The three results side by side,
+    # [B, L, 3, D], except on TPUs, which tile an array's last two dimensions in blocks of (8, 128)
+    # and would pad the 3 to 8: there [3, B, L, D] (at the paper's 6x384 step, 1.78e11 bytes on an
+    # H100 against 1.84e11 the other way; 2.28e11 on a v5e-8 against 2.55e11).
+    kernels, biases = zip(
+      *(_DenseParams(c.hidden_size, c, name=n)(x_BxLxD.shape[-1]) for n in ("query", "key", "value"))
     )
+    dtype = DTYPES[c.dtype]
+    x, kernel_3xDxD, bias_3xD = (a.astype(dtype) for a in (x_BxLxD, jnp.stack(kernels), jnp.stack(biases)))
+    if compute_platform() == "tpu":
+      qkv = jnp.einsum("bld,tdf->tblf", x, kernel_3xDxD) + bias_3xD[:, None, None]
+      parts = [qkv[i] for i in range(3)]
+    else:
+      qkv = jnp.einsum("bld,tdf->bltf", x, kernel_3xDxD) + bias_3xD
+      parts = [qkv[:, :, i] for i in range(3)]
+    q, k, v = (_kept(part.reshape(b, l, c.num_heads, c.head_dim)) for part in parts)
     swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
     if cache is not None:
       cached_k, cached_v, index = cache
@@ -297,7 +338,7 @@ class SelfAttention(nn.Module):
     if return_attention or cache is not None:
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
       scores = jnp.where(_key_mask(mask), scores, MASK_VALUE)
-      attention = jax.nn.softmax(scores, axis=-1)
+      attention = _kept(jax.nn.softmax(scores, axis=-1))
       probs = nn.Dropout(c.attention_dropout)(attention, deterministic=deterministic)
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     elif dropout_on_probs:
@@ -312,14 +353,14 @@ class SelfAttention(nn.Module):
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )
       else:
-        explicit = _rematerialised_attention_with_dropout if on_accelerator() else _attention_with_dropout
-        context = explicit(q, k, v, mask, rng, c.attention_dropout)
+        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
       hidden_dropout_name = "Dropout_1"
     else:
       context = fused_attention(q, k, v, mask, c.head_dim)
+    context = _kept(context)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = nn.Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
-    out = _layer_norm(c, "LayerNorm")(out + x_BxLxD)
+    out = _layer_norm(c, "LayerNorm")(_kept(out + x_BxLxD))
     return out, (swap(q), swap(k), swap(v), attention)
 
 
@@ -331,24 +372,32 @@ class TransformerLayer(nn.Module):
     c = self.config
     h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask, deterministic, return_attention, cache)
 
-    def activation_and_output(module, pre_activation):
-      return _dense(c.hidden_size, c, "output")(_probe(module, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
-
-    # Training on an accelerator, the activation and the output projection are rematerialised: the
-    # backward pass keeps only the activation's input and recomputes the activation (elementwise)
-    # from it, instead of keeping the activation's output for the projection's gradient and the
-    # activation's own intermediate products (exact GELU's erf: three more [B, L, intermediate]
-    # tensors a layer). XLA drops the projection's recomputed output, which no gradient reads. At
-    # MiniLM's batch 256 x 512 on one H100 the erf products took the step's peak from 17.0 to 13.9
-    # GiB, the activation's output (with the attention kernels) from 10.15 to 8.27, with no more
-    # FLOPs. CPUs, whose memory is not the limit, keep everything: a recomputation is only cost.
-    remat = not deterministic and on_accelerator()
-    y = (nn.remat(activation_and_output) if remat else activation_and_output)(
-      self, _dense(c.intermediate_size, c, "intermediate")(h)
-    )
+    pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(h))
+    y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
     y = nn.Dropout(c.hidden_dropout)(y, deterministic=deterministic)
-    out = _layer_norm(c, "output_LayerNorm")(y + h)
+    out = _layer_norm(c, "output_LayerNorm")(_kept(y + h))
     return LayerOutput(q=q, k=k, v=v, attention=attention, hidden=out)
+
+
+# Training on an accelerator, each layer runs rematerialised and its backward pass keeps only what
+# `_kept` marks (Q, K, V, the attention's context and its kernel's log-sum-exp, the inputs of both
+# layer norms, the feed-forward block's pre-activation; the probabilities where they are returned),
+# recomputing the rest from them, all elementwise: the layer norms' outputs (the next products'
+# inputs: each layer norm otherwise keeps its input for its own gradient and its output for the
+# next product's, the same [B, L, D] twice), the activation (exact GELU's erf products, three
+# [B, L, intermediate] tensors) and the dropout masks (from their rng). XLA drops the recomputed
+# products that no gradient reads. At MiniLM's 256 x 512 on one H100 the activation's remat took
+# the step's peak from 17.0 to 13.9 GiB, the attention kernels to 8.3, keeping the layer norms'
+# inputs only to 7.5 (`python -m minilm_jax.aot --config configs/minilm_6x384.py --target h100x1`),
+# with no more products. CPUs, whose memory is not the limit, keep everything: a recomputation is
+# only cost there. Where our attention kernel does not take a shape, the [B, H, L, L] scores,
+# probabilities and mask are recomputed too (3 GiB a layer at batch 256 x 512; one more [L, L]
+# product a layer in the backward pass).
+_RematerialisedLayer = nn.remat(
+  TransformerLayer,
+  policy=jax.checkpoint_policies.save_only_these_names(_KEPT, attention_kernel.RESIDUALS),
+  static_argnums=(3, 4, 5),  # deterministic, return_attention, cache (self is 0)
+)
 
 
 class Encoder(nn.Module):
@@ -388,9 +437,10 @@ class Encoder(nn.Module):
     x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
     embeddings = x
     layers = []
+    layer = _RematerialisedLayer if not deterministic and on_accelerator() else TransformerLayer
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = TransformerLayer(c, name=layout.layer_name(i))(x, mask, deterministic, return_attention, layer_cache)
+      out = layer(c, name=layout.layer_name(i))(x, mask, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
