@@ -85,15 +85,44 @@ def check_ranges(config, ranges: dict):
     raise UserError(f"mesh.data={mesh_data} is out of range: use -1 (every device) or a count of at least 1")
 
 
-def begin_run(config, workdir: str, ranges: dict):
+# Pairs of fields a config may set one of, not both: (field, the value that leaves it unset, the
+# other field, its unset value, why). Each program's config module adds its own
+# (`CONTRADICTIONS` of distill/config.py); `student.from_run` and the student fields it fills are
+# checked against the run they name (`task_distill.run`).
+TRAINING_CONTRADICTIONS = (
+  (
+    "optimizer.warmup_proportion",
+    0.0,
+    "optimizer.warmup_steps",
+    0,
+    "the warm-up is a share of the steps or a count of them",
+  ),
+)
+
+
+def check_contradictions(config, pairs=()):
+  """One line naming both fields of the first pair of `TRAINING_CONTRADICTIONS` and `pairs` that a
+  config sets together (a field it does not have counts as unset)."""
+  flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
+  for field, unset, other, other_unset, why in (*TRAINING_CONTRADICTIONS, *pairs):
+    value, other_value = flat.get(field, unset), flat.get(other, other_unset)
+    if value not in (unset, None) and other_value not in (other_unset, None):
+      raise UserError(
+        f"{field}={value} and {other}={other_value} contradict ({why}): set {field}={unset} or {other}={other_unset}"
+      )
+
+
+def begin_run(config, workdir: str, ranges: dict, contradictions=()):
   """Checks shared by every training program before anything is loaded or written: a workdir to
-  write to, fields in `ranges` (the program's config module's `RANGES`), and (with several
+  write to, fields in `ranges` (the program's config module's `RANGES`), no two fields that
+  contradict (`check_contradictions`, with the program's `contradictions`), and (with several
   processes) that every process was started with the same config."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
   if os.path.isfile(workdir):
     raise UserError(f"--workdir {workdir} is a file: name a directory for the run's checkpoints, metrics and results")
   check_ranges(config, ranges)
+  check_contradictions(config, contradictions)
   check_same_config(config_json(config))
   _check_resumable(config, workdir)
 

@@ -1,19 +1,24 @@
 """Bad input and faults (issue 14's table): each ends in one line and exit 2, or works; nothing
 saved is lost."""
 
+import copy
+import glob
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from flax import traverse_util
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 from conftest import (
   DAMAGE,
   ROOT,
+  apply_overrides,
   damage_settings,
   damaged_bytes,
   output_lines,
@@ -76,6 +81,54 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
   ):
     with pytest.raises(UserError, match=f"{field}={value} is out of range"):
       build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
+  assert not workdir.exists()
+
+
+def _every_training_config():
+  """(program, the config of every file of configs/ a training program takes), by their modules'
+  own loader."""
+  from conftest import load_config_module
+
+  for path in sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.py"), recursive=True)):
+    config = load_config_module(path).get_config()
+    if "optimizer" in config:
+      yield os.path.relpath(path, ROOT), config
+
+
+def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpus, tmp_path):
+  """Every documented pair (`loop.TRAINING_CONTRADICTIONS`, `distill.config.CONTRADICTIONS`): no
+  config file sets both; each config that has both fields is refused when both are set, one line
+  naming both, before anything is written."""
+  from minilm_jax.distill import config as distill_config
+  from minilm_jax.loop import TRAINING_CONTRADICTIONS, check_contradictions
+
+  pairs = (*TRAINING_CONTRADICTIONS, *distill_config.CONTRADICTIONS)
+  checked = 0
+  for name, config in _every_training_config():
+    try:
+      check_contradictions(config, distill_config.CONTRADICTIONS)
+    except UserError as e:
+      pytest.fail(f"{name} as shipped: {e}")
+    flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
+    for field, unset, other, other_unset, _ in pairs:
+      if field in flat and other in flat:
+        both = copy.deepcopy(config)
+        apply_overrides(both, {field: type(unset)(2), other: type(other_unset)(3)})
+        with pytest.raises(UserError, match=rf"{re.escape(field)}=\S+ and {re.escape(other)}=\S+ contradict"):
+          check_contradictions(both, distill_config.CONTRADICTIONS)
+        checked += 1
+  assert checked >= 2 * 8  # both pairs in every distillation config
+  workdir = tmp_path / "w"
+  line = _one_line_error(
+    _program(
+      "--config", "configs/demo.py", "--workdir", str(workdir), "--config.data.epochs=1", "--config.num_steps=7"
+    ),
+    "data.epochs=1 and num_steps=7 contradict",
+  )
+  assert "set data.epochs=0 or num_steps=0" in line
+  with pytest.raises(UserError, match="optimizer.warmup_proportion=0.5 and optimizer.warmup_steps=3 contradict"):
+    overrides = {"optimizer.warmup_proportion": 0.5, "optimizer.warmup_steps": 3}
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(workdir))
   assert not workdir.exists()
 
 

@@ -230,7 +230,19 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   losses = {row["lr"]: row["dev_loss"] for row in grid["rows"]}
   assert set(losses) == {1e-5, 5e-5} and grid["best"]["lr"] == min(losses, key=losses.get)
   assert f"lr {grid['best']['lr']:g}" in proc.stdout
-  # The one-line errors of the last stage.
+  # A finished grid reruns: each rate's run resumes at its end, the rows the same.
+  again = run_distill_task("configs/task/mkd_finetune.py", tmp_path / "grid", *overrides)
+  assert again.returncode == 0, again.stderr[-3000:]
+  rerun = json.load(open(tmp_path / "grid" / "lr_grid.json"))
+  assert {row["lr"]: row["dev_loss"] for row in rerun["rows"]} == losses
+  # The one-line errors of the last stage: a student field that contradicts the run's, no run.
+  c.student.hidden = 999
+  with pytest.raises(UserError, match=r"student.hidden=999 contradicts student.from_run=.*hidden=8"):
+    build_task_distillation(c, str(tmp_path / "e0"))
+  c.student.hidden = 8
+  fresh = load_config_module(os.path.join(ROOT, "configs", "task", "mkd_finetune.py")).get_config()
+  with pytest.raises(UserError, match="student.from_run is required"):
+    build_task_distillation(fresh, str(tmp_path / "e3"))
   c.student.from_run = teacher
   with pytest.raises(UserError, match="is not a task-distillation run's workdir"):
     build_task_distillation(c, str(tmp_path / "e1"))
@@ -312,6 +324,9 @@ def test_every_task_config_builds(name):
   from minilm_jax.models.students import make_student
 
   config = load_config_module(os.path.join(ROOT, "configs", "task", name)).get_config()
+  if config.student.kind is None:  # MKD's last stage: the student is the one of student.from_run
+    assert {k for k, v in config.student.items() if v is not None} == {"from_run"}
+    return
   tasks = [get_task(t) for t in config.tasks.split(",")]
   model = make_student(config.student, tuple((t.name, t.head()["num_labels"]) for t in tasks), 30522, EncoderConfig())
   batch = {k: jnp.ones((2, 8), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -329,7 +329,13 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
 
 def test_a_schedule_in_epochs_becomes_steps_once_the_corpus_is_read(tiny_teacher, tiny_corpus, tmp_path):
   """ETD's schedule: `data.epochs` passes over the corpus, the warm-up a share of them."""
-  config = tiny_config(tiny_teacher, tiny_corpus, **{"data.epochs": 2, "optimizer.warmup_proportion": 0.25})
+  schedule_in_epochs = {
+    "data.epochs": 2,
+    "num_steps": 0,
+    "optimizer.warmup_proportion": 0.25,
+    "optimizer.warmup_steps": 0,
+  }
+  config = tiny_config(tiny_teacher, tiny_corpus, **schedule_in_epochs)
   run = build_distillation(config, str(tmp_path / "w"))
   steps = 2 * run.stream.batches_per_epoch
   assert run.config.num_steps == steps and steps > 8

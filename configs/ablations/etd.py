@@ -28,8 +28,8 @@ VARIANTS = {
 def get_config(variant="etd_impt"):
   c = paper_config("bert-base-uncased", 6, 384, batch_size=128, lr=1e-4)
   c.loss.objective = "tinybert"
-  c.data.epochs = 5
-  c.optimizer.warmup_proportion = 0.1
+  c.data.epochs, c.num_steps = 5, 0  # the step count follows from the corpus
+  c.optimizer.warmup_proportion, c.optimizer.warmup_steps = 0.1, 0
   v = VARIANTS[variant]
   c.student.init = v["init"]
   c.etd.method = v.get("method", "rand")

@@ -15,11 +15,11 @@ thesis leaves open: "other parameters remain the same" keeps MKD's objective, th
 the task's augmented set; `--config.objective=hard` fine-tunes on the gold labels (no teacher).
 """
 
-from minilm_jax.task_distill.config import mkd_config
+from minilm_jax.task_distill.config import mkd_config, student_from_run
 
 
 def get_config():
-  c = mkd_config()
+  c = student_from_run(mkd_config())  # the student's fields are the MKD run's
   c.tasks = "wordnet_supersense"
   c.student.from_run = ""  # required: the MKD run
   c.lr_grid = "1e-5,1.5e-5,5e-5"

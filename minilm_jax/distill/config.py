@@ -24,6 +24,8 @@ RANGES = {
   "data.heldout_blocks": (0, None),
   "data.epochs": (0, None),  # 0: num_steps
 }
+# Fields that cannot both be set (`loop.check_contradictions`), beside every training program's.
+CONTRADICTIONS = (("data.epochs", 0, "num_steps", 0, "data.epochs passes over the corpus set the step count"),)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -96,13 +98,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.prepared = ""
   # The corpus's last blocks that training never reads, for the `heldout` evaluator (0: train on all).
   c.data.heldout_blocks = 0
-  # > 0: train this many passes over the corpus (its blocks less the held-out ones): num_steps becomes
-  # data.epochs x the batches in a pass, once the corpus is read (ETD trains 5 epochs).
+  # > 0: train this many passes over the corpus (its blocks less the held-out ones): num_steps (then
+  # 0 in the config) becomes data.epochs x the batches in a pass, once the corpus is read (ETD: 5).
   c.data.epochs = 0
 
   c.optimizer = adamw_config(lr=3e-4, clip_norm=0.0)
   c.optimizer.warmup_steps = 4000  # then linear decay to 0 at num_steps
-  c.optimizer.warmup_proportion = 0.0  # > 0: the warm-up is this share of num_steps instead (ETD: 0.1)
+  c.optimizer.warmup_proportion = 0.0  # > 0 (with warmup_steps 0): the warm-up is this share of num_steps (ETD: 0.1)
 
   c.batch_size = 256  # global, over all devices and hosts
   c.num_steps = 400_000

@@ -273,7 +273,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
   the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
   the ETD start): every error a config can cause surfaces here, before any compute."""
-  begin_run(config, workdir, distill_config.RANGES)
+  begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
   evaluators.check_specs(config)
   if config.student.init not in ("random", "etd"):
     raise UserError(f"student.init={config.student.init!r}: use random or etd")

@@ -2,6 +2,7 @@
 start from these."""
 
 import ml_collections
+from ml_collections import config_dict
 
 from minilm_jax.loop import TRAINING_RANGES
 from minilm_jax.train_state import OPTIMIZER_RANGES
@@ -107,4 +108,14 @@ def mkd_config() -> ml_collections.ConfigDict:
   c.optimizer.name, c.optimizer.lr, c.optimizer.clip_norm = "adam", 5e-4, 1.0
   c.batch_size, c.epochs = 128, 16
   c.augment.p_pos = 0.0
+  return c
+
+
+def student_from_run(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`c` with its student block left to `student.from_run` (MKD's last stage): every field but
+  `from_run` unset, to be filled with the run's own value; a field given on the command line must
+  equal the run's (`task_distill.run`)."""
+  c.student = ml_collections.ConfigDict(
+    {k: (v if k == "from_run" else config_dict.placeholder(type(v))) for k, v in c.student.items()}
+  )
   return c

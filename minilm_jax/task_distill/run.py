@@ -148,11 +148,15 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   """A task (or multi-task) distillation run's parts, built and validated before any compute;
   `run()` trains and evaluates. The student's vocabulary is the first teacher's tokenizer
   (WordPiece, as the thesis's students), unless word vectors or a distilled student give one."""
+  # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes
+  # on. Its block is filled in first, so that a rerun compares the config it ran with.
+  record = _student_of_run(config) if config.student.from_run else None
+  if config.student.kind is None:
+    raise UserError("student.from_run is required: this config leaves the student to the run it goes on from")
   begin_run(config, workdir, task_distill_config.RANGES)
   tasks = parse_tasks(config.tasks)
   mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
-  # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes on.
-  start = _continue_from(config, tasks, mesh) if config.student.from_run else None
+  start = _continue_from(config, tasks, mesh, record) if record else None
   kind = config.student.kind
   joint = student_kind(kind).joint
   for task in tasks:
@@ -250,9 +254,10 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   )
 
 
-def _continue_from(config, tasks, mesh) -> _Start:
-  """What a run starting from the student of `student.from_run` takes from it: the run's student
-  block (written into `config.student`), tokenizer, encoder config, body and these tasks' heads."""
+def _student_of_run(config):
+  """The record of `student.from_run`, a task-distillation run, whose student block fills this
+  config's: a field left unset (`task_distill.config.student_from_run`) takes the run's value, and
+  one given that differs from it is refused: the run's student goes on as it is."""
   source = config.student.from_run
   record = runs.read_record(source) if runs.is_run(source) else None
   if record is None or not record.task_student:
@@ -260,15 +265,29 @@ def _continue_from(config, tasks, mesh) -> _Start:
       f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
       f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
     )
+  for key, value in record.student.items():
+    if key == "from_run" or key not in config.student:
+      continue
+    given = config.student[key]
+    if given is not None and given != value:
+      raise UserError(
+        f"student.{key}={given} contradicts student.from_run={source}, whose student has {key}={value}: "
+        f"leave student.{key} out (configs/task/mkd_finetune.py leaves the student to the run)"
+      )
+    setattr(config.student, key, value)
+  return record
+
+
+def _continue_from(config, tasks, mesh, record) -> _Start:
+  """What a run starting from the student of `student.from_run` takes from it (`record`, its run
+  record): the run's tokenizer, encoder config, body and these tasks' heads."""
+  source = config.student.from_run
   missing = [t.name for t in tasks if t.name not in record.tasks]
   if missing:
     raise UserError(
       f"student.from_run={source} has no head for {', '.join(missing)} (it was distilled on "
       f"{', '.join(record.tasks)}): fine-tune it on tasks it learnt"
     )
-  for key, value in record.student.items():
-    if key != "from_run" and key in config.student:
-      setattr(config.student, key, value)
   params, tokenizer = read_multitask_run(source, mesh)[1:3]
   heads = {f"head_{t.name}": params[f"head_{t.name}"] for t in tasks}
   return _Start(tokenizer, record.encoder, {"body": params["body"], **heads})
