@@ -152,19 +152,45 @@ SUITES = {
 }
 
 
+# The flags each suite reads (--json: every suite); one given to a suite that does not read it is
+# refused rather than ignored.
+SUITE_FLAGS = {
+  "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps"},
+  "inference": {"batches", "dtype", "batch", "seq_len"},
+  "memory": set(),
+  "etd": {"steps"},
+  "task_distill": {"epochs"},
+  "student_speed": {"batch", "batches", "seq_len", "teacher"},
+  "data": {"seq_len"},
+  "students": {"teacher", "student", "steps", "batch", "seq_len", "tasks", "seeds", "corpus", "results", "models"},
+  "generate": {"student", "batch", "seq_len", "target_length", "repeats", "dtype"},
+}
+_OWN_FLAGS = set().union(*SUITE_FLAGS.values())
+
+
+def _check_flags(suite: str):
+  given = sorted(name for name in _OWN_FLAGS - SUITE_FLAGS[suite] if flags.FLAGS[name].present)
+  if given:
+    reads = ", ".join(f"--{name}" for name in sorted(SUITE_FLAGS[suite] | {"json"}))
+    raise UserError(f"bench {suite} does not read --{', --'.join(given)}: it reads {reads}")
+
+
 def _seq_lens():
   try:
     lengths = [int(n) for n in _SEQ_LEN.value] if _SEQ_LEN.value else None
   except ValueError:
     lengths = [0]
-  if lengths is not None and min(lengths) < 1:
-    raise UserError(f"--seq_len {','.join(_SEQ_LEN.value)}: give positive whole numbers, e.g. 128,512")
+  if lengths is not None and min(lengths) < 2:
+    raise UserError(
+      f"--seq_len {','.join(_SEQ_LEN.value)}: give whole numbers of at least 2 ([CLS] and [SEP]), e.g. 128,512"
+    )
   return lengths
 
 
 def main(argv):
   if len(argv) != 2 or argv[1] not in SUITES:
     raise UserError(f"name one suite: python -m minilm_jax.bench <{'|'.join(SUITES)}> [--json FILE]")
+  _check_flags(argv[1])
   if _JSON.value:
     check_new_file(_JSON.value, "--json")
   rows = SUITES[argv[1]]()

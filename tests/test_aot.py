@@ -249,7 +249,9 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   assert any(largest < b <= largest + max(8, largest // 8) and p > usable for b, p in searched.items()), searched
 
 
-def test_unknown_target_and_wrong_program_are_one_line():
+def test_unknown_target_and_wrong_program_are_one_line(tmp_path):
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "h100x1", "--json", str(tmp_path))
+  assert status == 2 and stderr.count("\n") == 1 and f"--json {tmp_path} already exists" in stderr
   status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v9-8")
   assert status == 2 and stderr.count("\n") == 1 and "unknown target 'v9-8'" in stderr and "h100x8" in stderr
   status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v5e-8", "--program", "finetune")

@@ -180,11 +180,19 @@ def test_bench_bad_shapes_are_one_line_errors():
 
 @pytest.mark.parametrize(
   "suite, flag",
-  [("inference", "--batch=0"), ("inference", "--batches=0"), ("distill", "--seq_len=0"), ("distill", "--repeats=0")],
+  [
+    ("inference", "--batch=0"),
+    ("inference", "--batches=0"),
+    ("distill", "--seq_len=0"),
+    ("distill", "--repeats=0"),
+    ("student_speed", "--seq_len=1"),
+    ("inference", "--student=3x"),
+  ],
 )
 def test_bench_counts_below_one_are_one_line(suite, flag):
   """Checked when the flags are read, before any model is built (`--batch 0` ran the default batch;
-  `--batches 0` ended in an IndexError)."""
+  `--batches 0` ended in an IndexError; a length of 1 in a TypeError); a flag the suite does not
+  read is refused, not ignored."""
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", suite, flag], capture_output=True, text=True)
   stderr = proc.stderr
   assert proc.returncode == 2 and stderr.count("\n") == 1 and flag.split("=")[0] in stderr, proc.stderr[-2000:]

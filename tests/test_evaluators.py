@@ -197,6 +197,11 @@ def test_heldout_loss_on_eight_devices_equals_one_device(tiny_teacher, tiny_corp
     ({"checkpoint.best": "wordnet/mrr@10"}, "checkpoint.best='wordnet/mrr@10' names no evaluator"),
     ({"checkpoint.best": "sts/accuracy"}, "checkpoint.best='sts/accuracy': evaluator sts reports spearman"),
     ({"data.heldout_blocks": 0}, "evaluators.heldout (heldout) needs blocks held out of training"),
+    ({"evaluators.topic.max_seq_length": -4}, "evaluators.topic.max_seq_length=-4: give a length of at least 2"),
+    (
+      {"evaluators.pairs.max_seq_length": 4096},
+      "evaluators.pairs.max_seq_length=4096 exceeds the teacher's 64 positions",
+    ),
   ],
 )
 def test_bad_evaluator_configs_are_one_line_before_anything_is_written(
@@ -208,3 +213,12 @@ def test_bad_evaluator_configs_are_one_line_before_anything_is_written(
     build_distillation(config, workdir)
   assert message in str(error.value) and "\n" not in str(error.value)
   assert not os.path.exists(workdir)
+
+
+def test_an_sts_file_without_pairs_is_one_line(tiny_teacher, tiny_corpus, tmp_path):
+  header_only = tmp_path / "header.tsv"
+  header_only.write_text("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n")
+  config = _config(tiny_teacher, tiny_corpus, tmp_path, **{"evaluators.sts.file": str(header_only)})
+  with pytest.raises(UserError, match=r"evaluators.sts.file=.* has 0 scored sentence pairs") as error:
+    build_distillation(config, str(tmp_path / "run"))
+  assert "\n" not in str(error.value)

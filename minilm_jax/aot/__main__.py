@@ -30,7 +30,7 @@ from ml_collections import config_flags
 from minilm_jax.aot import programs, report
 from minilm_jax.aot.targets import GiB, compile_devices, parse_target
 from minilm_jax.errors import UserError
-from minilm_jax.outputs import write_json
+from minilm_jax.outputs import check_new_file, write_json
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
@@ -296,6 +296,8 @@ def main(argv):
   target = parse_target(_TARGET.value)
   name = _PROGRAM.value or programs.default_program(config)
   programs.check_program(name, config)
+  if _JSON.value:
+    check_new_file(_JSON.value, "--json")
   # Compiling only: the host's own CPU backend, whatever plugins are installed.
   jax.config.update("jax_platforms", "cpu")
   devices = compile_devices(target)

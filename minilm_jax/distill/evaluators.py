@@ -140,6 +140,11 @@ def check_specs(config):
         f"evaluators.{name} has fields {unknown} that kind {spec.kind} does not read: "
         f"it reads {', '.join(['every', *fields])}"
       )
+    length = spec.get("max_seq_length", 0)
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0 or length == 1:
+      raise UserError(
+        f"evaluators.{name}.max_seq_length={length!r}: give a length of at least 2 tokens, or 0 for data.max_seq_length"
+      )
     for field in ("file", "train", "dev", "data", "data_dir"):
       path = spec.get(field)
       if not path or (field == "data" and path == "wordnet"):
@@ -157,6 +162,18 @@ def check_specs(config):
     known = KINDS[config.evaluators[name].kind].metrics
     if not any(metric == m or (m.endswith("*") and metric.startswith(m[:-1])) for m in known):
       raise UserError(f"checkpoint.best={best!r}: evaluator {name} reports {', '.join(known)}")
+
+
+def check_lengths(config, positions: int):
+  """One line for the first evaluator whose length exceeds the models' `positions`, before any work
+  (a longer one would ask for memory it cannot use, minutes into the run)."""
+  for name, spec in config.evaluators.items():
+    length = spec.get("max_seq_length", 0)
+    if length > positions:
+      raise UserError(
+        f"evaluators.{name}.max_seq_length={length} exceeds the teacher's {positions} positions: "
+        f"give at most {positions}"
+      )
 
 
 def with_defaults(spec) -> ml_collections.ConfigDict:
@@ -281,6 +298,10 @@ def sts(name, spec, context: Context) -> Evaluator:
     raise UserError(f"evaluators.{name} (sts) needs file= an STS-B-format TSV (sentence1, sentence2, score)")
   pairs = glue.TASKS["stsb"].load_file(spec.file, labelled=True)
   a, b, gold = list(pairs["text_a"]), list(pairs["text_b"]), np.asarray(pairs["label"])
+  if len(a) < 2:
+    raise UserError(
+      f"evaluators.{name}.file={spec.file} has {len(a)} scored sentence pairs: a Spearman correlation needs 2 or more"
+    )
 
   def score(embed):
     return {"spearman": embedding_eval.sts_spearman(embed(a), embed(b), gold)}

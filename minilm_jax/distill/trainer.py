@@ -281,6 +281,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
   teacher = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True)
   teacher_config, teacher_params, tokenizer, _, mlm_head = teacher[:5]
+  evaluators.check_lengths(config, teacher_config.max_position_embeddings)
   masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
   mesh = mesh or parallel.make_mesh()
   step = build_step(config, teacher_config, mesh, masking, teacher_pooling(config, teacher.sentence_pipeline))
