@@ -183,7 +183,7 @@ def test_every_config_builds(path, variant):
   if config.student.init == "etd":
     etd.check_extractable(teacher, student)
     etd.select_layers(12, student.num_layers, config.etd.layers)
-  assert config.teacher.path and config.batch_size > 0 and config.num_steps > 0
+  assert config.teacher.path and config.batch_size > 0 and (config.num_steps > 0 or config.data.epochs > 0)
 
 
 def test_teacher_assistant_chains_name_the_configs_that_train_their_assistants():

@@ -119,3 +119,8 @@ def student_from_run(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     {k: (v if k == "from_run" else config_dict.placeholder(type(v))) for k, v in c.student.items()}
   )
   return c
+
+
+def left_to_run(student: ml_collections.ConfigDict) -> bool:
+  """Whether a student block is left to `student.from_run` (`student_from_run`) and still unfilled."""
+  return all(v is None for k, v in student.items() if k != "from_run")

@@ -151,7 +151,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes
   # on. Its block is filled in first, so that a rerun compares the config it ran with.
   record = _student_of_run(config) if config.student.from_run else None
-  if config.student.kind is None:
+  if task_distill_config.left_to_run(config.student):
     raise UserError("student.from_run is required: this config leaves the student to the run it goes on from")
   begin_run(config, workdir, task_distill_config.RANGES)
   tasks = parse_tasks(config.tasks)
