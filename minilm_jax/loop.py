@@ -260,9 +260,11 @@ def train_loop(
   saved). Returns the last state.
   """
   start = int(host_scalars(state.step))
-  writer = MetricWriter(workdir, start)
+  fresh = checkpoints.latest_step() is None
+  # Afresh, whatever an attempt killed before its first checkpoint logged goes (its step 0 too).
+  writer = MetricWriter(workdir, -1 if fresh else start)
   saved_start = False
-  if start == 0 and evaluate is not None and checkpoints.latest_step() is None:
+  if start == 0 and evaluate is not None and fresh:
     scores = evaluate(0, state)
     writer.write(0, scores)
     if checkpoints.ranks(scores) or num_steps == 0:

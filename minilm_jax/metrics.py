@@ -8,7 +8,8 @@ import jax
 
 class MetricWriter:
   """Appends to a run's metrics. A run resumed at `start_step` first drops what an interrupted
-  earlier attempt logged after that step (it will be logged again), from both files."""
+  earlier attempt logged after that step (it will be logged again), from both files; a run that
+  starts afresh (`start_step` -1: no checkpoint to resume) drops all of it, its step 0 included."""
 
   def __init__(self, workdir: str, start_step: int = 0):
     self.enabled = jax.process_index() == 0
@@ -19,7 +20,8 @@ class MetricWriter:
       path = os.path.join(workdir, "metrics.jsonl")
       _drop_rows_after(path, start_step)
       self._jsonl = open(path, "a")
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if start_step else None)
+      purge = None if start_step == 0 else start_step + 1
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
 
   def write(self, step: int, scalars: dict):
     if not self.enabled:

@@ -153,6 +153,16 @@ def test_a_resumed_run_drops_what_was_logged_after_its_checkpoint(tmp_path):
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
   assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+  # Killed before its first checkpoint (during the step-0 save, say): the rerun starts afresh, and
+  # the metrics hold each step once.
+  fresh = tmp_path / "fresh"
+  writer = MetricWriter(str(fresh))
+  writer.write(0, {"eval/probe/accuracy": 0.5})
+  writer.close()
+  writer = MetricWriter(str(fresh), start_step=-1)
+  writer.write(0, {"eval/probe/accuracy": 0.5})
+  writer.close()
+  assert [r["step"] for r in read_metrics(str(fresh))] == [0]
 
 
 def test_zero_accumulation_or_one_that_does_not_split_the_batch(tiny_teacher, tiny_corpus, tmp_path):
