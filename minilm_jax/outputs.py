@@ -69,6 +69,26 @@ def write_json(path: str, value):
   os.replace(path + ".tmp", path)
 
 
+def _staging_prefix(path: str) -> str:
+  return f".{os.path.basename(path)}.partial-"
+
+
+def _remove_stale_staging(path: str):
+  """Removes what writers of `path` killed before they finished left beside it (their hidden
+  staging directories, named with their process id): those of processes no longer running."""
+  prefix = _staging_prefix(path)
+  for entry in os.listdir(os.path.dirname(path)):
+    pid = entry[len(prefix) :].split("-", 1)[0] if entry.startswith(prefix) else ""
+    if not pid.isdigit():
+      continue
+    try:
+      os.kill(int(pid), 0)
+    except ProcessLookupError:
+      shutil.rmtree(os.path.join(os.path.dirname(path), entry), ignore_errors=True)
+    except PermissionError:  # another user's process, running
+      pass
+
+
 @contextlib.contextmanager
 def new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwritable: bool = True):
   """Yields a hidden directory beside `path` to write into; when the block ends without an
@@ -77,7 +97,8 @@ def new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwritable
   check_new_directory(path, flag, overwrite, inputs, overwritable)
   path = os.path.abspath(path)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.partial-", dir=os.path.dirname(path))
+  _remove_stale_staging(path)
+  staging = tempfile.mkdtemp(prefix=f"{_staging_prefix(path)}{os.getpid()}-", dir=os.path.dirname(path))
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(staging, 0o777 & ~umask)  # mkdtemp's is private; the result gets what a mkdir would give

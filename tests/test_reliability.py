@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -405,6 +406,16 @@ def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_te
   assert _export(run, out, "--overwrite").returncode == 0
   assert os.path.getmtime(weights) != stamp and digest() == before and not _leftovers(str(tmp_path))
   assert os.stat(out).st_mode & 0o755 == 0o755  # what a mkdir gives, not the staging directory's private mode
+  # A writer killed (kill -9) left its hidden staging directory: the next write of that output
+  # removes it; a running writer's is left alone.
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  killed, running = tmp_path / f".export.partial-{int(dead.stdout)}-x1", tmp_path / f".export.partial-{os.getpid()}-x2"
+  for left in (killed, running):
+    left.mkdir()
+    (left / "model.safetensors").write_bytes(b"half")
+  assert _export(run, out, "--overwrite").returncode == 0
+  assert not killed.exists() and running.exists()
+  shutil.rmtree(running)
   (tmp_path / "a_file").write_text("x")
   with pytest.raises(UserError, match="is a file: name a directory"):
     check_new_directory(str(tmp_path / "a_file"), "--out", overwrite=True)
