@@ -52,9 +52,11 @@ class _Preemption:
 # Fields every training program's config has: the least value allowed, and the bound a value
 # must stay below (None: none). Each program's config module adds its own beside its defaults
 # (`RANGES` of distill/config.py, finetuning/config.py, task_distill/config.py).
+# A step count the schedule, the checkpoints and the devices' step counter (int32) can hold.
+MAX_STEPS = 2**31 - 1
 TRAINING_RANGES = {
   "seed": (0, None),
-  "num_steps": (0, None),
+  "num_steps": (0, MAX_STEPS + 1),
   "epochs": (1, None),
   "batch_size": (1, None),
   "eval_batch_size": (1, None),
@@ -98,6 +100,18 @@ TRAINING_CONTRADICTIONS = (
     "the warm-up is a share of the steps or a count of them",
   ),
 )
+
+
+def steps_of_epochs(epochs: int, batches_per_epoch: int, field: str) -> int:
+  """The step count of `epochs` passes of `batches_per_epoch` batches; one line when it is more than
+  a run can count (`MAX_STEPS`)."""
+  steps = epochs * batches_per_epoch
+  if steps > MAX_STEPS:
+    raise UserError(
+      f"{field}={epochs} passes of {batches_per_epoch} batches make {steps} steps, more than the "
+      f"{MAX_STEPS} a run counts: give fewer"
+    )
+  return steps
 
 
 def check_contradictions(config, pairs=()):

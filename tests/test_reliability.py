@@ -79,10 +79,14 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
     ("num_steps", -5),
     ("batch_size", 0),
     ("optimizer.accumulate_steps", 0),
+    ("num_steps", 2**31),
   ):
     with pytest.raises(UserError, match=f"{field}={value} is out of range"):
       build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
   assert not workdir.exists()
+  with pytest.raises(UserError, match=r"data.epochs=1000000000000 passes of \d+ batches make \d+ steps, more than"):
+    overrides = {"data.epochs": 10**12, "num_steps": 0, "optimizer.warmup_steps": 0}
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(workdir))
 
 
 def _every_training_config():

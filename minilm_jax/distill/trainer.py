@@ -27,7 +27,7 @@ from minilm_jax.distill import etd, evaluators, losses
 from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run, train_loop
+from minilm_jax.loop import begin_run, steps_of_epochs, train_loop
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.train_state import (
@@ -297,7 +297,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(blocks, config.batch_size, config.seed, collate, *process, f"corpus {config.data.corpus}")
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
-    config.num_steps = config.data.epochs * stream.batches_per_epoch
+    config.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
     step = build_step(config, teacher_config, mesh, masking, step.objective.pooling)
   heldout_stream, heldout_step = None, None
   if heldout is not None:

@@ -28,7 +28,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, make_train_step
-from minilm_jax.loop import begin_run
+from minilm_jax.loop import begin_run, steps_of_epochs
 from minilm_jax.models.encoder import dummy_ids
 from minilm_jax.models.students import make_student, refined_teacher, student_kind
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
@@ -190,7 +190,7 @@ def assemble_multitask_run(
       examples = task.load(split, data_dirs[task.name], "")
       eval_data[(task.name, split)] = (task_features(joint, task, examples, tokenizer, c.max_seq_length), examples)
   stream = MultiTaskStream(streams, c.seed)
-  num_steps = c.epochs * stream.batches_per_epoch
+  num_steps = steps_of_epochs(c.epochs, stream.batches_per_epoch, "epochs")
   tx, schedule = optimizer(num_steps)
 
   def init_state(rng):

@@ -20,7 +20,7 @@ from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
-from minilm_jax.loop import begin_run
+from minilm_jax.loop import begin_run, steps_of_epochs
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
 from minilm_jax.models.heads import abstract_model_params, head_kind, init_task_params, masked_targets, task_model
 from minilm_jax.runs.record import FINETUNING, RunRecord
@@ -171,7 +171,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     f"{config.task} train split",
   )
   eval_data = {split: task.prepare(split, config, tokenizer) for split in task.eval_splits}
-  num_steps = config.epochs * stream.batches_per_epoch
+  num_steps = steps_of_epochs(config.epochs, stream.batches_per_epoch, "epochs")
   step = build_step(config, task, head, encoder_config, mesh, tokenizer, num_steps)
   predict = Predictor(step.predict_forward, mesh, step.state_shardings.params, config.eval_batch_size)
   initial = {"encoder": encoder_params}
