@@ -213,7 +213,7 @@ def _reader_files(tmp):
             {
               "context": "Café au lait is coffee with milk.",
               "qas": [
-                {"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 15}]},
+                {"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 16}]},
                 {"id": "q2", "question": "Why?", "answers": [], "is_impossible": True},
               ],
             }
@@ -230,7 +230,7 @@ def _reader_files(tmp):
           "paragraphs": [
             {
               "context": "Café au lait is coffee with milk.",
-              "qas": [{"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 15}]}],
+              "qas": [{"id": "q1", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 16}]}],
             }
           ]
         }

@@ -665,3 +665,24 @@ def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(fini
     }
     assert same[1] or same[2], f"{how} of {name}: parameters of neither step"
     event(f"{how}: step {2 if same[2] else 1}")
+
+
+@pytest.mark.parametrize("task, name", [("squad2", "dev-v2.0.json"), ("qg", "dev.json")])
+def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, task, name):
+  """A SQuAD-format file whose answer_start is not a number, or points where the context does not
+  hold the answer, is refused when read: the first bad question named, and how many there are."""
+  from minilm_jax.tasks import get_task
+
+  context = "Café au lait is coffee with milk."
+  qas = [
+    {"id": "good", "question": "What is it?", "answers": [{"text": "coffee", "answer_start": 16}]},
+    {"id": "shifted", "question": "What?", "answers": [{"text": "coffee", "answer_start": 15}]},
+    {"id": "word", "question": "Which?", "answers": [{"text": "milk", "answer_start": "twenty"}]},
+  ]
+  (tmp_path / name).write_text(json.dumps({"data": [{"paragraphs": [{"context": context, "qas": qas}]}]}))
+  with pytest.raises(UserError, match=r"2 answer\(s\) do not lie at their answer_start .* question shifted") as e:
+    get_task(task).load("dev", str(tmp_path))
+  assert "\n" not in str(e.value)
+  qas[1:] = []
+  (tmp_path / name).write_text(json.dumps({"data": [{"paragraphs": [{"context": context, "qas": qas}]}]}))
+  assert len(get_task(task).load("dev", str(tmp_path))) >= 1

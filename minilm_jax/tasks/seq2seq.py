@@ -38,6 +38,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models.generation import DecodeSettings
 from minilm_jax.models.heads import SEQ2SEQ
 from minilm_jax.tasks.generation_metrics import generation_scores
+from minilm_jax.tasks.squad import check_spans
 
 _COLUMNS = ("id", "source", "source_b", "target")
 
@@ -353,6 +354,7 @@ def _squad_questions(path: str, context: str) -> datasets.Dataset:
     ) from None
   if not rows:
     raise UserError(f"{path} has no answered questions")
+  check_spans(path, (row[:4] for row in rows))
   return _questions(rows, context)
 
 

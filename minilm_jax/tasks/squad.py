@@ -30,6 +30,23 @@ from minilm_jax.errors import UserError
 from minilm_jax.models.heads import SPAN
 
 
+def check_spans(path: str, spans) -> None:
+  """Refuses a file whose answers do not lie where they say: `spans` are (question id, context,
+  answer text, answer_start); each start must be a whole number at which the context holds the
+  answer's text. One line naming the first bad question and how many there are."""
+  bad = [
+    (qid, start, text)
+    for qid, context, text, start in spans
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0 or context[start : start + len(text)] != text
+  ]
+  if bad:
+    qid, start, text = bad[0]
+    raise UserError(
+      f"{path}: {len(bad)} answer(s) do not lie at their answer_start in their context, the first of "
+      f"question {qid} ({text[:40]!r} at {start!r}): fix the file's answer_start values"
+    )
+
+
 def _read_json(path: str, task: str) -> datasets.Dataset:
   try:
     with open(path, encoding="utf-8") as f:
@@ -50,6 +67,14 @@ def _read_json(path: str, task: str) -> datasets.Dataset:
     raise UserError(
       f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected data/paragraphs/qas"
     ) from None
+  check_spans(
+    path,
+    (
+      (qid, context, text, start)
+      for qid, context, texts, starts in zip(rows["id"], rows["context"], rows["answer_texts"], rows["answer_starts"])
+      for text, start in zip(texts, starts)
+    ),
+  )
   return datasets.Dataset.from_dict(dict(rows))
 
 
