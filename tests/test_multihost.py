@@ -44,7 +44,7 @@ def _launch(settings, workdir, env, *overrides, background=False):
     os.path.join(LAUNCH, "local.sh"),
     *settings,
     "--config",
-    os.path.join(ROOT, "tests", "tiny_config.py"),
+    os.path.join(ROOT, "tests", "tiny_config.py") + ":evaluators",
     "--workdir",
     workdir,
     *STEPS,
@@ -59,8 +59,12 @@ def _flat_params(workdir):
   return traverse_util.flatten_dict(runs.read_run(workdir).params, sep="/")
 
 
+def _losses(workdir):
+  return [r["loss"] for r in read_metrics(workdir) if "loss" in r]
+
+
 def _assert_same_run(a, b):
-  np.testing.assert_allclose([r["loss"] for r in read_metrics(b)], [r["loss"] for r in read_metrics(a)], rtol=1e-5)
+  np.testing.assert_allclose(_losses(b), _losses(a), rtol=1e-5)
   pa, pb = _flat_params(a), _flat_params(b)
   # The key bias has a zero exact gradient: Adam-amplified rounding noise (test_train). Elsewhere, 30
   # Adam steps turn the other reduction order of gloo's all-reduce into differences up to 2e-5 on
@@ -83,8 +87,16 @@ def test_two_processes_of_four_devices_equal_one_process_of_eight(one_process_ru
   workdir = str(tmp_path / "two_processes")
   proc = _launch(["NUM_PROCESSES=2", "CPU_DEVICES=4", f"PORT={_free_port()}"], workdir, _env(tiny_teacher, tiny_corpus))
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert [r["step"] for r in read_metrics(workdir)] == list(range(1, 31))  # one writer: process 0
+  assert [r["step"] for r in read_metrics(workdir)] == list(range(0, 31))  # one writer: process 0
   _assert_same_run(one_process_run, workdir)
+  # The evaluators (a held-out loss, WordNet retrieval; at steps 0, 15 and 30) score the same when
+  # the two processes each embed their share of the sentences.
+  scores = lambda run: {(r["step"], k): v for r in read_metrics(run) for k, v in r.items() if k.startswith("eval/")}
+  one, two = scores(one_process_run), scores(workdir)
+  assert one.keys() == two.keys() and {step for step, _ in one} == {0, 15, 30}
+  assert {k for _, k in one} >= {"eval/heldout/loss", "eval/wordnet/recall@10", "eval/wordnet/mrr@10"}
+  for key in one:
+    assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-5), key
 
 
 def test_each_process_reads_a_disjoint_slice_of_every_global_batch():

@@ -1,9 +1,16 @@
-"""A tiny distillation config for subprocess tests: teacher and corpus come from environment variables."""
+"""A tiny distillation config for subprocess tests: teacher and corpus come from environment variables.
+`tiny_config.py:evaluators` adds a held-out loss and WordNet retrieval, scored every 15 steps."""
 
 import os
 
-from conftest import tiny_config
+from conftest import WORDNET_EXCERPT, tiny_config
+from minilm_jax.distill.evaluators import evaluator
 
 
-def get_config():
-  return tiny_config(os.environ["TINY_TEACHER"], os.environ["TINY_CORPUS"])
+def get_config(variant: str = ""):
+  c = tiny_config(os.environ["TINY_TEACHER"], os.environ["TINY_CORPUS"])
+  if variant == "evaluators":
+    c.data.heldout_blocks = c.batch_size
+    c.evaluators.heldout = evaluator("heldout", 15)
+    c.evaluators.wordnet = evaluator("retrieval", 15, data_dir=WORDNET_EXCERPT)
+  return c
