@@ -6,8 +6,9 @@
 A local `--out` must be new (or empty; `--overwrite` replaces an earlier corpus) and is written
 beside it, taking its name when complete; a remote one gets its manifest last.
 
-Uses the config's teacher tokenizer, `data.corpus`, `data.max_seq_length` and `data.num_proc`
-(tokenisation workers). Then train with `--config.data.prepared=<dir>`.
+Uses the config's teacher tokenizer, `data.corpus` (with `data.languages`: each language's, its
+blocks counted in the manifest; the run samples them with its own `data.language_alpha`),
+`data.max_seq_length` and `data.num_proc` (tokenisation workers). Then train with `--config.data.prepared=<dir>`.
 """
 
 import contextlib
@@ -18,7 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax import runs
-from minilm_jax.data.corpus import load_blocks
+from minilm_jax.data.languages import language_corpora, load_corpus
 from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
 from minilm_jax.outputs import check_new_directory, new_directory
@@ -48,7 +49,9 @@ def main(argv):
     raise UserError(f"--shards={_SHARDS.value}: give at least 1")
   if c.data.prepared:
     raise UserError("the config already reads a prepared corpus (data.prepared): prepare from its data.corpus instead")
-  inputs = [("the corpus file", path) for path in c.data.corpus.split(",")] + [("the teacher", c.teacher.path)]
+  corpora = language_corpora(c.data)
+  files = [path for _, one in corpora for path in one.corpus.split(",")]
+  inputs = [("the corpus file", path) for path in files] + [("the teacher", c.teacher.path)]
   if _is_local(_OUT.value):
     check_new_directory(_OUT.value, "--out", _OVERWRITE.value, inputs)
   elif _OVERWRITE.value:
@@ -60,8 +63,9 @@ def main(argv):
     else contextlib.nullcontext(_OUT.value)
   )
   with tempfile.TemporaryDirectory() as cache:  # the datasets cache of this one pass
-    blocks = load_blocks(c.data, tokenizer, cache)
+    blocks = load_corpus(c.data, tokenizer, cache)
     sources = [c.data.corpus] + ([c.data.corpus_config] if c.data.corpus_config else [])
+    sources += [f"languages {c.data.languages}"] if c.data.languages else []
     with destination as out:
       manifest = write_prepared(blocks, tokenizer, c.data.max_seq_length, out, _SHARDS.value, sources)
   print(

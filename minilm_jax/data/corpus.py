@@ -267,6 +267,8 @@ def split_heldout(blocks, count: int, batch_size: int):
       f"data.heldout_blocks={count} of the corpus's {len(blocks)} blocks: hold out at least one batch "
       f"({batch_size}) and leave the rest for training"
     )
+  if hasattr(blocks, "split_tail"):  # languages.LanguageBlocks: every language gives its share
+    return blocks.split_tail(count)
   return RowRange(blocks, 0, len(blocks) - count), RowRange(blocks, len(blocks) - count, len(blocks))
 
 
@@ -274,7 +276,8 @@ class BatchStream:
   """Global batch `b` is a fixed function of (seed, b): the stream resumes at any batch index
   without replaying earlier ones. Each epoch is a fresh permutation of the rows (the last partial
   batch of an epoch is dropped); each process reads only its own rows of every global batch, and
-  `collate` turns them into arrays."""
+  `collate` turns them into arrays. Rows with an `epoch_order(seed, epoch)` (a corpus in several
+  languages, `languages.LanguageBlocks`) give each epoch's order themselves, sampled by language."""
 
   def __init__(
     self,
@@ -301,7 +304,11 @@ class BatchStream:
     """Row indices of this process's part of global batch `b`."""
     epoch, i = divmod(b, self.batches_per_epoch)
     if epoch != self._epoch:
-      self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+      order = getattr(self.rows, "epoch_order", None)
+      self._epoch = epoch
+      self._order = (
+        order(self.seed, epoch) if order else np.random.default_rng([self.seed, epoch]).permutation(len(self.rows))
+      )
     start = i * self.global_batch + self.offset
     return self._order[start : start + self.local_batch]
 

@@ -1,7 +1,8 @@
 """A corpus tokenised and packed once (`python -m minilm_jax.prepare_data`), read by every process.
 
 Layout of a prepared directory (local, or any `etils.epath` location such as `gs://`):
-  manifest.json                 tokenizer identity, max_seq_length, counts, shards, source files
+  manifest.json                 tokenizer identity, max_seq_length, counts, shards, source files,
+                                and for a corpus in several languages each one's block count, in order
   blocks-00000-of-00004.npy     int32 [rows, max_seq_length]: `[CLS] ... [SEP]` blocks, padded
   lengths-00000-of-00004.npy    int32 [rows]: each block's real length
 
@@ -19,7 +20,8 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from minilm_jax.data.corpus import load_blocks, pad_blocks
+from minilm_jax.data.corpus import pad_blocks
+from minilm_jax.data.languages import LanguageBlocks, language_list, language_spans, load_corpus
 from minilm_jax.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -38,8 +40,13 @@ def tokenizer_identity(tokenizer) -> dict:
 
 
 def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_shards: int, sources: list) -> dict:
-  """Writes `blocks` (a dataset whose `input_ids` are packed `[CLS] ... [SEP]` blocks) as padded
-  shards plus the manifest, the manifest last: a directory without one was never completed."""
+  """Writes `blocks` (a dataset whose `input_ids` are packed `[CLS] ... [SEP]` blocks, or the
+  `LanguageBlocks` of several languages) as padded shards plus the manifest, the manifest last: a
+  directory without one was never completed."""
+  languages = None
+  if isinstance(blocks, LanguageBlocks):  # as `load_corpus` builds it: the languages one after another
+    languages = {code: int(count) for code, count in zip(blocks.languages, blocks.counts)}
+    blocks = blocks.rows
   out = epath.Path(out_dir)
   if (out / MANIFEST).exists():
     raise UserError(f"{out_dir} already holds a prepared corpus: choose a new --out (or remove it)")
@@ -64,6 +71,7 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
     "tokens": tokens,
     "shards": shards,
     "sources": sources,
+    **({"languages": languages} if languages else {}),
   }
   (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
   return manifest
@@ -188,6 +196,26 @@ def corpus_blocks(data_config, tokenizer, cache_dir: str):
   """(blocks, collate) of a run's corpus: the prepared directory `data.prepared`, or the corpus
   tokenised and packed here (cached under `cache_dir`)."""
   if data_config.prepared:
-    return PreparedBlocks(data_config.prepared, tokenizer, data_config.max_seq_length, cache_dir), collate_prepared
-  blocks = load_blocks(data_config, tokenizer, cache_dir)
+    blocks = PreparedBlocks(data_config.prepared, tokenizer, data_config.max_seq_length, cache_dir)
+    return _prepared_languages(blocks, data_config), collate_prepared
+  blocks = load_corpus(data_config, tokenizer, cache_dir)
   return blocks, partial(pad_blocks, seq_len=data_config.max_seq_length, pad_id=tokenizer.pad_token_id)
+
+
+def _prepared_languages(blocks: PreparedBlocks, data_config):
+  """The prepared blocks, as `LanguageBlocks` when they hold several languages; the languages must
+  be the config's (`data.languages`, in its order), for the run to sample what it names."""
+  prepared = blocks.manifest.get("languages") or {}
+  if not isinstance(prepared, dict) or sum(prepared.values()) not in (0, len(blocks)):
+    raise UserError(
+      f"{data_config.prepared}/{MANIFEST} is damaged (its languages do not add up to its blocks): prepare it again"
+    )
+  listed = language_list(data_config)
+  if list(prepared) != listed:
+    raise UserError(
+      f"data.prepared={data_config.prepared} holds the languages [{','.join(prepared)}] and data.languages "
+      f"is [{','.join(listed)}]: set data.languages={','.join(prepared)} or prepare the corpus with this config"
+    )
+  if not prepared:
+    return blocks
+  return LanguageBlocks(blocks, language_spans(prepared), data_config.language_alpha)

@@ -24,6 +24,8 @@ RANGES = {
   "data.heldout_blocks": (0, None),
   "data.epochs": (0, None),  # 0: num_steps
 }
+# XNLI's 15 languages (Conneau et al. 2018), the multilingual MiniLM's evaluation (tables 11 and 13).
+XNLI_LANGUAGES = "en,fr,es,de,el,bg,ru,tr,ar,vi,th,zh,hi,sw,ur"
 # Fields that cannot both be set (`loop.check_contradictions`), beside every training program's.
 CONTRADICTIONS = (("data.epochs", 0, "num_steps", 0, "data.epochs passes over the corpus set the step count"),)
 
@@ -84,6 +86,11 @@ def base_config() -> ml_collections.ConfigDict:
   # "wordnet" for the shipped WordNet excerpt's training definitions and examples (data/demo_corpus.py).
   c.data.corpus = "demo"
   c.data.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
+  # A corpus in several languages (data/languages.py): their codes, comma separated, each put for
+  # {lang} in data.corpus or data.corpus_config ("20231101.{lang}", "text/{lang}.txt"); language i
+  # is sampled with probability proportional to (its share of the blocks)^language_alpha (XLM-R: 0.3).
+  c.data.languages = ""
+  c.data.language_alpha = 0.3
   c.data.text_column = "text"
   # What a row of the corpus is. "lines": a sentence or paragraph, an empty row ending the document
   # (BERT's pre-training text files: one sentence per line, a blank line between documents).
@@ -166,7 +173,17 @@ def paper_config(
 
 
 def multilingual(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Switches a paper config to an XLM-R teacher's model type and 250,002-token vocabulary."""
+  """Switches a paper config to an XLM-R teacher's model type and 250,002-token vocabulary, and its
+  corpus to Wikipedia in XNLI's 15 languages, sampled as XLM-R samples CC-100 (alpha 0.3).
+
+  MiniLM (section 5.3) distils on XLM-R's own corpus, CC-100; the hub's `statmt/cc100` is a loading
+  script that current `datasets` no longer runs, so the default is the hub's per-language Wikipedia
+  (Parquet). CC-100 as local text files, one per language: --config.data.corpus=cc100/{lang}.txt
+  --config.data.corpus_config= (or prepare them once with `python -m minilm_jax.prepare_data`)."""
   c.student.model_type = "xlm-roberta"
   c.student.vocab_size = 250002
+  c.data.corpus = "wikimedia/wikipedia"
+  c.data.corpus_config = "20231101.{lang}"
+  c.data.languages = XNLI_LANGUAGES
+  c.data.language_alpha = 0.3
   return c

@@ -20,7 +20,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from minilm_jax import embeddings, parallel, runs
-from minilm_jax.data.corpus import BatchStream, first_sentences, split_heldout
+from minilm_jax.data.corpus import BatchStream, split_heldout
+from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, evaluators, losses
@@ -197,7 +198,7 @@ class Distillation:
   step: DistillationStep
   teacher_params: dict  # on the mesh; with the masked-LM head under "mlm_head" when the objective runs it
   stream: BatchStream
-  heldout: dict | None  # the corpus blocks training never reads: {"blocks", "first_block"}
+  heldout: dict | None  # the corpus blocks training never reads (`_heldout_record`)
   evaluators: evaluators.Evaluators
   untrained: tuple  # parameters this objective leaves as initialised (an export names them)
   checkpoints: runs.RunCheckpoints
@@ -269,12 +270,26 @@ class Distillation:
     return state
 
 
+def _heldout_record(heldout) -> dict | None:
+  """The run record's account of the blocks training never reads: their count, and where they are
+  in the corpus (the first of them; in several languages, each language's row ranges)."""
+  if heldout is None:
+    return None
+  if isinstance(heldout, LanguageBlocks):
+    return {
+      "blocks": len(heldout),
+      "spans": {code: [list(r) for r in ranges] for code, ranges in heldout.spans.items()},
+    }
+  return {"blocks": len(heldout), "first_block": heldout.start}
+
+
 def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
   the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
   the ETD start): every error a config can cause surfaces here, before any compute."""
   begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
   evaluators.check_specs(config)
+  language_list(config.data)
   if config.student.init not in ("random", "etd"):
     raise UserError(f"student.init={config.student.init!r}: use random or etd")
   # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
@@ -330,7 +345,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
       jax.device_get(teacher_params),
       mlm_head,
       step.student.config,
-      lambda n: first_sentences(config.data, os.path.join(workdir, "data"), n),
+      lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
       tokenizer,
       config.data.max_seq_length,
     )
@@ -342,7 +357,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     step,
     step_teacher,
     stream,
-    None if heldout is None else {"blocks": len(heldout), "first_block": heldout.start},
+    _heldout_record(heldout),
     evaluators.Evaluators(config, context),
     tuple(untrained),
     checkpoints,
