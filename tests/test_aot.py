@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from conftest import ROOT
+from conftest import ROOT, load_config_module
 from minilm_jax.aot import programs, report, targets
 from minilm_jax.errors import UserError
 from minilm_jax.models import encoder
@@ -285,6 +285,17 @@ def test_hub_teachers_of_the_paper_configs_are_known_offline():
   assert xlmr.vocab_size == 250002 and xlmr.position_offset == 2
   with pytest.raises(UserError, match="--model_shape"):
     programs.pretrained_config("some-org/unknown-model", "teacher.path")
+
+
+def test_the_paper_seq2seq_configs_trace_with_a_hub_encoder_offline():
+  """configs/finetune/cnndm.py as shipped (UniLM's masked targets) on its hub encoder, which aot
+  reads without a tokenizer: the masked-target step traces with the stand-in special ids."""
+  config = load_config_module(os.path.join(ROOT, "configs", "finetune", "cnndm.py")).get_config()
+  assert config.seq2seq.mask_prob == 0.7
+  config.init, config.mesh.data = "bert-base-uncased", 1
+  config.batch_size, config.max_seq_length, config.seq2seq.target_length = 2, 24, 8
+  program = programs.finetune(config, jax.devices()[:1], "2x32")
+  program.step.trace(*program.args)
 
 
 def test_largest_batch_search():

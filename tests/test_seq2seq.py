@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from conftest import apply_overrides
+from conftest import ROOT, apply_overrides, load_config_module
 from minilm_jax import hf, parallel, runs
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
@@ -194,10 +194,16 @@ def test_masked_decoding_equals_its_full_recompute():
 
 
 def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_teacher, summary_dir, tmp_path):
-  """`--config.seq2seq.mask_prob=0.7` through the program: the run records the form, and its batch
+  """The paper configs' form (qg, xsum and cnndm set UniLM's mask_prob 0.7; the base config and the
+  offline demo the one-pass form) through the program: the run records the form, and its batch
   evaluation decodes it the same way (its own score again)."""
+  shipped = {
+    name: load_config_module(os.path.join(ROOT, "configs", "finetune", f"{name}.py")).get_config().seq2seq.mask_prob
+    for name in ("qg", "xsum", "cnndm", "wordnet_definitions")
+  }
+  assert shipped == {"qg": 0.7, "xsum": 0.7, "cnndm": 0.7, "wordnet_definitions": 0.0}
   run = str(tmp_path / "masked")
-  config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=1, **{"seq2seq.mask_prob": 0.7})
+  config = seq2seq_config(tiny_mlm_teacher, "cnndm", summary_dir, epochs=1, **{"seq2seq.mask_prob": shipped["cnndm"]})
   _, results = build_finetuning(config, run).run()
   assert runs.read_record(run).head == {"kind": "seq2seq", "target_length": 12, "masked_targets": True}
   (row,) = evaluate_runs([run], str(tmp_path / "eval"), batch_size=8)

@@ -93,6 +93,7 @@ class _Tokenizer:
   """What the steps read of a tokenizer when there is none to load (a hub name, offline)."""
 
   all_special_ids = _STAND_IN_SPECIALS
+  pad_token_id = 0  # UniLM's masked targets leave padding unmasked
   sep_token_id = 102
   mask_token_id = 103
 
