@@ -176,10 +176,51 @@ def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_pat
   state, _ = run.initial_state()
   teacher_encoder = runs.load_encoder(refined_teacher[0]).params  # a multi-task run lends its shared encoder
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params["body"]["encoder"]), teacher_encoder)
+  # (The next test trains such a student and exports it.)
+
+
+def _pretrained_encoder(path, vocabulary, **shape):
+  """A random BERT saved as a pre-trained Hugging Face directory with a WordPiece vocabulary of its own."""
+  import transformers
+
+  path.mkdir()
+  (path / "vocab.txt").write_text("\n".join(vocabulary) + "\n")
+  transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(str(path))
+  config = transformers.BertConfig(vocab_size=len(vocabulary), max_position_embeddings=64, **shape)
+  transformers.BertModel(config).save_pretrained(str(path))
+  return str(path)
+
+
+def test_mkd_transformer_starts_from_a_pretrained_encoder_of_another_width_and_vocabulary(
+  tmp_path, refined_teacher, sentences
+):
+  """The thesis's MKD-Transformer: the first layers of pre-trained BERT-base under a teacher of
+  another width (BERT-large). Here a 48-wide encoder with its own 400-piece vocabulary under the
+  32-wide refined teacher: the student has the encoder's width, layers and vocabulary (its
+  tokenizer, so that the ids are those its embeddings learnt), and trains on the teacher's logits."""
+  from minilm_jax import runs
+
+  words = sorted({w.lower().strip(".,;:'\"()") for s in sentences for w in s.split()} - {""})
+  vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *list("abcdefghijklmnopqrstuvwxyz"), *words]
+  vocabulary = list(dict.fromkeys(vocabulary))[:400]
+  shape = dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96)
+  init = _pretrained_encoder(tmp_path / "base", vocabulary, **shape)
+  c = _student_config(",".join(TASKS), refined_teacher[0], kind="transformer", num_layers=2, init=init)
+  c.augment.enabled = False
+  run = build_task_distillation(c, str(tmp_path / "t"))
+  state, _ = run.initial_state()
+  encoder = jax.device_get(state.params["body"]["encoder"])
+  pretrained = runs.load_encoder(init).params
+  assert encoder["embeddings"]["word_embeddings"]["embedding"].shape == (len(vocabulary), 48)
+  for name in encoder:  # the embeddings and the first two of its three layers
+    jax.tree.map(np.testing.assert_array_equal, encoder[name], pretrained[name])
   _, results = run.run()
+  assert runs.load_tokenizer_of(str(tmp_path / "t")).get_vocab() == runs.load_tokenizer_of(init).get_vocab()
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(results)
+  assert all(np.isfinite(results[f"{t}/dev/loss"]) for t in TASKS)
   runs.export_run(str(tmp_path / "t"), str(tmp_path / "hf"))  # the student's 2-layer encoder, as a HF directory
-  assert runs.load_encoder(str(tmp_path / "hf")).config.num_layers == 2
+  exported = runs.load_encoder(str(tmp_path / "hf")).config
+  assert (exported.num_layers, exported.hidden_size, exported.vocab_size) == (2, 48, len(vocabulary))
 
 
 @pytest.mark.slow

@@ -48,7 +48,9 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.student.fc = 200  # each task head: Dense(fc) + ReLU -> Dense(labels)
   c.student.num_layers = 3  # transformer: the first layers of `init`
   c.student.dropout = 0.1  # transformer
-  c.student.init = ""  # transformer: a run or HF dir to take the layers from; empty: the first teacher's encoder
+  # transformer: a run, HF dir or hub id to take the embeddings, first layers and tokenizer from (the
+  # thesis: bert-base-uncased, under BERT-large teachers); empty: the first teacher's encoder.
+  c.student.init = ""
   # A task-distillation run whose student goes on here (MKD's last stage, per task): its student
   # block, tokenizer, body and the heads of `tasks` replace this config's and the fresh start.
   c.student.from_run = ""

@@ -147,7 +147,8 @@ class _Start:
 def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   """A task (or multi-task) distillation run's parts, built and validated before any compute;
   `run()` trains and evaluates. The student's vocabulary is the first teacher's tokenizer
-  (WordPiece, as the thesis's students), unless word vectors or a distilled student give one."""
+  (WordPiece, as the thesis's students), unless word vectors, a distilled student or the encoder a
+  Transformer student starts from (`student.init`) give one."""
   # MKD's last stage: a distilled student (its block, tokenizer, body and these tasks' heads) goes
   # on. Its block is filled in first, so that a rerun compares the config it ran with.
   record = _student_of_run(config) if config.student.from_run else None
@@ -177,6 +178,8 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     tokenizer = start.tokenizer
   elif vectors:
     tokenizer, embedding_table = _word_tokenizer(config.student, tasks, train_examples, config.seed)
+  elif joint and config.student.init:  # the Transformer reads the vocabulary its embeddings were trained on
+    tokenizer = runs.load_tokenizer_of(config.student.init, "student.init")
   else:
     tokenizer = runs.load_tokenizer_of(teacher_runs[0])
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
