@@ -4,13 +4,15 @@
       --sentence "..." --out maps.png [--teacher_layer -1] [--student_layer -1] [--heads 0,1,2,3]
 """
 
+from typing import cast
+
 import jax.numpy as jnp
 from absl import flags
 
 from minilm_jax import runs
 from minilm_jax.distill.trainer import resolve_layer
 from minilm_jax.errors import UserError
-from minilm_jax.models.encoder import Encoder
+from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.plots import attention_figure
 from minilm_jax.program import run_program
 
@@ -30,7 +32,7 @@ def main(argv):
     ("teacher", _TEACHER.value, _TEACHER_LAYER.value),
     ("student", _STUDENT.value, _STUDENT_LAYER.value),
   ):
-    config, params, tokenizer = runs.load_encoder(path, what=f"--{title}")[:3]
+    config, params, tokenizer = runs.load_encoder(path or "", what=f"--{title}")[:3]
     ids = tokenizer([_SENTENCE.value], return_tensors="np")
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
     if len(tokens) > config.max_position_embeddings:
@@ -39,7 +41,7 @@ def main(argv):
         f"positions: give a shorter --sentence (a map of that many tokens is unreadable anyway)"
       )
     inputs = (jnp.asarray(ids[k]) for k in ("input_ids", "attention_mask"))
-    out = Encoder(config).apply({"params": params}, *inputs, return_attention=True)
+    out = cast(EncoderOutput, Encoder(config).apply({"params": params}, *inputs, return_attention=True))
     maps[f"{title} L{resolve_layer(layer, config.num_layers, f'--{title}_layer') + 1}"] = out.layers[layer].attention[0]
     heads = [int(h) for h in _HEADS.value]
     if max(heads) >= config.num_heads:

@@ -182,7 +182,7 @@ def _seq_lens():
     lengths = [0]
   if lengths is not None and min(lengths) < 2:
     raise UserError(
-      f"--seq_len {','.join(_SEQ_LEN.value)}: give whole numbers of at least 2 ([CLS] and [SEP]), e.g. 128,512"
+      f"--seq_len {','.join(_SEQ_LEN.value or [])}: give whole numbers of at least 2 ([CLS] and [SEP]), e.g. 128,512"
     )
   return lengths
 

@@ -17,7 +17,7 @@ from minilm_jax.task_distill.run import build_task_distillation, run_lr_grid
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Task distillation config (configs/task/*.py).", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the teacher-logit cache, results.")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics, the teacher-logit cache, results.")
 flags.mark_flags_as_required(["config"])
 
 

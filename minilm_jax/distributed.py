@@ -29,7 +29,8 @@ def maybe_initialize():
   num = os.environ.get("MINILM_NUM_PROCESSES")
   index = os.environ.get("MINILM_PROCESS_ID")
   timeout = int(os.environ.get("MINILM_INIT_TIMEOUT", "300"))
-  if jax.config.jax_platforms in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
+  # `jax_platforms` is a config option jax's type stubs do not declare: read from the option table.
+  if jax.config.values.get("jax_platforms") in (None, "", "cpu") or os.environ.get("JAX_PLATFORMS") == "cpu":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator and index not in (None, "0"):
     _wait_for_coordinator(coordinator, timeout, index, num)

@@ -21,7 +21,7 @@ from minilm_jax.program import run_program
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results.")
 _GRID = flags.DEFINE_bool("grid", False, "Run the config's learning-rate x epochs grid as one batch job.")
 flags.mark_flags_as_required(["config"])
 

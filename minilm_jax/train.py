@@ -11,7 +11,7 @@ from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the tokenizer.")
+_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and the tokenizer.")
 flags.mark_flags_as_required(["config"])
 
 

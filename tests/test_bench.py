@@ -130,25 +130,40 @@ def test_bench_inference_averages_its_batches():
 
 def test_bench_student_speed_rows_at_a_tiny_size():
   """The thesis's tables 3.2 and 4.4 as `bench student_speed` builds them, at a tiny teacher and
-  batch (the README's command is parsed by tests/test_readme_commands.py)."""
+  batch (the README's command is parsed by tests/test_readme_commands.py); the shapes' parameter
+  counts against the thesis's and ELMo's published numbers, counted by hand."""
   rows = student_speed.run(batch=2, batches=2, seq_len=8, teacher="2x32", vocab=100)
+  names = [name for name, *_ in student_speed.ROWS]
   assert [(r["model"], r["inputs"]) for r in rows] == [
     ("teacher 2x32", "sentences"),
-    ("distilled BiLSTM", "sentences"),
+    *[(name, "sentences") for name in names[:3]],
     ("teacher 2x32", "pairs"),
-    ("distilled BiLSTM (siamese)", "pairs"),
-    ("MKD-LSTM (bi-attentive)", "pairs"),
-    ("MKD-Transformer (3 layers)", "pairs"),
+    *[(name, "pairs") for name in names[3:]],
   ]
+  by_name = {(r["model"], r["inputs"]): r for r in rows}
   assert all(r["seconds"] > 0 and (r["batch"], r["batches"], r["seq_len"]) == (2, 2, 8) for r in rows)
   assert [r["speedup_over_teacher"] for r in rows if r["model"].startswith("teacher")] == [1.0, 1.0]
-  # The thesis's BiLSTM (300-wide inputs, 150 units, Dense+ReLU 200, 2 labels) counted by hand from
-  # Flax's LSTM cell: per direction 4 input kernels 300x150 and 4 hidden kernels 150x150 with biases.
-  lstm = 2 * (4 * 300 * 150 + 4 * (150 * 150 + 150))
-  head = 300 * 200 + 200 + 200 * 2 + 2
-  assert rows[1]["params_M_without_embeddings"] == pytest.approx((lstm + head) / 1e6)
-  assert rows[1]["params_M"] == pytest.approx((lstm + head + 100 * 300) / 1e6)
-  assert "434x" in rows[1]["thesis"] and "2.93 s" in rows[4]["thesis"]
+  # The BiLSTM (150 units, Dense+ReLU 200, 2 labels) from Flax's LSTM cell: per direction 4 input
+  # kernels (300 inputs; 600 with the thesis's two word2vec channels) and 4 hidden kernels with biases.
+  lstm = lambda inputs: 2 * (4 * inputs * 150 + 4 * (150 * 150 + 150))
+  head = lambda features: features * 200 + 200 + 200 * 2 + 2
+  ours, thesis = (by_name[(names[k], "sentences")] for k in (0, 1))
+  assert ours["params_M_without_embeddings"] == pytest.approx((lstm(300) + head(300)) / 1e6)
+  assert ours["params_M"] == pytest.approx((lstm(300) + head(300) + 100 * 300) / 1e6)
+  assert thesis["params_M_without_embeddings"] == pytest.approx((lstm(600) + head(300)) / 1e6)
+  assert round(thesis["params_M_without_embeddings"], 2) == 0.96 and "0.96M" in thesis["thesis"]  # table 3.2
+  # ELMo's published shape: 16-d characters, 2048 filters of widths 1-7, 2 highway layers, a
+  # projection to 512, 4 LSTMs of 4096 cells projected to 512, 3 mixing weights: 93.6M as table 3.2 says.
+  convolutions = sum(w * 16 * n + n for w, n in ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)))
+  elmo = 262 * 16 + convolutions + 2 * 2 * (2048 * 2048 + 2048) + 2048 * 512 + 512
+  elmo += 4 * ((512 + 512) * 4 * 4096 + 4 * 4096 + 4096 * 512) + 3
+  assert round(elmo / 1e6, 1) == 93.6
+  assert by_name[(names[2], "sentences")]["params_M"] == pytest.approx((elmo + head(1024)) / 1e6)
+  assert by_name[(names[-1], "pairs")]["params_M"] == pytest.approx((elmo + head(4 * 1024)) / 1e6)
+  # TinyBERT 4x312 without embeddings (its layers and pooler): the thesis's 5.0M; BERT-PKD's 3x768: 21.3M.
+  tinybert = by_name[("TinyBERT (4x312)", "pairs")]["params_M_without_embeddings"]
+  assert 4.5 < tinybert < 5.0 and "3.68 s" in by_name[("TinyBERT (4x312)", "pairs")]["thesis"]
+  assert "BERT-PKD" in by_name[("MKD-Transformer (3x768: BERT-PKD's shape)", "pairs")]["thesis"]
 
 
 def test_bench_generate_rows_at_a_tiny_size():

@@ -293,7 +293,7 @@ def describe(row: dict) -> str:
 def main(argv):
   del argv
   config = _CONFIG.value
-  target = parse_target(_TARGET.value)
+  target = parse_target(_TARGET.value or "")  # a required flag: never None here
   name = _PROGRAM.value or programs.default_program(config)
   programs.check_program(name, config)
   if _JSON.value:

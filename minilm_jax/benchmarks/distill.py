@@ -22,6 +22,7 @@ import math
 import os
 import tempfile
 from functools import partial
+from typing import Any
 
 import datasets
 import jax
@@ -241,7 +242,7 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
 
   teacher = transformers.BertModel(bert(teacher_config)).eval().to(device)
   student = transformers.BertModel(bert(student_config)).train().to(device)
-  captured = {}
+  captured: dict[str, Any] = {}
 
   def capture(model, prefix):
     attention = model.encoder.layer[-1].attention.self

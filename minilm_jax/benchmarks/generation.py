@@ -19,7 +19,7 @@ from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.generation import DecodeSettings, generate
 from minilm_jax.models.heads import Seq2SeqLM
 
-_SPECIALS = dict(end_id=102, banned_ids=(0, 100, 101, 103))  # BERT's [SEP]; [PAD], [UNK], [CLS], [MASK]
+_END_ID, _BANNED_IDS = 102, (0, 100, 101, 103)  # BERT's [SEP]; [PAD], [UNK], [CLS], [MASK]
 
 
 def _config(student: str, dtype: str) -> EncoderConfig:
@@ -52,7 +52,9 @@ def _ours(config, batch, source_length, target_length, beams, repeats):
     ),
     "token_type_ids": np.zeros((batch, source_length + target_length), np.int32),
   }
-  settings = DecodeSettings(beam_size=beams, max_length=target_length, min_length=target_length, **_SPECIALS)
+  settings = DecodeSettings(
+    beam_size=beams, max_length=target_length, min_length=target_length, end_id=_END_ID, banned_ids=_BANNED_IDS
+  )
   decode = jax.jit(lambda p, b: generate(model, p, b, settings))
   block(decode(params, inputs))  # compile
   start = time.perf_counter()
@@ -92,7 +94,7 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
           input_ids=ids, attention_mask=mask.expand(batch, -1, -1, -1), token_type_ids=types
         ).last_hidden_state[:, -1 if step else source_length - 1]
         logits = model.cls(hidden)
-        logits[:, list(_SPECIALS["banned_ids"]) + [_SPECIALS["end_id"]]] = -float("inf")
+        logits[:, [*_BANNED_IDS, _END_ID]] = -float("inf")
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     if device == "cuda":
       torch.cuda.synchronize()

@@ -80,7 +80,7 @@ class Context:
   """What the evaluators of one run share: built once by the distillation program."""
 
   config: ml_collections.ConfigDict
-  mesh: object
+  mesh: jax.sharding.Mesh
   tokenizer: object
   student: Encoder
   student_pooling: embeddings.Pooling
@@ -239,12 +239,13 @@ class Evaluators:
 
 @register("heldout", {}, ("loss*",), lower_is_better=("loss*",))
 def heldout(name, spec, context: Context) -> Evaluator:
-  stream, mesh = context.heldout_stream, context.mesh
+  stream, step, mesh = context.heldout_stream, context.heldout_step, context.mesh
+  assert stream is not None and step is not None, "check_specs refuses a heldout evaluator without held-out blocks"
 
   def student(params):
     totals = None
     for b in range(stream.batches_per_epoch):
-      terms = context.heldout_step(params, parallel.shard_batch(stream.batch(b), mesh), context.teacher_params)
+      terms = step(params, parallel.shard_batch(stream.batch(b), mesh), context.teacher_params)
       totals = terms if totals is None else jax.tree.map(lambda a, x: a + x, totals, terms)
     return {k: float(v) / stream.batches_per_epoch for k, v in host_scalars(totals).items()}
 

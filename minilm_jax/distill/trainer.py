@@ -137,7 +137,7 @@ class DistillationStep:
   objective: Objective
   tx: optax.GradientTransformation
   schedule: Callable
-  train_step: Callable  # (state, batch, teacher_params, rng) -> (state, metrics)
+  train_step: Any  # jitted (state, batch, teacher_params, rng) -> (state, metrics): also `.lower`
   accumulate_steps: int
 
   def abstract_state(self) -> TrainState:

@@ -17,6 +17,7 @@ by one command (`python -m minilm_jax.evaluate --embeddings a,b,c --out DIR`).
 import dataclasses
 import json
 import os
+from typing import cast
 
 import datasets
 import jax
@@ -26,7 +27,7 @@ from minilm_jax import embeddings, parallel, runs
 from minilm_jax.data import wordnet_db
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.steps import Predictor
-from minilm_jax.models.encoder import Encoder
+from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.tasks import glue, metrics
 
 
@@ -124,7 +125,8 @@ class SentenceEncoder:
         encoder, dense = params, params.get("projection", {}).get("embedding", {}).get("kernel")
       else:
         encoder, dense = params["encoder"], params.get("dense")
-      out = model.apply({"params": encoder}, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+      inputs = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+      out = cast(EncoderOutput, model.apply({"params": encoder}, *inputs))  # no mutable collections: the output alone
       return embeddings.sentence_embeddings(out.last_hidden_state, batch["attention_mask"], pooling, dense)
 
     self.predict = Predictor(forward, mesh, parallel.replicated(mesh), batch_size)
@@ -164,7 +166,7 @@ def sentence_features(tokenizer, texts: list, length: int) -> datasets.Dataset:
 
 def evaluate_embeddings(
   models: list,
-  out_dir: str,
+  out_dir: str | None,
   sts: str = "",
   wordnet_dir: str = "",
   batch_size: int = 64,

@@ -105,7 +105,7 @@ def _features(task, split: str, data_dir: str, joint: bool, tokenizer, config):
 
 
 def evaluate_runs(
-  workdirs, out_dir: str, all_steps: bool = False, data_dir: str = "", batch_size: int = 128, mesh=None
+  workdirs, out_dir: str | None, all_steps: bool = False, data_dir: str = "", batch_size: int = 128, mesh=None
 ):
   """Evaluates every run (all its checkpoints, or the latest); returns the metric rows and writes
   `metrics.json`, predictions and submission files under `out_dir` (None: writes nothing, the

@@ -20,14 +20,34 @@ class EpochRun(Protocol):
   """What `fit` trains: a run built and validated by its builder (`build_finetuning`,
   `build_multitask_finetuning`, `build_task_distillation`)."""
 
-  config: Any  # the program's config: `seed`, `log_every`
-  workdir: str
-  tokenizer: Any  # saved beside the checkpoints
-  mesh: Mesh
-  stream: Any  # a resumable batch stream with `batches_per_epoch` (data.corpus)
-  num_steps: int
-  checkpoints: RunCheckpoints
-  selection_metric: str | None  # the metric that picks results.json's best epoch; None: no best
+  # Read-only (the runs are frozen dataclasses): properties, so that a frozen field satisfies them.
+  @property
+  def config(self) -> Any:
+    """The program's config: `seed`, `log_every`."""
+
+  @property
+  def workdir(self) -> str: ...
+
+  @property
+  def tokenizer(self) -> Any:
+    """Saved beside the checkpoints."""
+
+  @property
+  def mesh(self) -> Mesh: ...
+
+  @property
+  def stream(self) -> Any:
+    """A resumable batch stream with `batches_per_epoch` (data.corpus)."""
+
+  @property
+  def num_steps(self) -> int: ...
+
+  @property
+  def checkpoints(self) -> RunCheckpoints: ...
+
+  @property
+  def selection_metric(self) -> str | None:
+    """The metric that picks results.json's best epoch; None: no best."""
 
   def initial_state(self) -> tuple:
     """(train state, index of the next batch): restored or fresh (`train_state.restore_or_init`)."""

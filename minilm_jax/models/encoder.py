@@ -114,7 +114,7 @@ class LayerOutput:
   q: jax.Array
   k: jax.Array
   v: jax.Array
-  attention: jax.Array
+  attention: jax.Array | None
   hidden: jax.Array
 
 

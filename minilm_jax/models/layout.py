@@ -18,6 +18,7 @@ follow from the table.
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
 LAYER = "layer_{i}"  # the name of Transformer layer i in the encoder's parameter tree
 EMBEDDINGS, POOLER = "embeddings", "pooler"
@@ -97,7 +98,7 @@ def first_layers(encoder_params: dict, n: int) -> dict:
   return {k: v for k, v in encoder_params.items() if k in keep}
 
 
-def word_embeddings(encoder_params: dict):
+def word_embeddings(encoder_params: Mapping):
   """The [vocab, hidden] word-embedding matrix (the tied output layer of a masked-LM head)."""
   x = encoder_params
   for key in WORD_EMBEDDINGS:

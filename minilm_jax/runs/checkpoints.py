@@ -34,6 +34,16 @@ def is_run(path: str) -> bool:
   return os.path.isdir(checkpoint_dir(path))
 
 
+class _NotAnOrbaxError(logging.Filter):
+  """Lets through every record but Orbax's ERROR records and its read-only-directory warning
+  (installed once per process, `quiet_orbax_failure_reports`)."""
+
+  def filter(self, record):
+    if f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return True
+    return record.levelno < logging.ERROR and not record.getMessage().startswith("Given directory is read only")
+
+
 def quiet_orbax_failure_reports():
   """Called once by every program as it starts (`program.run_program`). A failed asynchronous save
   (a full disk) is reported by Orbax's threads many times over, with tracebacks: hundreds of
@@ -43,13 +53,8 @@ def quiet_orbax_failure_reports():
   read-only; asyncio's reports of write tasks whose exception nobody retrieved; and, as the save
   unwinds, the TensorStore callbacks that find the event loop closed (Python reports each as unraisable)."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
-  if any(getattr(f, "_minilm_jax", False) for f in absl_logger.filters):
+  if any(isinstance(f, _NotAnOrbaxError) for f in absl_logger.filters):
     return
-
-  def not_an_orbax_error(record):
-    if f"{os.sep}orbax{os.sep}" not in record.pathname:
-      return True
-    return record.levelno < logging.ERROR and not record.getMessage().startswith("Given directory is read only")
 
   def not_an_orbax_task(record):
     """A task's report names its coroutine (Orbax's) in the message; a future's only in its traceback."""
@@ -60,8 +65,7 @@ def quiet_orbax_failure_reports():
       where += "".join(traceback.format_tb(record.exc_info[2]))
     return f"{os.sep}orbax{os.sep}" not in where and "orbax" not in record.getMessage()
 
-  not_an_orbax_error._minilm_jax = True
-  absl_logger.addFilter(not_an_orbax_error)
+  absl_logger.addFilter(_NotAnOrbaxError())
   logging.getLogger("asyncio").addFilter(not_an_orbax_task)
   previous_hook = sys.unraisablehook
 

@@ -126,7 +126,7 @@ class Seq2SeqTask:
       targets = tokenizer(
         batch["target"], add_special_tokens=False, truncation=True, max_length=target_length - end_in_block
       )
-      out = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": []}
+      out: dict[str, list] = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": []}
       for i, target in enumerate(targets["input_ids"]):
         fill = target_length - len(target)
         out["input_ids"].append(source["input_ids"][i] + target + [pad] * fill)
