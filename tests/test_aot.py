@@ -2,6 +2,7 @@
 for H100s (the `aot` extra: libtpu, jax's CUDA plugin, cuDNN), at tiny shapes; the report's numbers
 against what the compiled program and the analytic count say; refusals in one line."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -269,6 +270,26 @@ def test_target_names():
   for bad in ("v5e-3", "v4-7", "h100x9", "a100x8", ""):
     with pytest.raises(UserError, match="unknown target"):
       targets.parse_target(bad)
+
+
+def test_a_new_chip_is_a_row_of_the_table(monkeypatch):
+  """docs/architecture.md's "A new accelerator target": a row of `CHIPS` is all a chip of a known
+  platform needs. Its names parse (slices, hosts, TensorCores counted as its row says), the help's
+  examples list it, and a size it has no slice of is one line naming its forms."""
+  v7x = dataclasses.replace(
+    targets.CHIPS["v5p"], topology_prefix="v7x", memory_bytes=192 * targets.GiB, examples=("v7x-8",)
+  )
+  h200 = dataclasses.replace(targets.CHIPS["h100"], memory_bytes=141 * targets.GiB, examples=("h200x8",))
+  monkeypatch.setitem(targets.CHIPS, "v7x", v7x)
+  monkeypatch.setitem(targets.CHIPS, "h200", h200)
+  pod = targets.parse_target("v7x-16x2")
+  assert (pod.chip, pod.topology, pod.num_devices, pod.num_slices) == (v7x, "v7x:2x2x2", 16, 2)
+  host = targets.parse_target("h200x4x2")
+  assert (host.chip, host.topology, host.num_devices) == (h200, "1x2x4", 8)
+  assert host.usable_memory_bytes < 141 * targets.GiB  # the share JAX preallocates on a GPU
+  assert {"v7x-8", "h200x8", "v5e-256x2"} <= set(targets.examples())
+  with pytest.raises(UserError, match=r"v7x-N\[x<slices>\] \(N TensorCores: 8, 16, 32.*h200x<1-8>\[x<hosts>\]"):
+    targets.parse_target("v7x-6")
 
 
 @pytest.mark.parametrize("name", ["v5p-8", "v6e-8", "v5e-256", "h100x8x2"])

@@ -22,7 +22,10 @@ GiB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One accelerator chip as JAX sees it (one device per chip: v4 and v5p run as megacore)."""
+  """One accelerator chip as JAX sees it (one device per chip: v4 and v5p run as megacore), and how
+  targets of it are named: a TPU slice `<name>-<count>[x<slices>]`, counting chips or TensorCores
+  (`cores_per_chip`); GPU hosts `<name>x<gpus per host>[x<hosts>]`. A row of `CHIPS` is all a new
+  chip of a known platform needs: `parse_target`, `examples` and aot's help read the table."""
 
   platform: str  # "tpu" or "cuda"
   topology_prefix: str  # libtpu's generation name in topology strings ("v5e:2x2"); GPUs: unused
@@ -30,34 +33,12 @@ class Chip:
   peak_bf16_flops: float  # dense bfloat16 FLOP/s per chip
   hbm_bytes_per_s: float  # HBM bandwidth per chip
   source: str  # where the three numbers come from
-  grid: int = 2  # TPU slices: 2-D (v5e, v6e) or 3-D (v4, v5p) chip grids
+  examples: tuple  # target names listed in aot's help and in errors
+  grid: int = 2  # TPU slices: 2-D (v5e, v6e) or 3-D (v4, v5p) chip grids (`_GRIDS`)
+  cores_per_chip: int = 1  # TPU names count TensorCores: 2 on v4 and v5p (one megacore device per chip)
+  gpus_per_host: int = 8  # GPU hosts: at most this many per host
+  target_config: str = ""  # GPUs: the chip as XLA's GPU compiler describes it (GpuTargetConfigProto text)
 
-
-_TPU_DOCS = "cloud.google.com/tpu/docs/"
-CHIPS = {
-  "v4": Chip(
-    "tpu", "v4", 32 * GiB, 275e12, 1200e9, _TPU_DOCS + "v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s per chip", 3
-  ),
-  "v5p": Chip(
-    "tpu", "v5", 95 * GiB, 459e12, 2765e9, _TPU_DOCS + "v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s per chip", 3
-  ),
-  "v5e": Chip(
-    "tpu", "v5e", 16 * GiB, 197e12, 819e9, _TPU_DOCS + "v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip"
-  ),
-  "v6e": Chip(
-    "tpu", "v6e", 32 * GiB, 918e12, 1640e9, _TPU_DOCS + "v6e: 32 GiB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip"
-  ),
-  # 81,559 MiB is what CUDA reports for the 80 GB part; 989 TFLOP/s is the datasheet's dense bf16,
-  # 3.35 TB/s its HBM3 bandwidth (the target description below says the same to the compiler).
-  "h100": Chip(
-    "cuda",
-    "",
-    81559 << 20,
-    989.4e12,
-    3.35e12,
-    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16, 3.35 TB/s",
-  ),
-}
 
 # Chips -> slice shape. 2-D slices (v5e, v6e) and 3-D slices (v4, v5p), as Google Cloud shapes them.
 _GRIDS = {
@@ -107,6 +88,63 @@ runtime_version { major: 12 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 
+_TPU_DOCS = "cloud.google.com/tpu/docs/"
+CHIPS = {
+  "v4": Chip(
+    "tpu",
+    "v4",
+    32 * GiB,
+    275e12,
+    1200e9,
+    _TPU_DOCS + "v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s per chip",
+    ("v4-8",),
+    grid=3,
+    cores_per_chip=2,
+  ),
+  "v5p": Chip(
+    "tpu",
+    "v5",
+    95 * GiB,
+    459e12,
+    2765e9,
+    _TPU_DOCS + "v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s per chip",
+    ("v5p-8",),
+    grid=3,
+    cores_per_chip=2,
+  ),
+  "v5e": Chip(
+    "tpu",
+    "v5e",
+    16 * GiB,
+    197e12,
+    819e9,
+    _TPU_DOCS + "v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip",
+    ("v5e-8", "v5e-256", "v5e-256x2"),
+  ),
+  "v6e": Chip(
+    "tpu",
+    "v6e",
+    32 * GiB,
+    918e12,
+    1640e9,
+    _TPU_DOCS + "v6e: 32 GiB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip",
+    ("v6e-8",),
+  ),
+  # 81,559 MiB is what CUDA reports for the 80 GB part; 989 TFLOP/s is the datasheet's dense bf16,
+  # 3.35 TB/s its HBM3 bandwidth (the target description says the same to the compiler).
+  "h100": Chip(
+    "cuda",
+    "",
+    81559 << 20,
+    989.4e12,
+    3.35e12,
+    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16, 3.35 TB/s",
+    ("h100x1", "h100x8", "h100x8x2"),
+    target_config=H100_TARGET_CONFIG,
+  ),
+}
+
+
 # JAX preallocates this fraction of a GPU's memory and allocates from it (XLA_PYTHON_CLIENT_MEM_FRACTION).
 DEFAULT_GPU_MEMORY_FRACTION = 0.75
 
@@ -130,31 +168,47 @@ class Target:
     return int(self.chip.memory_bytes * fraction)
 
 
-EXAMPLES = ("v4-8", "v5e-8", "v5p-8", "v6e-8", "v5e-256", "v5e-256x2", "h100x1", "h100x8", "h100x8x2")
+def examples() -> tuple:
+  """Target names of every chip of `CHIPS`, for help and errors."""
+  return tuple(name for chip in CHIPS.values() for name in chip.examples)
+
+
+def _tpu_target(name: str, chip: Chip, count: int, slices: int) -> Target | None:
+  chips = count // chip.cores_per_chip
+  shape = _GRIDS[chip.grid].get(chips)
+  if shape is None or slices < 1 or count % chip.cores_per_chip:
+    return None
+  bounds = (2, 4, 1) if chips == 8 and chip.grid == 2 else (1, 1, 1) if chips == 1 else (2, 2, 1)
+  return Target(name, chip, chips * slices, f"{chip.topology_prefix}:{shape}", bounds, slices)
+
+
+def _gpu_target(name: str, chip: Chip, per_host: int, hosts: int) -> Target | None:
+  if not (1 <= per_host <= chip.gpus_per_host and hosts >= 1):
+    return None
+  return Target(name, chip, per_host * hosts, f"1x{hosts}x{per_host}")
 
 
 def parse_target(name: str) -> Target:
-  """The target a name stands for; an unknown name is one line listing the known forms."""
-  tpu = re.fullmatch(r"(v4|v5p|v5e|v6e)-(\d+)(?:x(\d+))?", name)
-  gpu = re.fullmatch(r"h100x(\d+)(?:x(\d+))?", name)
-  if tpu:
-    chip = CHIPS[tpu.group(1)]
-    count, slices = int(tpu.group(2)), int(tpu.group(3) or 1)
-    # v4 and v5p are named by TensorCores (two per chip), v5e and v6e by chips.
-    chips = count // 2 if chip.grid == 3 else count
-    shape = _GRIDS[chip.grid].get(chips)
-    if shape is not None and slices >= 1 and (chip.grid == 2 or count % 2 == 0):
-      bounds = (2, 4, 1) if chips == 8 and chip.grid == 2 else (1, 1, 1) if chips == 1 else (2, 2, 1)
-      return Target(name, chip, chips * slices, f"{chip.topology_prefix}:{shape}", bounds, slices)
-  if gpu:
-    per_host, hosts = int(gpu.group(1)), int(gpu.group(2) or 1)
-    if 1 <= per_host <= 8 and hosts >= 1:
-      return Target(name, CHIPS["h100"], per_host * hosts, f"1x{hosts}x{per_host}")
-  sizes = {grid: ", ".join(map(str, sorted(shapes))) for grid, shapes in _GRIDS.items()}
-  raise UserError(
-    f"unknown target {name!r}: use one of {', '.join(EXAMPLES)}, or v5e-N/v6e-N (N chips: {sizes[2]}), "
-    f"v4-N/v5p-N (N TensorCores, twice {sizes[3]} chips), a TPU name with x<slices>, or h100x<1-8>[x<hosts>]"
-  )
+  """The target a name stands for (the forms of `Chip`); an unknown name is one line listing the
+  known forms."""
+  for chip_name, chip in CHIPS.items():
+    separator = "-" if chip.platform == "tpu" else "x"
+    match = re.fullmatch(rf"{re.escape(chip_name)}{separator}(\d+)(?:x(\d+))?", name)
+    if match:
+      count, repeats = int(match.group(1)), int(match.group(2) or 1)
+      build = _tpu_target if chip.platform == "tpu" else _gpu_target
+      target = build(name, chip, count, repeats)
+      if target is not None:
+        return target
+  forms = []
+  for chip_name, chip in CHIPS.items():
+    if chip.platform == "tpu":
+      counts = ", ".join(str(n * chip.cores_per_chip) for n in sorted(_GRIDS[chip.grid]))
+      unit = "TensorCores" if chip.cores_per_chip > 1 else "chips"
+      forms.append(f"{chip_name}-N[x<slices>] (N {unit}: {counts})")
+    else:
+      forms.append(f"{chip_name}x<1-{chip.gpus_per_host}>[x<hosts>]")
+  raise UserError(f"unknown target {name!r}: use one of {', '.join(examples())}, or {'; '.join(forms)}")
 
 
 # libtpu looks for a TPU VM's metadata and worker addresses when it loads, and takes a lockfile so
@@ -178,12 +232,12 @@ def compile_devices(target: Target) -> list:
       return topologies.get_topology_desc(
         platform="tpu",
         topology_name=target.topology,
-        chip_config_name="megacore" if target.chip.grid == 3 else "default",
+        chip_config_name="megacore" if target.chip.cores_per_chip > 1 else "default",
         chips_per_host_bounds=target.chips_per_host_bounds,
         num_slices=target.num_slices,
       ).devices
     return topologies.get_topology_desc(
-      platform="cuda", topology=target.topology, target_config=H100_TARGET_CONFIG
+      platform="cuda", topology=target.topology, target_config=target.chip.target_config
     ).devices
   except (RuntimeError, NotImplementedError) as e:
     what = "libtpu" if target.chip.platform == "tpu" else "jax's CUDA PJRT plugin"
