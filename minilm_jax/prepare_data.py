@@ -22,8 +22,8 @@ from minilm_jax import runs
 from minilm_jax.data.languages import language_corpora, load_corpus
 from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
-from minilm_jax.outputs import check_new_directory, new_directory
-from minilm_jax.program import run_program
+from minilm_jax.training.outputs import check_new_directory, new_directory
+from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "The distillation config whose corpus to prepare.", lock_config=True

@@ -90,7 +90,7 @@ def minilm_dir():
 
 @pytest.fixture(scope="session")
 def minilm(minilm_dir):
-  from minilm_jax import hf
+  from minilm_jax.models import hf
   from minilm_jax.models.encoder import Encoder
 
   loaded = hf.load(minilm_dir)
@@ -102,7 +102,7 @@ def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrid
   import torch
   import transformers
 
-  from minilm_jax import hf
+  from minilm_jax.models import hf
 
   torch.manual_seed(0)
   config = transformers.BertConfig(

@@ -14,14 +14,16 @@ import pytest
 import torch
 
 from conftest import VADER_EXCERPT, WORDNET_EXCERPT
-from minilm_jax import parallel, runs
-from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, timing
+from minilm_jax import runs
+from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed
+from minilm_jax.devices import parallel, timing
 from minilm_jax.distill import losses
 from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
+from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
-from minilm_jax.train_state import make_optimizer
+from minilm_jax.training.train_state import make_optimizer
 
 
 def test_reference_loss_is_ours():
@@ -96,8 +98,8 @@ def test_analytic_flops_are_the_issues_formula():
     512,
   )
   share = lambda layers, d: layers * (24 * d * d + 4 * s * d) + 6 * d * d + 2 * 2 * s * d
-  assert timing.distill_flops_per_token(teacher, 11, student, 5, s) == share(11, 768) + 3 * share(5, 384)
-  assert timing.encoder_flops_per_token(teacher, s) == 12 * (24 * 768**2 + 4 * s * 768)
+  assert flops.distill_flops_per_token(teacher, 11, student, 5, s) == share(11, 768) + 3 * share(5, 384)
+  assert flops.encoder_flops_per_token(teacher, s) == 12 * (24 * 768**2 + 4 * s * 768)
 
 
 @pytest.mark.slow
@@ -430,7 +432,7 @@ def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_co
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
   from minilm_jax.benchmarks import students
   from minilm_jax.distill.trainer import build_step
-  from minilm_jax.embeddings import Pooling
+  from minilm_jax.models.embeddings import Pooling
 
   teacher_config = runs.encoder_config_of(tiny_teacher)
   for name, recipe in students.RECIPES.items():

@@ -14,12 +14,13 @@ import pytest
 from flax import traverse_util
 
 from conftest import ROOT, SENTENCES, WORDNET_EXCERPT, tiny_config
-from minilm_jax import embeddings, parallel
+from minilm_jax.devices import parallel
 from minilm_jax.distill.objectives import Objective, Outputs
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import embedding_eval
+from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
 _LAST_LAYER_BUT_QKV = [

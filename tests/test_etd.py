@@ -10,9 +10,9 @@ import torch
 import transformers
 from flax import traverse_util
 
-from minilm_jax import hf
 from minilm_jax.distill import etd, importance
 from minilm_jax.errors import UserError
+from minilm_jax.models import hf
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
 TEACHER = EncoderConfig(

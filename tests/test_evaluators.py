@@ -12,7 +12,8 @@ import pytest
 from scipy import stats
 
 from conftest import SENTENCES, apply_overrides, tiny_config
-from minilm_jax import parallel, runs
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.distill import evaluators
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError

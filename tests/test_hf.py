@@ -11,8 +11,8 @@ import torch
 import transformers
 
 from conftest import SENTENCES
-from minilm_jax import hf
 from minilm_jax.errors import UserError
+from minilm_jax.models import hf
 from minilm_jax.models.encoder import Encoder
 
 

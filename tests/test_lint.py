@@ -59,7 +59,7 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
   """The package's modules import each other at module level only, in an acyclic graph, and no
   library module imports a program (a module run with `python -m`, which calls `run_program`)."""
   modules = _modules()
-  programs = {name for name, path in modules.items() if "run_program(main)" in open(path).read()}
+  programs = {name for name, path in modules.items() if "run_program(main" in open(path).read()}
   graph = {}
   for name, path in modules.items():
     top, local = _imports(path, modules)
@@ -83,6 +83,22 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
   for name in sorted(graph):
     visit(name, [])
   assert len(programs) >= 7 and "minilm_jax.distill.trainer" in graph
+
+
+def test_the_package_root_holds_programs_and_the_benchmarks_serve_bench_alone():
+  """The root holds the programs (`python -m minilm_jax.<program>`) and `errors`, at most 10
+  modules; the library lives in named folders. Only `bench` and the suites themselves import
+  `benchmarks/`: what another program shares with them (shapes, FLOP counts, timing, tables) lives
+  in the library."""
+  modules = _modules()
+  root = {name for name, path in modules.items() if os.path.dirname(path) == os.path.join(ROOT, "minilm_jax")}
+  programs = {name for name, path in modules.items() if "run_program(main" in open(path).read()}
+  assert len(root) <= 10 and root - programs == {"minilm_jax", "minilm_jax.errors"}, sorted(root - programs)
+  for name, path in modules.items():
+    if name.startswith("minilm_jax.benchmarks") or name == "minilm_jax.bench":
+      continue
+    top, _ = _imports(path, modules)
+    assert not [n for n in top if n.startswith("minilm_jax.benchmarks")], f"{name} imports from benchmarks/"
 
 
 def test_every_package_folder_is_a_package():

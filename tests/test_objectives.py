@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from conftest import tiny_config
-from minilm_jax import parallel
+from minilm_jax.devices import parallel
 from minilm_jax.distill import losses, objectives
 from minilm_jax.distill.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step

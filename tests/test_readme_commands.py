@@ -22,7 +22,7 @@ import importlib, json, sys
 from absl import flags
 from minilm_jax.distill import config as distill
 from minilm_jax.finetuning import config as finetuning
-from minilm_jax.loop import check_ranges
+from minilm_jax.training.loop import check_ranges
 from minilm_jax.task_distill import config as task_distill
 from minilm_jax.tasks import get_task
 

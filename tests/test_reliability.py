@@ -26,11 +26,11 @@ from conftest import (
   read_metrics,
   tiny_config,
 )
-from minilm_jax import parallel
+from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
-from minilm_jax.metrics import MetricWriter
-from minilm_jax.outputs import MARKER, check_new_directory
+from minilm_jax.training.metrics import MetricWriter
+from minilm_jax.training.outputs import MARKER, check_new_directory
 
 
 def _program(*args, program="train"):
@@ -105,7 +105,7 @@ def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpu
   config file sets both; each config that has both fields is refused when both are set, one line
   naming both, before anything is written."""
   from minilm_jax.distill import config as distill_config
-  from minilm_jax.loop import TRAINING_CONTRADICTIONS, check_contradictions
+  from minilm_jax.training.loop import TRAINING_CONTRADICTIONS, check_contradictions
 
   pairs = (*TRAINING_CONTRADICTIONS, *distill_config.CONTRADICTIONS)
   checked = 0
@@ -318,9 +318,9 @@ def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_tea
   import os
   import shutil
 
-  from minilm_jax import hf
   from minilm_jax.data.corpus import load_blocks
   from minilm_jax.distill.config import base_config
+  from minilm_jax.models import hf
 
   damaged = str(tmp_path / "teacher")
   shutil.copytree(tiny_teacher, damaged)
@@ -597,7 +597,7 @@ def test_damaged_tokenizer_files_load_or_are_one_line(tiny_teacher, name, how, d
   import shutil
   import tempfile
 
-  from minilm_jax import hf
+  from minilm_jax.models import hf
 
   with tempfile.TemporaryDirectory() as tmp:
     copy = os.path.join(tmp, "model")

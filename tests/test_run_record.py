@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from minilm_jax import parallel, runs
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import read_multitask_run
 from minilm_jax.models.encoder import EncoderConfig

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_config_module, run_distill_task
-from minilm_jax import parallel
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.evaluation import evaluate_runs
@@ -122,7 +122,8 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
   import torch
   import transformers
 
-  from minilm_jax import parallel, runs
+  from minilm_jax import runs
+  from minilm_jax.devices import parallel
 
   task = get_task("wordnet_examples")
   examples = task.load("dev", WORDNET_EXCERPT).select(range(16))
@@ -380,8 +381,8 @@ def test_every_task_config_builds(name):
 def test_a_grid_over_other_rates_adds_to_the_earlier_one(tmp_path):
   """`lr_grid.json` is merged, never replaced: a later grid's rates replace only their own rows, the
   best is chosen over them all, and a file that is not a grid is refused before it is touched."""
-  from minilm_jax.outputs import write_json
   from minilm_jax.task_distill.run import merge_grid, read_grid
+  from minilm_jax.training.outputs import write_json
 
   path = str(tmp_path / "lr_grid.json")
   write_json(path, {"rows": [{"lr": 1e-5, "dev_loss": 0.4}, {"lr": 5e-5, "dev_loss": 0.3}], "best": {}})

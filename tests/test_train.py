@@ -22,7 +22,8 @@ from conftest import (
   tiny_config,
   train_command,
 )
-from minilm_jax import parallel, runs
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.distill.evaluators import evaluator
 from minilm_jax.distill.trainer import build_distillation, init_state, student_config
 from minilm_jax.errors import UserError
@@ -389,7 +390,7 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
   import jax.numpy as jnp
   import optax
 
-  from minilm_jax.train_state import TrainState, guarded_update
+  from minilm_jax.training.train_state import TrainState, guarded_update
 
   tx = optax.adam(1e-2)
   params = {"w": jnp.ones(3)}

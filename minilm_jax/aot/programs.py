@@ -20,18 +20,19 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from minilm_jax import hf, parallel, runs
-from minilm_jax.benchmarks.distill import parse_shape
-from minilm_jax.benchmarks.timing import distill_flops_per_token, encoder_flops_per_token
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.distill import trainer
-from minilm_jax.embeddings import Pooling
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import run as finetuning
 from minilm_jax.finetuning.steps import MODEL_INPUTS, Predictor
+from minilm_jax.models import hf
+from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
+from minilm_jax.models.flops import distill_flops_per_token, encoder_flops_per_token, parse_shape
 from minilm_jax.models.heads import LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
-from minilm_jax.train_state import TrainState
+from minilm_jax.training.train_state import TrainState
 
 # config.json of the hub models the paper configs name (as published on the Hugging Face hub), so
 # that their programs compile offline. Fields not given keep `EncoderConfig`'s defaults.

@@ -10,7 +10,7 @@ shapes a user trains at, in one process.
   `torch.optim.AdamW` (fused on CUDA), bfloat16 autocast when asked; eagerly and under
   `torch.compile`.
 
-MFU is analytic (`timing.distill_flops_per_token`) over the device's peak bfloat16 FLOP/s.
+MFU is analytic (`models.flops.distill_flops_per_token`) over the device's peak bfloat16 FLOP/s.
 Memory: ours is XLA's compiled footprint of the step (arguments + outputs + temporaries) and, on
 GPUs and TPUs, the device's measured peak (`memory_stats`); the peers' `torch.cuda.max_memory_allocated`
 (CUDA only).
@@ -28,17 +28,19 @@ import datasets
 import jax
 import numpy as np
 
-from minilm_jax import hf, parallel
-from minilm_jax.benchmarks.timing import block, distill_flops_per_token, median_seconds, peak_flops
 from minilm_jax.data.corpus import BatchStream, pad_blocks
+from minilm_jax.devices import parallel
+from minilm_jax.devices.timing import block, median_seconds, peak_flops
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill.trainer import build_step, init_state
-from minilm_jax.embeddings import Pooling
 from minilm_jax.errors import UserError
-from minilm_jax.loop import train_loop
+from minilm_jax.models import hf
+from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, init_params
+from minilm_jax.models.flops import distill_flops_per_token, parse_shape
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.train_state import adamw_config
+from minilm_jax.training.loop import train_loop
+from minilm_jax.training.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
 # a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
@@ -52,19 +54,6 @@ PEERS = ("eager", "compile")
 OPTIMIZER = adamw_config(lr=1e-4, clip_norm=0.0)
 OPTIMIZER.warmup_steps = 10
 RELATIONS = ("qk", "vv")
-
-
-def parse_shape(spec: str) -> EncoderConfig:
-  """'6x384' (12 heads when they divide the width, else 64-wide heads) or '6x384x6' -> a BERT config."""
-  try:
-    parts = [int(p) for p in spec.lower().split("x")]
-    layers, hidden = parts[:2]
-    heads = parts[2] if len(parts) == 3 else (12 if hidden % 12 == 0 else max(1, hidden // 64))
-    if len(parts) not in (2, 3) or min(parts) < 1:
-      raise ValueError
-  except ValueError:
-    raise UserError(f"model shape {spec!r} is not LAYERSxHIDDEN or LAYERSxHIDDENxHEADS (e.g. 6x384): fix it") from None
-  return EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
 
 
 def load_teacher(spec: str):

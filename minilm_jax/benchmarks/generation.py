@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from minilm_jax.benchmarks.timing import block
+from minilm_jax.devices.timing import block
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.generation import DecodeSettings, generate

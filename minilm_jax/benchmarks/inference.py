@@ -9,8 +9,9 @@ import time
 import jax
 import numpy as np
 
-from minilm_jax.benchmarks.timing import block, encoder_flops_per_token
+from minilm_jax.devices.timing import block
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.models.flops import encoder_flops_per_token
 
 # (layers, hidden, the paper's speed-up over 12x768)
 ARCHITECTURES = ((12, 768, 1.0), (6, 768, 2.0), (12, 384, 2.7), (6, 384, 5.3), (4, 384, 7.8), (3, 384, 10.1))

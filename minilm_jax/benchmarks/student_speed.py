@@ -29,10 +29,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from minilm_jax.benchmarks.distill import parse_shape
 from minilm_jax.benchmarks.elmo import CHARACTERS, CHARS_PER_TOKEN, ELMoBody
-from minilm_jax.benchmarks.timing import block
+from minilm_jax.devices.timing import block
 from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.flops import parse_shape
 from minilm_jax.models.students import MultiTaskModel, make_student, refined_teacher, student_kind
 from minilm_jax.task_distill.config import mkd_config, task_distillation_config
 

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from minilm_jax import parallel, runs
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
 from minilm_jax.distill.evaluators import probe_correct

@@ -37,12 +37,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from minilm_jax import embeddings, parallel, runs
+from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
-from minilm_jax.distributed import host_scalars
+from minilm_jax.devices import parallel
+from minilm_jax.devices.distributed import host_scalars
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import embedding_eval
 from minilm_jax.finetuning.embedding_eval import SentenceEncoder
+from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.tasks import custom, get_task, glue
 

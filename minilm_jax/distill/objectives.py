@@ -47,10 +47,9 @@ from typing import Any, NamedTuple, cast
 import jax
 import jax.numpy as jnp
 
-from minilm_jax import embeddings
 from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
-from minilm_jax.models import layout
+from minilm_jax.models import embeddings, layout
 from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
 from minilm_jax.models.heads import LMHead
 

@@ -19,19 +19,21 @@ import optax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from minilm_jax import embeddings, parallel, runs
+from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, split_heldout
 from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list
 from minilm_jax.data.prepared import corpus_blocks
+from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, evaluators, losses
 from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
-from minilm_jax.loop import begin_run, steps_of_epochs, train_loop
+from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.train_state import (
+from minilm_jax.training.loop import begin_run, steps_of_epochs, train_loop
+from minilm_jax.training.train_state import (
   TrainState,
   accumulated_value_and_grad,
   check_accumulation,

@@ -2,8 +2,8 @@
 
 import ml_collections
 
-from minilm_jax.loop import TRAINING_RANGES
-from minilm_jax.train_state import OPTIMIZER_RANGES, adamw_config
+from minilm_jax.training.loop import TRAINING_RANGES
+from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
 
 # The fields of `base_config` (and of the SQuAD and sequence-to-sequence settings) that have a
 # range (`loop.check_ranges`): (least, bound to stay below).

@@ -16,7 +16,8 @@ import jax
 import ml_collections
 from tqdm import tqdm
 
-from minilm_jax import parallel, runs
+from minilm_jax import runs
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
 from minilm_jax.finetuning.steps import Predictor, prediction_forward

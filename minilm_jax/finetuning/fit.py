@@ -11,9 +11,9 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from minilm_jax import runs
-from minilm_jax.distributed import host_scalars
-from minilm_jax.loop import train_loop
+from minilm_jax.devices.distributed import host_scalars
 from minilm_jax.runs import RunCheckpoints, RunRecord
+from minilm_jax.training.loop import train_loop
 
 
 class EpochRun(Protocol):

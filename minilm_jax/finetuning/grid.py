@@ -13,8 +13,8 @@ import numpy as np
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import RANGES
 from minilm_jax.finetuning.run import build_finetuning
-from minilm_jax.loop import check_ranges
 from minilm_jax.tasks import get_task, selection_metric
+from minilm_jax.training.loop import check_ranges
 
 
 def run_grid(config, workdir: str, settings=None):

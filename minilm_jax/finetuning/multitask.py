@@ -22,19 +22,20 @@ import ml_collections
 from flax import linen as nn
 from jax.sharding import Mesh
 
-from minilm_jax import parallel, runs
+from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import Predictor, make_train_step
-from minilm_jax.loop import begin_run, steps_of_epochs
 from minilm_jax.models.encoder import dummy_ids
 from minilm_jax.models.students import make_student, refined_teacher, student_kind
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.glue import ClassificationTask
-from minilm_jax.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
+from minilm_jax.training.loop import begin_run, steps_of_epochs
+from minilm_jax.training.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
 
 SEPARATE_INPUTS = ("input_ids", "attention_mask")
 PAIR_INPUTS = ("input_ids_b", "attention_mask_b")

@@ -12,11 +12,11 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from minilm_jax import parallel
-from minilm_jax.distributed import host_scalars
+from minilm_jax.devices import parallel
+from minilm_jax.devices.distributed import host_scalars
 from minilm_jax.models.generation import generate
 from minilm_jax.models.heads import Seq2SeqLM
-from minilm_jax.train_state import accumulated_value_and_grad, guarded_update
+from minilm_jax.training.train_state import accumulated_value_and_grad, guarded_update
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -4,7 +4,7 @@ Post-layer-norm, exact (erf) GELU, absolute learned positions, as Hugging Face's
 RobertaModel. Parameters are float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and
 layer-norm statistics always run in float32 (flax's LayerNorm promotes its statistics itself).
 
-Module names follow the Hugging Face layout so that the name mapping in `minilm_jax.hf` is one
+Module names follow the Hugging Face layout so that the name mapping in `minilm_jax.models.hf` is one
 short table.
 """
 
@@ -45,7 +45,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
-  """Architecture of one encoder. Field names are ours; `minilm_jax.hf` maps HF's names."""
+  """Architecture of one encoder. Field names are ours; `minilm_jax.models.hf` maps HF's names."""
 
   vocab_size: int = 30522
   hidden_size: int = 384

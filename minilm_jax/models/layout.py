@@ -1,9 +1,9 @@
 """The encoder's parameter layout: one table that every part handling parameters by name reads.
 
 A row names one parameter of `Encoder` (`{i}`: the layer index) and says, for each reader:
-- `hf_name`, `linear`: the Hugging Face tensor it converts to (`minilm_jax.hf`); a linear kernel
+- `hf_name`, `linear`: the Hugging Face tensor it converts to (`minilm_jax.models.hf`); a linear kernel
   is stored [in, out] here and [out, in] in PyTorch.
-- `shard`: how tensor parallelism splits it over the mesh's `model` axis (`minilm_jax.parallel`),
+- `shard`: how tensor parallelism splits it over the mesh's `model` axis (`minilm_jax.devices.parallel`),
   Megatron-style: "column" splits the last axis (Q/K/V and the first feed-forward matrix, by
   output), "row" the first (the attention output and second feed-forward matrix, by input; the
   word embeddings, by vocabulary); None keeps it whole.

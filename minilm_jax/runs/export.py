@@ -9,8 +9,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from minilm_jax import embeddings, hf
 from minilm_jax.errors import UserError
+from minilm_jax.models import embeddings, hf
 from minilm_jax.models.heads import head_kind, masked_targets
 from minilm_jax.runs.checkpoints import is_run
 from minilm_jax.runs.reading import read_run

@@ -13,8 +13,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from minilm_jax import embeddings, hf, parallel
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
+from minilm_jax.models import embeddings, hf
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import abstract_model_params
 from minilm_jax.runs.checkpoints import RunCheckpoints, is_run

@@ -4,8 +4,8 @@ start from these."""
 import ml_collections
 from ml_collections import config_dict
 
-from minilm_jax.loop import TRAINING_RANGES
-from minilm_jax.train_state import OPTIMIZER_RANGES
+from minilm_jax.training.loop import TRAINING_RANGES
+from minilm_jax.training.train_state import OPTIMIZER_RANGES
 
 # The fields of `task_distillation_config` that have a range (`loop.check_ranges`): (least, bound
 # to stay below).

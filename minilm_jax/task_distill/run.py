@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from minilm_jax import parallel, runs
+from minilm_jax import runs
 from minilm_jax.data import augment, word_vectors
+from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
@@ -36,15 +37,15 @@ from minilm_jax.finetuning.multitask import (
   task_features,
 )
 from minilm_jax.finetuning.steps import Predictor, task_forward
-from minilm_jax.loop import begin_run
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import make_student, student_kind
-from minilm_jax.outputs import write_json
 from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
 from minilm_jax.task_distill.losses import TARGETS, check_objective, task_loss
+from minilm_jax.training.loop import begin_run
+from minilm_jax.training.outputs import write_json
 
 
 def task_optimizer(opt):

@@ -15,12 +15,12 @@ import jax
 from flax import traverse_util
 from tqdm import tqdm
 
-from minilm_jax import parallel
-from minilm_jax.distributed import check_same_config, config_json, host_scalars
+from minilm_jax.devices import parallel
+from minilm_jax.devices.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import Preempted, UserError
-from minilm_jax.metrics import MetricWriter
 from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
 from minilm_jax.runs.record import RunRecord
+from minilm_jax.training.metrics import MetricWriter
 
 
 class _Preemption:

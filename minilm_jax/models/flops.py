@@ -1,43 +1,21 @@
-"""Timing, model FLOPs and device facts shared by the suites."""
+"""Encoder shapes by name (`6x384`) and model FLOPs per token of the encoder and of a MiniLM step,
+counted analytically (the benchmarks' utilisation and `aot`'s check of what XLA counts)."""
 
-import statistics
-import time
-
-import jax
-
-# Peak dense bfloat16 FLOP/s per device, for model-FLOPs utilisation on accelerators (vendor
-# figures), matched against the start of `device_kind`.
-PEAK_FLOPS = {
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v6 lite": 918e12,
-  "NVIDIA A100": 312e12,
-  "NVIDIA H100": 989e12,
-  "NVIDIA H200": 989e12,
-}
+from minilm_jax.errors import UserError
+from minilm_jax.models.encoder import EncoderConfig
 
 
-def median_seconds(fn, repeats: int) -> float:
-  """Median wall time of `fn()` over `repeats` calls after one warm-up; `fn` must block until done."""
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
-def block(tree):
-  return jax.block_until_ready(tree)
-
-
-def peak_flops():
-  """The peak FLOP/s of this process's first device, or None on CPUs and unknown devices."""
-  kind = jax.devices()[0].device_kind
-  return next((peak for prefix, peak in PEAK_FLOPS.items() if kind.startswith(prefix)), None)
+def parse_shape(spec: str) -> EncoderConfig:
+  """'6x384' (12 heads when they divide the width, else 64-wide heads) or '6x384x6' -> a BERT config."""
+  try:
+    parts = [int(p) for p in spec.lower().split("x")]
+    layers, hidden = parts[:2]
+    heads = parts[2] if len(parts) == 3 else (12 if hidden % 12 == 0 else max(1, hidden // 64))
+    if len(parts) not in (2, 3) or min(parts) < 1:
+      raise ValueError
+  except ValueError:
+    raise UserError(f"model shape {spec!r} is not LAYERSxHIDDEN or LAYERSxHIDDENxHEADS (e.g. 6x384): fix it") from None
+  return EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
 
 
 def layer_flops_per_token(hidden: int, intermediate: int, length: int) -> int:

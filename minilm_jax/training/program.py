@@ -6,7 +6,7 @@ import sys
 
 from absl import app, flags, logging
 
-from minilm_jax.distributed import maybe_initialize
+from minilm_jax.devices.distributed import maybe_initialize
 from minilm_jax.errors import PREEMPTED_EXIT_CODE, STORAGE_ERRNOS, Preempted, UserError
 from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
 

@@ -1,0 +1,2 @@
+"""The devices a program runs on: the mesh and sharding (`parallel`), multi-process start-up and
+host reads (`distributed`), and timing on them with their peak FLOP/s (`timing`)."""

@@ -1,0 +1,1 @@
+"""What programs print and draw: plain-text tables of result rows (`tables`) and figures (`plots`)."""
