@@ -103,7 +103,7 @@ def test_pipelines_read_from_model_directories(minilm_dir, tiny_teacher, tmp_pat
     )
   )
   (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
-  with pytest.raises(UserError, match="pools by \\['max_tokens'\\]: we reproduce mean or CLS pooling alone"):
+  with pytest.raises(UserError, match="pools by \\['max_tokens'\\]: we reproduce mean or cls pooling alone"):
     embeddings.read_pipeline(str(tmp_path), 128)
 
 

@@ -130,17 +130,39 @@ REGISTRIES = {
 }
 
 
-def _kind_like(node) -> bool:
-  """`kind`, `x.kind`, `x["kind"]` or `x.get("kind")`."""
+# The config fields (and the local names the code reads them into) that choose a variant: each has
+# a registry to ask (heads, students, objectives, ETD's `WIDTH_METHODS` and `DEPTH_STRATEGIES`,
+# `POOLING_MODES`, `MODEL_TYPES`, task distillation's `OPTIMIZERS`, `ROW_KINDS`, `QG_CONTEXTS`).
+VARIANT_FIELDS = {
+  *("kind", "method", "strategy", "mode", "model_type", "rows", "context", "qg_context", "target", "optimizer.name")
+}
+
+
+def _field_like(node, fields) -> bool:
+  """One of `fields`: `f`, `x.f`, `x["f"]` or `x.get("f")`; with "optimizer.name" among them, an
+  optimizer's name (`opt.name`, `optimizer.name`)."""
   if isinstance(node, ast.Name):
-    return node.id == "kind"
+    return node.id in fields
   if isinstance(node, ast.Attribute):
-    return node.attr == "kind"
+    owner = getattr(node.value, "id", getattr(node.value, "attr", ""))
+    optimizer = node.attr == "name" and owner in ("opt", "optimizer") and "optimizer.name" in fields
+    return node.attr in fields or optimizer
   if isinstance(node, ast.Subscript):
-    return isinstance(node.slice, ast.Constant) and node.slice.value == "kind"
+    return isinstance(node.slice, ast.Constant) and node.slice.value in fields
   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-    return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "kind"
+    return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value in fields
   return False
+
+
+def _kind_like(node) -> bool:
+  return _field_like(node, {"kind"})
+
+
+def _names_a_variant(node) -> bool:
+  """A string literal, or a tuple, list or set of them: the name(s) of a variant."""
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return bool(node.elts) and all(_names_a_variant(e) for e in node.elts)
+  return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
 def _is_head(node) -> bool:
@@ -155,7 +177,8 @@ def kind_tests(source: str) -> list:
     if isinstance(node, ast.Compare):
       operands = [node.left, *node.comparators]
       presence = any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and _is_head(node.comparators[-1])
-      if presence or any(_kind_like(o) for o in operands):
+      variant = any(_field_like(o, VARIANT_FIELDS) for o in operands) and any(_names_a_variant(o) for o in operands)
+      if presence or variant or any(_kind_like(o) for o in operands):
         found.append(node.lineno)
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
       if _is_head(node.func.value):
@@ -164,11 +187,16 @@ def kind_tests(source: str) -> list:
 
 
 def test_kinds_are_tested_in_their_registries_alone():
-  """Heads, run records, students and objectives are registries: code elsewhere asks an entry
-  (`head_kind(head).generates`, `record.multi_task`, `student_kind(kind).joint`), it does not test
-  which kind it holds or which keys a head has."""
+  """Heads, run records, students, objectives and every configured variant are registries: code
+  elsewhere asks an entry (`head_kind(head).generates`, `record.multi_task`,
+  `student_kind(kind).joint`, `config.family.positions_after_padding`), it does not compare a
+  variant's name (`VARIANT_FIELDS`) nor test which keys a head has."""
   assert kind_tests('if head["kind"] == SEQ2SEQ: pass\nx = record.kind in (A, B)\ny = "labels" in head') == [1, 2, 3]
   assert kind_tests("z = head.get('masked_targets')\nw = kind_of(head).generates") == [1]
+  variants = (
+    'if etd.method == "rand": pass\nif opt.name == "adam": pass\nx = config.model_type != "bert"\ny = mode in ("cls",)'
+  )
+  assert kind_tests(variants) == [1, 2, 3, 4]
   offenders = []
   for path in sorted(glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)):
     name = os.path.relpath(path, ROOT)

@@ -168,7 +168,8 @@ def pack_blocks(token_rows, block_len: int):
   return blocks
 
 
-ROW_KINDS = ("auto", "lines", "documents")
+# data.rows -> whether each row is a whole document (None, "auto": every corpus but text files).
+ROW_KINDS = {"auto": None, "lines": False, "documents": True}
 
 
 def rows_are_documents(data_config) -> bool:
@@ -176,8 +177,9 @@ def rows_are_documents(data_config) -> bool:
   rows = data_config.get("rows", "auto")
   if rows not in ROW_KINDS:
     raise UserError(f"data.rows={rows!r}: choose one of {', '.join(ROW_KINDS)}")
-  if rows != "auto":
-    return rows == "documents"
+  documents = ROW_KINDS[rows]
+  if documents is not None:
+    return documents
   files = [f.strip() for f in data_config.corpus.split(",") if f.strip()]
   return data_config.corpus not in BUILT_IN and not all(_is_text_file(f) for f in files)
 

@@ -15,6 +15,10 @@
    top or bottom M (the paper's ablations).
 """
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from flax import traverse_util
 
@@ -23,8 +27,6 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 
-WIDTH_METHODS = ("rand", "impt")
-DEPTH_STRATEGIES = ("uniform", "top", "bottom")
 NEURON_TYPES = ("ffn", "head", "hidden")
 
 
@@ -39,9 +41,29 @@ def reversed_types(reverse: str) -> frozenset:
   return frozenset(names)
 
 
+def _uniform_layers(teacher_layers: int, student_layers: int) -> list:
+  """Teacher layer m * L / M for student layer m (1-based)."""
+  if teacher_layers % student_layers:
+    raise UserError(
+      f"uniform layer selection needs the student's depth ({student_layers}) to divide the "
+      f"teacher's ({teacher_layers}): choose a divisor, or the top/bottom strategy"
+    )
+  step = teacher_layers // student_layers
+  return [m * step - 1 for m in range(1, student_layers + 1)]
+
+
+# etd.layers: how the student's layers are chosen from the teacher's, by name -> (teacher layers,
+# student layers) -> 0-based teacher layers. (Or the teacher's layers listed: `select_layers`.)
+DEPTH_STRATEGIES = {
+  "uniform": _uniform_layers,
+  "top": lambda teacher_layers, student_layers: list(range(teacher_layers - student_layers, teacher_layers)),
+  "bottom": lambda teacher_layers, student_layers: list(range(student_layers)),
+}
+
+
 def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uniform") -> list:
-  """0-based teacher layers for the student's layers. Uniform: teacher layer m * L / M for student
-  layer m (1-based); or the teacher's layers listed, 1-based and ascending ("1,2,6")."""
+  """0-based teacher layers for the student's layers: by a strategy of `DEPTH_STRATEGIES`, or the
+  teacher's layers listed, 1-based and ascending ("1,2,6")."""
   if not 0 < student_layers <= teacher_layers:
     raise UserError(
       f"a {student_layers}-layer student cannot be taken from a {teacher_layers}-layer teacher: "
@@ -49,22 +71,12 @@ def select_layers(teacher_layers: int, student_layers: int, strategy: str = "uni
     )
   if strategy[:1].isdigit():
     return _listed_layers(strategy, teacher_layers, student_layers)
-  if strategy == "uniform":
-    if teacher_layers % student_layers:
-      raise UserError(
-        f"uniform layer selection needs the student's depth ({student_layers}) to divide the "
-        f"teacher's ({teacher_layers}): choose a divisor, or the top/bottom strategy"
-      )
-    step = teacher_layers // student_layers
-    return [m * step - 1 for m in range(1, student_layers + 1)]
-  if strategy == "top":
-    return list(range(teacher_layers - student_layers, teacher_layers))
-  if strategy == "bottom":
-    return list(range(student_layers))
-  raise UserError(
-    f"unknown layer selection {strategy!r}: use one of {', '.join(DEPTH_STRATEGIES)}, or list the teacher's "
-    f"layers (1-based), e.g. 1,2,6"
-  )
+  if strategy not in DEPTH_STRATEGIES:
+    raise UserError(
+      f"unknown layer selection {strategy!r}: use one of {', '.join(DEPTH_STRATEGIES)}, or list the teacher's "
+      f"layers (1-based), e.g. 1,2,6"
+    )
+  return DEPTH_STRATEGIES[strategy](teacher_layers, student_layers)
 
 
 def _listed_layers(listed: str, teacher_layers: int, student_layers: int) -> list:
@@ -199,6 +211,44 @@ def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: i
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Extraction:
+  """What a width method needs to choose the teacher's neurons (`initial_student_params`)."""
+
+  etd_config: Any
+  teacher: EncoderConfig
+  teacher_params: Any
+  mlm_head: Any
+  student: EncoderConfig
+  sentences_fn: Callable
+  tokenizer: Any
+  max_len: int
+  reverse: frozenset
+
+
+def _random_neurons(e: _Extraction) -> dict:
+  """ETD-Rand: neurons drawn at random (`random_indices`): no ranks to reverse."""
+  if e.reverse:
+    raise UserError(f"etd.reverse={e.etd_config.reverse!r} reverses importance ranks: use it with etd.method=impt")
+  return random_indices(e.teacher, e.student, e.etd_config.seed, e.etd_config.hidden_consistency)
+
+
+def _important_neurons(e: _Extraction) -> dict:
+  """ETD-Impt: the neurons of highest Taylor importance on the corpus's first sentences."""
+  if e.mlm_head is None:
+    raise UserError(
+      "the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
+      "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head"
+    )
+  batches = scoring_batches(e.sentences_fn(e.etd_config.num_sentences), e.tokenizer, e.max_len, e.etd_config.seed)
+  scores = taylor_scores(e.teacher, e.teacher_params, e.mlm_head, batches)
+  return top_indices(scores, e.student, e.etd_config.hidden_consistency, e.reverse)
+
+
+# etd.method: how the teacher's neurons are chosen, by name -> (_Extraction) -> index sets.
+WIDTH_METHODS = {"rand": _random_neurons, "impt": _important_neurons}
+
+
 def initial_student_params(
   etd_config,
   teacher: EncoderConfig,
@@ -209,24 +259,15 @@ def initial_student_params(
   tokenizer,
   max_len: int,
 ):
-  """The student's parameters by ETD-Rand or ETD-Impt. `mlm_head` is the teacher's MLM head (None if it
-  has none); `sentences_fn(n)` gives the corpus's first n sentences (only ETD-Impt reads them)."""
+  """The student's parameters by ETD-Rand or ETD-Impt (`WIDTH_METHODS`). `mlm_head` is the
+  teacher's MLM head (None if it has none); `sentences_fn(n)` gives the corpus's first n sentences
+  (only ETD-Impt reads them)."""
   check_extractable(teacher, student)
-  reverse = reversed_types(etd_config.reverse)
-  if reverse and etd_config.method != "impt":
-    raise UserError(f"etd.reverse={etd_config.reverse!r} reverses importance ranks: use it with etd.method=impt")
-  if etd_config.method == "rand":
-    indices = random_indices(teacher, student, etd_config.seed, etd_config.hidden_consistency)
-  elif etd_config.method == "impt":
-    if mlm_head is None:
-      raise UserError(
-        "the teacher has no masked-LM head, so ETD-Impt has no importance scores: use "
-        "--config.etd.method=rand, or a teacher checkpoint saved with its MLM head"
-      )
-    batches = scoring_batches(sentences_fn(etd_config.num_sentences), tokenizer, max_len, etd_config.seed)
-    indices = top_indices(
-      taylor_scores(teacher, teacher_params, mlm_head, batches), student, etd_config.hidden_consistency, reverse
-    )
-  else:
+  if etd_config.method not in WIDTH_METHODS:
     raise UserError(f"unknown etd.method {etd_config.method!r}: use {' or '.join(WIDTH_METHODS)}")
+  reverse = reversed_types(etd_config.reverse)
+  extraction = _Extraction(
+    etd_config, teacher, teacher_params, mlm_head, student, sentences_fn, tokenizer, max_len, reverse
+  )
+  indices = WIDTH_METHODS[etd_config.method](extraction)
   return extract(teacher_params, teacher, student, indices, etd_config.layers)

@@ -19,7 +19,19 @@ from safetensors.numpy import load_file, save_file
 
 from minilm_jax.errors import UserError
 
-POOLING_MODES = ("mean", "cls")
+
+def _mean_of_real_tokens(hidden_BxLxD, mask_BxL):
+  mask = mask_BxL.astype(jnp.float32)[..., None]
+  return jnp.sum(hidden_BxLxD * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1e-9)
+
+
+# Pooling.mode -> (how it pools [B, L, D] float32 hidden states with the mask, sentence-transformers'
+# name for it: its Pooling config's `pooling_mode_<name>` flag). The modes we reproduce.
+POOLING_MODES = {
+  "mean": (_mean_of_real_tokens, "mean_tokens"),
+  "cls": (lambda hidden_BxLxD, mask_BxL: hidden_BxLxD[:, 0], "cls_token"),
+}
+_ST_POOLING_NAMES = ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens")  # every mode it has
 _ST_TYPE = "sentence_transformers.models."  # the module names every sentence-transformers release reads
 
 
@@ -67,12 +79,11 @@ def read_pipeline(model_dir: str, default_length: int):
 
 
 def _read_pooling(model_dir: str, folder: str, config: dict) -> dict:
-  modes = [
-    m for m in ("mean_tokens", "cls_token", "max_tokens", "mean_sqrt_len_tokens") if config.get(f"pooling_mode_{m}")
-  ]
-  if modes not in (["mean_tokens"], ["cls_token"]):
-    raise UserError(f"{model_dir} pools by {modes}: we reproduce mean or CLS pooling alone")
-  return {"mode": "mean" if modes == ["mean_tokens"] else "cls"}
+  modes = [m for m in _ST_POOLING_NAMES if config.get(f"pooling_mode_{m}")]
+  ours = {st_name: mode for mode, (_, st_name) in POOLING_MODES.items()}
+  if len(modes) != 1 or modes[0] not in ours:
+    raise UserError(f"{model_dir} pools by {modes}: we reproduce {' or '.join(POOLING_MODES)} pooling alone")
+  return {"mode": ours[modes[0]]}
 
 
 def _read_dense(model_dir: str, folder: str, config: dict) -> dict:
@@ -87,12 +98,9 @@ _MODULE_READERS = {"Transformer": None, "Pooling": _read_pooling, "Dense": _read
 
 
 def pool(hidden_BxLxD, mask_BxL, mode: str):
-  """Mean of the real tokens' hidden states, or the `[CLS]` (first) token's; float32."""
-  hidden = hidden_BxLxD.astype(jnp.float32)
-  if mode == "cls":
-    return hidden[:, 0]
-  mask = mask_BxL.astype(jnp.float32)[..., None]
-  return jnp.sum(hidden * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1e-9)
+  """The pooled hidden states by `POOLING_MODES[mode]` (the mean of the real tokens', or the
+  `[CLS]` (first) token's); float32."""
+  return POOLING_MODES[mode][0](hidden_BxLxD.astype(jnp.float32), mask_BxL)
 
 
 def sentence_embeddings(hidden_BxLxD, mask_BxL, pooling: Pooling, dense_kernel=None):
@@ -132,10 +140,7 @@ def save_sentence_transformers(out_dir: str, pooling: Pooling, dense_kernel=None
     os.path.join(out_dir, "1_Pooling", "config.json"),
     {
       "word_embedding_dimension": width,
-      "pooling_mode_cls_token": pooling.mode == "cls",
-      "pooling_mode_mean_tokens": pooling.mode == "mean",
-      "pooling_mode_max_tokens": False,
-      "pooling_mode_mean_sqrt_len_tokens": False,
+      **{f"pooling_mode_{name}": name == POOLING_MODES[pooling.mode][1] for name in _ST_POOLING_NAMES},
     },
   )
   modules.append(("Pooling", "1_Pooling"))

@@ -23,7 +23,22 @@ from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
 from minilm_jax.models import layout
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+
+@dataclasses.dataclass(frozen=True)
+class ModelType:
+  """What differs between the BERT-family encoders we load (`EncoderConfig.model_type`)."""
+
+  positions_after_padding: bool  # RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0
+  hf_architecture: str  # the transformers class of the encoder alone
+  mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
+  task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
+
+
+MODEL_TYPES = {
+  "bert": ModelType(False, "BertModel", "bert", True),
+  "roberta": ModelType(True, "RobertaModel", "roberta", False),
+  "xlm-roberta": ModelType(True, "XLMRobertaModel", "roberta", False),
+}
 
 
 def exact_gelu(x):
@@ -81,9 +96,13 @@ class EncoderConfig:
     return self.hidden_size // self.num_heads
 
   @property
+  def family(self) -> ModelType:
+    return MODEL_TYPES[self.model_type]
+
+  @property
   def position_offset(self) -> int:
     """RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0."""
-    return 0 if self.model_type == "bert" else self.pad_token_id + 1
+    return self.pad_token_id + 1 if self.family.positions_after_padding else 0
 
   def check_length(self, length: int, field: str, model: str = "the model"):
     """One line when sequences of `length` (the config's `field`) need more positions than `model` has."""
@@ -173,7 +192,7 @@ def _embed(num, config, name):
 
 
 def position_ids(input_ids_BxL, config: EncoderConfig):
-  if config.model_type == "bert":
+  if not config.family.positions_after_padding:
     return jnp.broadcast_to(jnp.arange(input_ids_BxL.shape[1]), input_ids_BxL.shape)
   # RoBERTa: padding tokens sit at padding_idx, real tokens count up from padding_idx + 1.
   real = (input_ids_BxL != config.pad_token_id).astype(jnp.int32)

@@ -40,7 +40,6 @@ class LoadedModel(NamedTuple):
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
 _MODEL_PREFIXES = ("bert.", "roberta.")
-_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
 # Our EncoderConfig field <- Hugging Face config.json key.
 _CONFIG_KEYS = {
   "vocab_size": "vocab_size",
@@ -82,7 +81,7 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
 def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
   d.update(
-    model_type=config.model_type, architectures=[_ARCHITECTURES[config.model_type]], position_embedding_type="absolute"
+    model_type=config.model_type, architectures=[config.family.hf_architecture], position_embedding_type="absolute"
   )
   return d
 
@@ -191,7 +190,7 @@ def _convert(flat, pairs):
 
 def _mlm_head(tensors: dict, config: EncoderConfig):
   """The masked-LM head's parameters among a checkpoint's tensors, or None when it was saved without one."""
-  table = MLM_WEIGHTS["bert" if config.model_type == "bert" else "roberta"]
+  table = MLM_WEIGHTS[config.family.mlm_weights]
   if any(theirs not in tensors for _, theirs, _ in table):
     return None
   flat = {
@@ -226,7 +225,7 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   loads as the head's transformers class (BertForSequenceClassification, ...)."""
   from safetensors.numpy import save
 
-  if head is not None and config.model_type != "bert":
+  if head is not None and not config.family.task_heads_export:
     raise UserError(
       f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
       f"from BERT's): export the encoder alone"

@@ -1,5 +1,6 @@
 """Task-distillation objectives of the thesis (section 3.2), each averaged over the batch: a
-registry, `OBJECTIVES[name](task, student_logits_BxC, batch, temperature)`.
+registry, `OBJECTIVES[name]`: its loss `(task, student_logits_BxC, batch, temperature)`, the batch
+column it compares the student with, and what that asks of a run.
 
 - "mse" (the thesis's choice, eq. 3.4): squared L2 distance between teacher and student logits.
 - "soft_ce" (Hinton et al.): cross-entropy against the teacher's probabilities at temperature T,
@@ -8,6 +9,9 @@ registry, `OBJECTIVES[name](task, student_logits_BxC, batch, temperature)`.
 - "hard": the task's own loss against the gold labels (cross-entropy, or MSE for a regression
   task); the ablation rows' "trained on labels alone".
 """
+
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +32,36 @@ def _hard_labels(task, student_BxC, batch, temperature: float):
   return task.loss(student_BxC, batch)
 
 
-OBJECTIVES = {"mse": _logit_mse, "soft_ce": _soft_cross_entropy, "hard": _hard_labels}
-# The batch column each objective compares the student with.
-TARGETS = {"mse": "teacher_logits", "soft_ce": "teacher_logits", "hard": "label"}
+@dataclasses.dataclass(frozen=True)
+class TaskObjective:
+  loss: Callable  # (task, student logits [B, C], batch, temperature) -> scalar
+  # The teacher's logits (a teacher run per task; the training set augmented as the thesis does),
+  # or the gold labels alone.
+  from_teacher: bool
+  classes_only: bool = False  # compares class probabilities: not for a regression task
+
+  @property
+  def column(self) -> str:
+    """The batch column the loss compares the student with."""
+    return "teacher_logits" if self.from_teacher else "label"
 
 
-def check_objective(objective: str, num_labels: int, task: str):
+OBJECTIVES = {
+  "mse": TaskObjective(_logit_mse, from_teacher=True),
+  "soft_ce": TaskObjective(_soft_cross_entropy, from_teacher=True, classes_only=True),
+  "hard": TaskObjective(_hard_labels, from_teacher=False),
+}
+
+
+def check_objective(objective: str, num_labels: int, task: str) -> TaskObjective:
+  """The registered objective, checked against a task's labels."""
   if objective not in OBJECTIVES:
     raise UserError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
-  if objective == "soft_ce" and num_labels == 1:
-    raise UserError(f"objective 'soft_ce' needs class probabilities, but {task} is a regression task: use 'mse'")
+  if OBJECTIVES[objective].classes_only and num_labels == 1:
+    raise UserError(f"objective {objective!r} needs class probabilities, but {task} is a regression task: use 'mse'")
+  return OBJECTIVES[objective]
 
 
 def task_loss(objective: str, task, student_BxC, batch, temperature: float = 1.0):
   """`objective` on a batch holding `teacher_logits` (distillation) or `label` ("hard")."""
-  return OBJECTIVES[objective](task, student_BxC, batch, temperature)
+  return OBJECTIVES[objective].loss(task, student_BxC, batch, temperature)

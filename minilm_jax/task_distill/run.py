@@ -43,19 +43,22 @@ from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import make_student, student_kind
 from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
-from minilm_jax.task_distill.losses import TARGETS, check_objective, task_loss
+from minilm_jax.task_distill.losses import OBJECTIVES, check_objective, task_loss
 from minilm_jax.training.loop import begin_run
 from minilm_jax.training.outputs import write_json
 
+# optimizer.name: the thesis's optimisers at a constant learning rate, AdaDelta (BiLSTM) and Adam (MKD).
+OPTIMIZERS = {
+  "adadelta": lambda opt: optax.adadelta(opt.lr, rho=opt.rho, eps=opt.eps),
+  "adam": lambda opt: optax.adam(opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps),
+}
+
 
 def task_optimizer(opt):
-  """The thesis's optimisers at a constant learning rate: AdaDelta (BiLSTM) or Adam (MKD)."""
-  if opt.name == "adadelta":
-    tx = optax.adadelta(opt.lr, rho=opt.rho, eps=opt.eps)
-  elif opt.name == "adam":
-    tx = optax.adam(opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps)
-  else:
-    raise UserError(f"optimizer.name={opt.name!r}: choose adadelta or adam")
+  """The optimiser `optimizer.name` registers (`OPTIMIZERS`), after clipping when asked."""
+  if opt.name not in OPTIMIZERS:
+    raise UserError(f"optimizer.name={opt.name!r}: choose {' or '.join(OPTIMIZERS)}")
+  tx = OPTIMIZERS[opt.name](opt)
   return optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx) if opt.clip_norm > 0 else tx
 
 
@@ -164,14 +167,14 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   for task in tasks:
     check_objective(config.objective, task.head()["num_labels"], task.name)
   teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
-  target = TARGETS[config.objective]
+  objective = OBJECTIVES[config.objective]
   vectors = config.student.word_vectors and start is None
-  if not teacher_runs and (target == "teacher_logits" or not (vectors or start)):
+  if not teacher_runs and (objective.from_teacher or not (vectors or start)):
     raise UserError(
       "config.teacher is empty: pass the workdir of a run fine-tuned on each task "
       "(its tokenizer is also the student's vocabulary, unless student.word_vectors or student.from_run gives one)"
     )
-  teachers = find_teachers(teacher_runs, tasks) if target == "teacher_logits" else {}
+  teachers = find_teachers(teacher_runs, tasks) if objective.from_teacher else {}
   data_dirs = task_data_dirs(tasks, config.data_dir)
   train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
   embedding_table = None
@@ -184,7 +187,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   else:
     tokenizer = runs.load_tokenizer_of(teacher_runs[0])
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
-  tag = augment.load_pos_tagger() if config.augment.enabled and target == "teacher_logits" else None
+  tag = augment.load_pos_tagger() if config.augment.enabled and objective.from_teacher else None
   encoder_config, init_body = None, None
   if start is not None:
     encoder_config = start.encoder_config
@@ -213,7 +216,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
         desc=f"augment {task.name}",
       )
     features = task_features(joint, task, examples, tokenizer, c.max_seq_length)
-    if target == "label":
+    if not objective.from_teacher:
       return features
     logits = teacher_logits(teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, mesh, cache_dir)
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
@@ -248,7 +251,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     model=model,
     joint=joint,
     loss=partial(task_loss, config.objective, temperature=config.temperature),
-    target=target,
+    target=objective.column,
     training_rows=training_rows,
     init_params=init_params,
     optimizer=lambda num_steps: (task_optimizer(config.optimizer), lambda step: jnp.asarray(config.optimizer.lr)),

@@ -311,8 +311,8 @@ class QuestionGeneration(Seq2SeqTask):
 
   def load(self, split: str, data_dir: str = "", language: str = "", config=None) -> datasets.Dataset:
     context = "paragraph" if config is None else config.seq2seq.qg_context
-    if context not in ("paragraph", "sentence"):
-      raise UserError(f"seq2seq.qg_context={context!r}: use paragraph or sentence")
+    if context not in QG_CONTEXTS:
+      raise UserError(f"seq2seq.qg_context={context!r}: use {' or '.join(QG_CONTEXTS)}")
     if data_dir:
       for name in (f"{split}.json", f"{split}-v1.1.json"):
         if os.path.isfile(os.path.join(data_dir, name)):
@@ -362,7 +362,7 @@ def _questions(rows: list, context: str) -> datasets.Dataset:
   out: dict[str, list] = {c: [] for c in _COLUMNS}
   for qid, passage, answer, start, question in rows:
     out["id"].append(qid)
-    out["source"].append(passage if context == "paragraph" else _sentence_at(passage, start))
+    out["source"].append(QG_CONTEXTS[context](passage, start))
     out["source_b"].append(answer)
     out["target"].append(question)
   return datasets.Dataset.from_dict(out)
@@ -376,6 +376,10 @@ def _sentence_at(passage: str, char: int) -> str:
       return passage[start : match.start()]
     start = match.end()
   return passage[start:]
+
+
+# seq2seq.qg_context -> (passage, the answer's first character) -> the question's source text.
+QG_CONTEXTS = {"paragraph": lambda passage, start: passage, "sentence": _sentence_at}
 
 
 @dataclasses.dataclass(frozen=True)
