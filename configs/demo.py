@@ -24,7 +24,7 @@ small student in minutes.
 
 from minilm_jax.data.wordnet_db import EXCERPT_DIR
 from minilm_jax.distill.config import base_config, demo_teacher
-from minilm_jax.distill.evaluators import evaluator
+from minilm_jax.evaluation.evaluators import evaluator
 
 
 def get_config():

@@ -20,8 +20,8 @@ from absl import flags
 
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.embedding_eval import evaluate_embeddings
-from minilm_jax.finetuning.evaluation import evaluate_runs
+from minilm_jax.evaluation.runs import evaluate_runs
+from minilm_jax.evaluation.sentences import evaluate_embeddings
 from minilm_jax.reports.tables import format_table
 from minilm_jax.training import outputs
 from minilm_jax.training.program import run_program

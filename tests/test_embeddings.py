@@ -19,7 +19,7 @@ from minilm_jax.distill.objectives import Objective, Outputs
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning import embedding_eval
+from minilm_jax.evaluation import sentences as sentence_eval
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
@@ -112,23 +112,23 @@ def test_retrieval_and_sts_scores_by_hand():
   docs = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6], [-1.0, 0.0]])
   queries = np.array([[0.6, 0.8], [0.0, -2.0]])
   # Cosines of query 0: 0.6, 0.8, 0.96, -0.6 (ranking 2, 1, 0, 3); of query 1: 0, -1, -0.6, 0 (ranking 0, 3, 2, 1).
-  scores = embedding_eval.retrieval_scores(queries, docs, [[0, 2], [1]])
+  scores = sentence_eval.retrieval_scores(queries, docs, [[0, 2], [1]])
   # recall@1: query 0 has doc 2 first (1 of 2 relevant) -> 0.5; query 1's doc 1 (cos -1) is last -> 0.
   assert scores["recall@1"] == pytest.approx((0.5 + 0.0) / 2)
   assert scores["recall@10"] == pytest.approx((1.0 + 1.0) / 2)
   assert scores["mrr@10"] == pytest.approx((1.0 + 1 / 4) / 2)
   # Unrelated-pair cosine: the mean over ordered pairs of different rows.
-  assert embedding_eval.unrelated_cosine(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])) == pytest.approx(
+  assert sentence_eval.unrelated_cosine(np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])) == pytest.approx(
     (0.0 + 2**-0.5 + 2**-0.5) * 2 / 6
   )
   # STS: cosines 1, 0, -1 against gold 5, 3, 4 -> ranks (3, 2, 1) vs (3, 1, 2): Spearman 1 - 6 * 2 / (3 * 8) = 0.5.
   a = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
   b = np.array([[2.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
-  assert embedding_eval.sts_spearman(a, b, [5.0, 3.0, 4.0]) == pytest.approx(0.5)
+  assert sentence_eval.sts_spearman(a, b, [5.0, 3.0, 4.0]) == pytest.approx(0.5)
 
 
 def test_wordnet_retrieval_pairs_definitions_with_their_own_examples():
-  retrieval = embedding_eval.wordnet_retrieval(WORDNET_EXCERPT)
+  retrieval = sentence_eval.wordnet_retrieval(WORDNET_EXCERPT)
   assert len(retrieval.queries) == len(retrieval.relevant) > 500
   assert sorted(i for gold in retrieval.relevant for i in gold) == list(range(len(retrieval.documents)))
   assert (
@@ -176,12 +176,12 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
   ]
 
-  ours = embedding_eval.SentenceEncoder.load(workdir, parallel.make_mesh(), 8, 64)(SENTENCES)
+  ours = sentence_eval.SentenceEncoder.load(workdir, parallel.make_mesh(), 8, 64)(SENTENCES)
   theirs = SentenceTransformer(out, device="cpu").encode(SENTENCES)
   assert ours.shape == (len(SENTENCES), 384)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
   np.testing.assert_allclose(
-    embedding_eval.SentenceEncoder.load(out, parallel.make_mesh(), 8, 64)(SENTENCES), theirs, atol=1e-5
+    sentence_eval.SentenceEncoder.load(out, parallel.make_mesh(), 8, 64)(SENTENCES), theirs, atol=1e-5
   )
 
   sts = tmp_path / "sts.tsv"

@@ -1,4 +1,4 @@
-"""The distillation loop's evaluators (distill/evaluators.py), through the program: what they log
+"""The distillation loop's evaluators (evaluation/evaluators.py), through the program: what they log
 and when, against values computed without our code (transformers' PyTorch model on the exported
 checkpoint, scipy's Spearman, scikit-learn's probe, retrieval worked out in plain numpy), the
 held-out blocks that training never reads, a resume that logs nothing twice, the best checkpoint
@@ -14,9 +14,9 @@ from scipy import stats
 from conftest import SENTENCES, apply_overrides, tiny_config
 from minilm_jax import runs
 from minilm_jax.devices import parallel
-from minilm_jax.distill import evaluators
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation import evaluators
 
 # Sentences of two kinds for the probe and the retrieval: questions about one topic and another.
 _ANIMALS = [

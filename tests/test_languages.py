@@ -17,9 +17,9 @@ from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, split_heldout
 from minilm_jax.data.languages import LanguageBlocks, language_corpora, language_spans, sampling_probabilities
 from minilm_jax.data.prepared import corpus_blocks
-from minilm_jax.distill.evaluators import evaluator
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.evaluators import evaluator
 
 pytestmark = pytest.mark.xdist_group("languages")
 

@@ -126,7 +126,7 @@ REGISTRIES = {
   "minilm_jax/models/students.py",
   "minilm_jax/distill/objectives.py",
   "minilm_jax/task_distill/losses.py",
-  "minilm_jax/distill/evaluators.py",
+  "minilm_jax/evaluation/evaluators.py",
 }
 
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_config_module, run_distill_task
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
-from minilm_jax.finetuning.evaluation import evaluate_runs
 from minilm_jax.finetuning.multitask import build_multitask_finetuning, task_features
 from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config

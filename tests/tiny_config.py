@@ -4,7 +4,7 @@
 import os
 
 from conftest import WORDNET_EXCERPT, tiny_config
-from minilm_jax.distill.evaluators import evaluator
+from minilm_jax.evaluation.evaluators import evaluator
 
 
 def get_config(variant: str = ""):

@@ -24,13 +24,13 @@ from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.distill import trainer
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import run as finetuning
-from minilm_jax.finetuning.steps import MODEL_INPUTS, Predictor
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
 from minilm_jax.models.flops import distill_flops_per_token, encoder_flops_per_token, parse_shape
-from minilm_jax.models.heads import LMHead, abstract_model_params, head_kind
+from minilm_jax.models.heads import MODEL_INPUTS, LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
 from minilm_jax.training.train_state import TrainState
 

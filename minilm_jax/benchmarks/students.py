@@ -50,11 +50,11 @@ from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
-from minilm_jax.distill.evaluators import probe_correct
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.evaluators import probe_correct
+from minilm_jax.evaluation.sentences import SentenceEncoder
 from minilm_jax.finetuning.config import base_config as finetune_config
-from minilm_jax.finetuning.embedding_eval import SentenceEncoder
 from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.tasks import custom, get_task, selection_metric
 from minilm_jax.tasks.glue import ClassificationTask

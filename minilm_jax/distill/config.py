@@ -123,7 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
   # "<evaluator>/<metric>": also keep the step where that evaluation scored best (e.g. "heldout/loss").
   c.checkpoint.best = ""
 
-  # Named evaluators the loop runs at step 0 and every `every` steps (distill/evaluators.py), e.g.
+  # Named evaluators the loop runs at step 0 and every `every` steps (evaluation/evaluators.py), e.g.
   # c.evaluators.heldout = dict(kind="heldout", every=1000); empty: the run reports its loss alone.
   c.evaluators = ml_collections.ConfigDict()
   c.eval_batch_size = 64  # sentences per evaluation batch, over all devices

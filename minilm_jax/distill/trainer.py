@@ -25,10 +25,11 @@ from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, la
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill import etd, evaluators, losses
+from minilm_jax.distill import etd, losses
 from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation import evaluators
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.runs.record import DISTILLATION, RunRecord

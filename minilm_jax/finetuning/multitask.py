@@ -26,9 +26,10 @@ from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.fit import fit
-from minilm_jax.finetuning.steps import Predictor, make_train_step
+from minilm_jax.finetuning.steps import make_train_step
 from minilm_jax.models.encoder import dummy_ids
 from minilm_jax.models.students import make_student, refined_teacher, student_kind
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord

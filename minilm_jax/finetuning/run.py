@@ -17,12 +17,20 @@ from jax.sharding import Mesh
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.devices import parallel
+from minilm_jax.evaluation.predictor import Predictor, prediction_forward
+from minilm_jax.evaluation.runs import write_predictions
 from minilm_jax.finetuning import config as finetuning_config
-from minilm_jax.finetuning.evaluation import write_predictions
 from minilm_jax.finetuning.fit import fit
-from minilm_jax.finetuning.steps import Predictor, apply_model, make_train_step, prediction_forward
+from minilm_jax.finetuning.steps import make_train_step
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
-from minilm_jax.models.heads import abstract_model_params, head_kind, init_task_params, masked_targets, task_model
+from minilm_jax.models.heads import (
+  abstract_model_params,
+  apply_model,
+  head_kind,
+  init_task_params,
+  masked_targets,
+  task_model,
+)
 from minilm_jax.runs.record import FINETUNING, RunRecord
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets

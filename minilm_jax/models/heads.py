@@ -323,3 +323,12 @@ def abstract_model_params(config: EncoderConfig, head: dict | None = None):
   if head is None:
     return abstract_params(config)
   return jax.eval_shape(lambda: init_task_params(config, head, jax.random.key(0)))
+
+
+# A task model's encoder inputs, in the order its `__call__` takes them.
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def apply_model(model, params, batch, deterministic=True, rngs=None):
+  """A task model's outputs on a batch's encoder inputs."""
+  return model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=deterministic, rngs=rngs)

@@ -26,6 +26,7 @@ from minilm_jax import runs
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.predictor import Predictor, task_forward
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
   assemble_multitask_run,
@@ -36,7 +37,6 @@ from minilm_jax.finetuning.multitask import (
   task_data_dirs,
   task_features,
 )
-from minilm_jax.finetuning.steps import Predictor, task_forward
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import task_model

@@ -19,8 +19,8 @@ from tqdm import tqdm
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
+from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.finetuning.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
-from minilm_jax.finetuning.steps import Predictor, prediction_forward
 from minilm_jax.models.heads import task_model
 from minilm_jax.tasks import get_task
 

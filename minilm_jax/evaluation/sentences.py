@@ -27,7 +27,7 @@ from minilm_jax import runs
 from minilm_jax.data import wordnet_db
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.steps import Predictor
+from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.tasks import glue, metrics

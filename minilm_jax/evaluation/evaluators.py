@@ -1,6 +1,6 @@
-"""What a distillation run measures while it trains: evaluators named in the config, each with its
-kind, its data and how often it runs (big_vision's pattern), called by the training loop on the
-mesh at step 0 (the student it starts from) and every `every` steps, logged beside the loss as
+"""The evaluator registry: what a distillation run measures while it trains. Evaluators named in
+the config, each with its kind, its data and how often it runs (big_vision's pattern), called by
+the training loop on the mesh at step 0 (the student it starts from) and every `every` steps, logged beside the loss as
 `eval/<name>/<metric>` (metrics.jsonl and TensorBoard), the teacher's own score once per process as
 `eval/<name>/teacher/<metric>`:
 
@@ -14,7 +14,7 @@ Kinds (each one registered function, `KINDS`):
 - `heldout`: every loss term of the objective on the corpus's last `data.heldout_blocks` blocks,
   which training never reads (deterministic dropout off; the teacher is its own target, so it has no score).
 - `retrieval`: recall@1, recall@10 and MRR@10 of cosine ranking, and the mean cosine of unrelated
-  queries (`finetuning/embedding_eval.py`), on WordNet (`data="wordnet"`, definitions -> example
+  queries (`evaluation/sentences.py`), on WordNet (`data="wordnet"`, definitions -> example
   sentences) or on the user's TSV of `query<TAB>relevant document` lines.
 - `sts`: Spearman's correlation of the cosine with the gold scores of an STS-B-format TSV.
 - `probe`: dev accuracy of a logistic regression (scikit-learn) on the frozen, pooled embeddings
@@ -42,8 +42,8 @@ from minilm_jax.data.corpus import BatchStream
 from minilm_jax.devices import parallel
 from minilm_jax.devices.distributed import host_scalars
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning import embedding_eval
-from minilm_jax.finetuning.embedding_eval import SentenceEncoder
+from minilm_jax.evaluation import sentences
+from minilm_jax.evaluation.sentences import SentenceEncoder
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.tasks import custom, get_task, glue
@@ -279,17 +279,17 @@ _RETRIEVAL_METRICS = ("recall@1", "recall@10", "mrr@10", "unrelated_cosine")
 )
 def retrieval(name, spec, context: Context) -> Evaluator:
   if spec.data == "wordnet":
-    data = embedding_eval.wordnet_retrieval(spec.data_dir, spec.split)
+    data = sentences.wordnet_retrieval(spec.data_dir, spec.split)
   else:
-    data = embedding_eval.read_retrieval_pairs(spec.data, f"evaluators.{name}.data")
+    data = sentences.read_retrieval_pairs(spec.data, f"evaluators.{name}.data")
   if not data.queries:
     raise UserError(f"evaluators.{name}: {spec.data} gives no queries: give it query/document pairs")
 
   def score(embed):
     queries = embed(data.queries)
     return {
-      **embedding_eval.retrieval_scores(queries, embed(data.documents), data.relevant),
-      "unrelated_cosine": embedding_eval.unrelated_cosine(queries),
+      **sentences.retrieval_scores(queries, embed(data.documents), data.relevant),
+      "unrelated_cosine": sentences.unrelated_cosine(queries),
     }
 
   return _embedding_evaluator(name, spec, context, data.queries + data.documents, score)
@@ -307,7 +307,7 @@ def sts(name, spec, context: Context) -> Evaluator:
     )
 
   def score(embed):
-    return {"spearman": embedding_eval.sts_spearman(embed(a), embed(b), gold)}
+    return {"spearman": sentences.sts_spearman(embed(a), embed(b), gold)}
 
   return _embedding_evaluator(name, spec, context, a + b, score)
 
