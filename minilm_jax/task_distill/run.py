@@ -193,7 +193,9 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     encoder_config = start.encoder_config
   elif joint:  # the Transformer starts from an encoder's first layers
     body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
-    encoder_config, init_body = body.config, transformer_init(body.params, config.student.num_layers)
+    # The student's own encoder (its first `num_layers` layers), as its record and export read it.
+    encoder_config = body.config.replace(num_layers=config.student.num_layers)
+    init_body = transformer_init(body.params, config.student.num_layers)
   heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
   model = make_student(config.student, heads, len(tokenizer), encoder_config)
 
