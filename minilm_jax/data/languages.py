@@ -71,10 +71,10 @@ def language_corpora(data_config) -> list:
 
 
 def sampling_probabilities(counts, alpha: float) -> np.ndarray:
-  """XLM-R's q_i = p_i^alpha / sum_j p_j^alpha with p_i = n_i / N (a language with no blocks: 0)."""
-  counts = np.asarray(counts, np.float64)
-  weights = np.where(counts > 0, (counts / counts.sum()) ** alpha, 0.0)
-  return weights / weights.sum()
+  """XLM-R's q_i = p_i^alpha / sum_j p_j^alpha with p_i = n_i / N (alpha > 0: a language with no
+  blocks gets 0)."""
+  shares = np.asarray(counts, np.float64) / np.sum(counts)
+  return shares**alpha / np.sum(shares**alpha)
 
 
 class LanguageBlocks:
