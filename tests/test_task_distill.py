@@ -8,18 +8,26 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_config_module, run_distill_task
+from minilm_jax import runs
+from minilm_jax.data import augment
 from minilm_jax.devices import parallel
+from minilm_jax.distill.objectives import Outputs
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
+from minilm_jax.finetuning.distillation import distillation_loss
 from minilm_jax.finetuning.multitask import build_multitask_finetuning, task_features
 from minilm_jax.finetuning.run import build_finetuning
+from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
+from minilm_jax.models.encoder import Encoder
+from minilm_jax.models.heads import apply_model
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config
-from minilm_jax.task_distill.run import build_task_distillation, find_teachers, teacher_logits
+from minilm_jax.task_distill.run import build_task_distillation
 from minilm_jax.tasks import get_task
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -98,13 +106,16 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   assert 0 <= results[f"{task}/dev/accuracy"] <= 1
   saved = json.load(open(tmp_path / "a" / "results.json"))
   assert saved["tasks"] == [task] and saved["step"] == run.num_steps
-  cached = os.listdir(c.cache_dir)
-  assert len(cached) == 1 and cached[0].endswith(".npy")
-  # A second run on the same augmented set reads the teacher logits from the cache.
-  stamp = os.path.getmtime(os.path.join(c.cache_dir, cached[0]))
+  cached = sorted(os.listdir(c.cache_dir))
+  assert [os.path.splitext(name)[1] for name in cached] == [".parquet", ".npy"], cached  # augmented-*, the logits
+  # A second run on the same augmented set reads it and the teacher logits from the cache: no
+  # tagger, no teacher weights.
+  stamps = [os.path.getmtime(os.path.join(c.cache_dir, name)) for name in cached]
+  monkeypatch.setattr(augment, "load_pos_tagger", lambda: pytest.fail("augmented again"))
   again = build_task_distillation(c, str(tmp_path / "b"))
   assert opened.count(os.path.abspath(teachers[task])) == 3, opened  # the record alone: the logits were cached
-  assert os.listdir(c.cache_dir) == cached and os.path.getmtime(os.path.join(c.cache_dir, cached[0])) == stamp
+  assert sorted(os.listdir(c.cache_dir)) == cached
+  assert [os.path.getmtime(os.path.join(c.cache_dir, name)) for name in cached] == stamps
   assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
   # Rerunning the finished run resumes after its last step and reports the saved model's scores.
   assert build_task_distillation(c, str(tmp_path / "a")).run()[1] == results
@@ -401,3 +412,82 @@ def test_a_grid_over_other_rates_adds_to_the_earlier_one(tmp_path):
   with pytest.raises(UserError, match="names a learning rate twice"):
     run_lr_grid(c, str(tmp_path / "grid"))
   assert not os.path.exists(tmp_path / "grid")
+
+
+def _distilling_config(init, teacher, task="wordnet_supersense", **distill):
+  c = _finetune_config(init, task)
+  c.distill.teacher = teacher
+  for k, v in distill.items():
+    setattr(c.distill, k, v)
+  return c
+
+
+@pytest.mark.slow
+def test_finetuning_distils_a_teachers_logits_and_layers_on_augmented_data(tmp_path, teachers, tiny_teacher):
+  """The second stage (`distill.teacher`): a fine-tuning run on the teacher's logits over the
+  augmented training set, plus TinyBERT's layer objective against the teacher run inside the step
+  (on 2 of the fake devices); its loss is the logit MSE computed here in numpy plus the layer terms
+  of the distillation objective, and the result is a fine-tuning run like any other."""
+  task = "wordnet_supersense"
+  c = _distilling_config(tiny_teacher, teachers[task], layers="tinybert_layerwise", layers_weight=0.5)
+  c.augment.enabled, c.augment.size_factor, c.augment.n_iter = True, 2, 3
+  run = build_finetuning(c, str(tmp_path / "kd"))
+  rows = run.stream.rows
+  assert 2000 < len(rows) <= 4000 and "teacher_logits" in rows.column_names
+  # The targets are the teacher run's logits on those (augmented) texts.
+  examples = augment.augmented(
+    get_task(task).load("train", WORDNET_EXCERPT), "[MASK]", c.augment, str(tmp_path / "kd" / "cache"), ""
+  )
+  teacher = find_teachers([teachers[task]], [get_task(task)])[task]
+  expected = teacher_logits(teacher, get_task(task), examples, 32, 128, run.mesh, str(tmp_path / "kd" / "cache"))
+  np.testing.assert_allclose(np.asarray(rows["teacher_logits"]), expected, rtol=1e-6)
+  # The step's loss on a batch, deterministic parts checked: with dropout off the loss is the logit
+  # MSE (numpy) plus half the layer terms of the objective on separate forward passes.
+  state, _ = run.initial_state()
+  batch = {k: np.asarray(rows[:8][k]) for k in ("input_ids", "attention_mask", "token_type_ids", "teacher_logits")}
+  quiet = build_finetuning(_quiet(c), str(tmp_path / "quiet"))
+  loss = distillation_loss(quiet.teacher, quiet.step.model, get_task(task))(
+    state.params, batch, {"dropout": jax.random.key(0)}, quiet.teacher.params
+  )
+  logits = np.asarray(apply_model(quiet.step.model, state.params, batch))
+  mse = np.mean(np.sum((logits - batch["teacher_logits"]) ** 2, axis=-1))
+  layers = quiet.teacher.layers
+  student_config = runs.encoder_config_of(tiny_teacher)
+  student = layers.outputs(Encoder(student_config), state.params["encoder"], batch, student_config.num_layers)
+  teacher_out = layers.outputs(quiet.teacher.encoder, quiet.teacher.params, batch, layers.teacher_layers_needed)
+  terms = layers(teacher_out, Outputs(student.layers, None, student.embeddings), batch, {})
+  assert set(terms) == {"embeddings_mse", *(f"{k}@{i}" for i in range(2) for k in ("attention_mse", "hidden_mse"))}
+  assert float(loss) == pytest.approx(mse + 0.5 * float(sum(jnp.asarray(v) for v in terms.values())), rel=1e-5)
+  # It trains and is a fine-tuning run: evaluated again from its checkpoint, and exported.
+  _, results = run.run()
+  rows_eval = evaluate_runs([str(tmp_path / "kd")], str(tmp_path / "eval"))
+  assert rows_eval[0]["accuracy"] == pytest.approx(results["dev/accuracy"])
+  runs.export_run(str(tmp_path / "kd"), str(tmp_path / "hf"))
+  assert os.path.isfile(tmp_path / "hf" / "config.json")
+
+
+def _quiet(c):
+  """`c` with dropout off."""
+  q = c.copy_and_resolve_references()
+  q.dropout = 0.0
+  return q
+
+
+def test_distilling_settings_contradicting_the_run_are_one_line(tmp_path, teachers, tiny_teacher, minilm_dir):
+  """Augmentation or layers without a teacher, a teacher of another task, the gold-label objective
+  with a teacher, layers of another width: each a one-line error before any compute."""
+  task = "wordnet_supersense"
+  cases = []
+  c = _finetune_config(tiny_teacher, task)
+  c.augment.enabled = True
+  cases.append((c, "augment.enabled needs distill.teacher"))
+  c = _finetune_config(tiny_teacher, task)
+  c.distill.layers = "tinybert_layerwise"
+  cases.append((c, "distill.layers needs distill.teacher"))
+  cases.append((_distilling_config(tiny_teacher, teachers["wordnet_examples"]), "has no teacher"))
+  cases.append((_distilling_config(tiny_teacher, teachers[task], objective="hard"), "leave distill.teacher empty"))
+  c = _distilling_config(minilm_dir, teachers[task], layers="tinybert_layerwise")
+  cases.append((c, "learnt maps between widths are not kept"))
+  for i, (config, message) in enumerate(cases):
+    with pytest.raises(UserError, match=message):
+      build_finetuning(config, str(tmp_path / str(i)))

@@ -11,10 +11,15 @@ first sentence only, the second only, and both.
 Draws are a function of (seed, example index) alone, so the set is the same whatever the order or
 batching. The POS tagger is spaCy's English pipeline (fine-grained Penn Treebank tags, so a
 replacement keeps its word's inflection), installed by the `augment` extra and run offline.
+`augmented` keeps each augmented set on disk, named by everything it depends on: the seeds of a
+setting, a rerun and a machine without the tagger read it there.
 """
 
 import collections
 import dataclasses
+import hashlib
+import json
+import os
 import re
 
 import datasets
@@ -145,3 +150,23 @@ def augment(
       rows["label"].append(examples[i]["label"])
       rows["source"].append(i)
   return datasets.Dataset.from_dict(rows)
+
+
+def augmented(examples: datasets.Dataset, mask_token: str, settings, cache_dir: str, desc: str) -> datasets.Dataset:
+  """`augment(examples, ...)` with `settings` (a config's `augment` block), from `cache_dir` when the
+  same examples were augmented alike before; else augmented now (the tagger loaded only then) and
+  saved there. The set depends on the examples, the mask token and the settings alone."""
+  fields = {k: settings[k] for k in ("p_mask", "p_pos", "n_iter", "size_factor", "seed")}
+  digest = hashlib.sha256(json.dumps([mask_token, fields], sort_keys=True).encode())
+  for a, b, label in zip(examples["text_a"], examples["text_b"], examples["label"]):
+    digest.update(f"{a}\x00{b}\x00{label}\x01".encode())
+  path = os.path.join(cache_dir, f"augmented-{digest.hexdigest()[:20]}.parquet")
+  if os.path.isfile(path):
+    return datasets.Dataset.from_parquet(path)
+  rows = augment(examples, load_pos_tagger(), mask_token, **fields, desc=desc)
+  os.makedirs(cache_dir, exist_ok=True)
+  # renamed when complete: an interrupted write never looks cached (and hosts never share a name)
+  pending = f"{path}.{os.getpid()}.partial"
+  rows.to_parquet(pending)
+  os.replace(pending, path)
+  return rows

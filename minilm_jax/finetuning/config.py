@@ -16,6 +16,13 @@ RANGES = {
   "n_best": (1, None),
   "max_answer_length": (1, None),
   "doc_stride": (1, None),
+  "distill.temperature": (0, None),
+  "distill.layers_weight": (0, None),
+  "augment.size_factor": (1, None),
+  "augment.n_iter": (0, None),
+  "augment.seed": (0, None),
+  "augment.p_mask": (0, 1),
+  "augment.p_pos": (0, 1),
 }
 
 
@@ -60,6 +67,28 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.keep = 1
 
   c.log_every = 50
+
+  # Task-specific distillation (a classification task): the student learns a fine-tuned teacher's
+  # logits instead of the gold labels, on the training set augmented as the thesis does: the second
+  # stage after a general distillation (TinyBERT's two stages; finetuning/distillation.py).
+  c.distill = ml_collections.ConfigDict()
+  c.distill.teacher = ""  # a fine-tuning run of the same task; empty: the gold labels (plain fine-tuning)
+  c.distill.objective = "mse"  # mse (the thesis, on logits) or soft_ce (the teacher's probabilities at temperature)
+  c.distill.temperature = 1.0
+  # Plus the teacher's intermediate layers, by a distillation objective of distill/objectives.py
+  # (tinybert_layerwise: TinyBERT's embeddings, attention scores and hidden states at every layer of
+  # the uniform map; hidden_states; layer_to_layer), times `layers_weight`; empty: the logits alone.
+  c.distill.layers = ""
+  c.distill.layers_weight = 1.0
+  c.distill.cache_dir = ""  # the teacher's logits and the augmented set; empty: <workdir>/cache
+  # The thesis's augmentation (data/augment.py), with distill.teacher: masking and POS-guided replacement.
+  c.augment = ml_collections.ConfigDict()
+  c.augment.enabled = False
+  c.augment.p_mask = 0.1
+  c.augment.p_pos = 0.1
+  c.augment.size_factor = 10  # at most 10x the training set, original included
+  c.augment.n_iter = 18  # draws per example, duplicates dropped
+  c.augment.seed = 0
 
   # `python -m minilm_jax.finetune --grid` runs every lr x epochs pair as one run and tabulates them.
   c.grid = ml_collections.ConfigDict()

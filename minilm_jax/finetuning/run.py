@@ -20,6 +20,7 @@ from minilm_jax.devices import parallel
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.evaluation.runs import write_predictions
 from minilm_jax.finetuning import config as finetuning_config
+from minilm_jax.finetuning.distillation import TaskTeacher, distillation_loss, load_teacher, training_features
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
 from minilm_jax.models.encoder import EncoderConfig, extend_positions
@@ -65,9 +66,10 @@ def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderC
   return encoder_config
 
 
-def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, tokenizer, num_steps: int):
+def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, tokenizer, num_steps: int, teacher=None):
   """Validates `config` against the mesh and builds its task model and steps on `encoder_config`
-  (the pre-trained encoder's architecture)."""
+  (the pre-trained encoder's architecture); with a `teacher` (`distillation.load_teacher`) the step
+  learns it instead of the gold labels, and takes `teacher.frozen` after (state, batch, rng)."""
   encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
   model = task_model(encoder_config, head)
   parallel.check_batch_divides(config.batch_size, mesh)
@@ -75,6 +77,10 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
   state_shardings = parallel.tree_shardings(abstract, mesh)
   loss_of = lambda params, batch, rngs: task.loss(apply_model(model, params, batch, False, rngs), batch, config)
+  frozen_shardings: tuple = ()
+  if teacher is not None:
+    loss_of = distillation_loss(teacher, model, task)
+    frozen_shardings = tuple(parallel.tree_shardings(p, mesh) for p in teacher.frozen)
   if masked_targets(head):  # UniLM's form: a fresh choice of masked target tokens every step
     one_pass_loss_of = loss_of
     mask = partial(
@@ -89,7 +95,7 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
     )
   accumulate = config.optimizer.accumulate_steps
   check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
-  train_step = make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate)
+  train_step = make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate, frozen_shardings)
   forward = prediction_forward(task, model, config, tokenizer)
   return FineTuningStep(encoder_config, model, tx, schedule, state_shardings, train_step, forward)
 
@@ -112,6 +118,7 @@ class FineTuning:
   predict: Predictor
   pretrained: dict  # {"encoder": ...} and, for a generating head, the masked-LM head's parameters
   checkpoints: runs.RunCheckpoints
+  teacher: TaskTeacher | None = None  # distill.teacher's: learnt instead of the gold labels
 
   @property
   def selection_metric(self) -> str:
@@ -143,8 +150,10 @@ class FineTuning:
     return results
 
   def run(self):
+    frozen = () if self.teacher is None else self.teacher.frozen
+
     def step_fn(state, batch, rng):
-      return self.step.train_step(state, batch, rng)
+      return self.step.train_step(state, batch, rng, *frozen)
 
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
 
@@ -169,9 +178,14 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
   mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
   parallel.check_batch_divides(config.batch_size, mesh)
-  train_features = task.prepare("train", config, tokenizer)[0]
+  teacher = load_teacher(config, task, encoder_config, tokenizer, mesh)
+  if teacher is None:
+    train_features, columns = task.prepare("train", config, tokenizer)[0], task.train_columns
+  else:  # the teacher's logits on the (augmented) training set
+    train_features = training_features(config, task, tokenizer, teacher, mesh, workdir)
+    columns = (*task.train_columns, teacher.logits.column)
   stream = BatchStream(
-    train_features.select_columns(task.train_columns),
+    train_features.select_columns(columns),
     config.batch_size,
     config.seed,
     stack_columns,
@@ -181,15 +195,14 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   )
   eval_data = {split: task.prepare(split, config, tokenizer) for split in task.eval_splits}
   num_steps = steps_of_epochs(config.epochs, stream.batches_per_epoch, "epochs")
-  step = build_step(config, task, head, encoder_config, mesh, tokenizer, num_steps)
+  step = build_step(config, task, head, encoder_config, mesh, tokenizer, num_steps, teacher)
   predict = Predictor(step.predict_forward, mesh, step.state_shardings.params, config.eval_batch_size)
   initial = {"encoder": encoder_params}
   if head_kind(head).generates:
     initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
   checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
-  return FineTuning(
-    config, workdir, mesh, task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints
-  )
+  parts = (task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints, teacher)
+  return FineTuning(config, workdir, mesh, *parts)
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -12,18 +12,20 @@ from minilm_jax.devices import parallel
 from minilm_jax.training.train_state import accumulated_value_and_grad, guarded_update
 
 
-def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_steps: int = 1):
-  """`train_step(state, batch, rng) -> (state, metrics)` minimising `loss_of(params, batch, rngs)`
-  (`rngs`: dropout's, fresh each step and micro-batch): jitted with shardings, the state donated.
+def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_steps: int = 1, frozen_shardings=()):
+  """`train_step(state, batch, rng, *frozen) -> (state, metrics)` minimising `loss_of(params, batch,
+  rngs, *frozen)` (`rngs`: dropout's, fresh each step and micro-batch): jitted with shardings, the
+  state donated. `frozen`: what the loss reads and does not train (a distilling teacher's
+  parameters), one argument per entry of `frozen_shardings`, their shardings.
   `accumulate_steps` K averages the gradients of K micro-batches before the one update;
   `metrics["skipped"]` is 1 where a non-finite loss or update was not applied."""
 
-  def step(state, batch, rng):
+  def step(state, batch, rng, *frozen):
     step_rng = jax.random.fold_in(rng, state.step)
 
     def value_and_grad(params, micro_batch, index):
       rngs = {"dropout": step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)}
-      return jax.value_and_grad(lambda p: (loss_of(p, micro_batch, rngs), ()), has_aux=True)(params)
+      return jax.value_and_grad(lambda p: (loss_of(p, micro_batch, rngs, *frozen), ()), has_aux=True)(params)
 
     (loss, _), grads = accumulated_value_and_grad(value_and_grad, state.params, batch, accumulate_steps)
     new_state, skipped = guarded_update(state, grads, loss, tx)
@@ -37,7 +39,7 @@ def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_ste
   replicated = parallel.replicated(mesh)
   return jax.jit(
     parallel.traced_on_mesh(step, mesh),
-    in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated),
+    in_shardings=(state_shardings, parallel.batch_sharding(mesh), replicated, *frozen_shardings),
     out_shardings=(state_shardings, replicated),
     donate_argnums=0,
   )

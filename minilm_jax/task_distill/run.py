@@ -10,7 +10,6 @@ cached on disk.
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 from functools import partial
@@ -26,7 +25,6 @@ from minilm_jax import runs
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.predictor import Predictor, task_forward
 from minilm_jax.finetuning.multitask import (
   MultiTaskRun,
   assemble_multitask_run,
@@ -37,9 +35,9 @@ from minilm_jax.finetuning.multitask import (
   task_data_dirs,
   task_features,
 )
+from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
-from minilm_jax.models.heads import task_model
 from minilm_jax.models.students import make_student, student_kind
 from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
@@ -68,75 +66,6 @@ def transformer_init(encoder_params: dict, num_layers: int) -> dict:
   if num_layers > available:
     raise UserError(f"student.num_layers={num_layers} but the encoder to initialise from has {available} layers")
   return {"encoder": layout.first_layers(encoder_params, num_layers)}
-
-
-@dataclasses.dataclass(frozen=True)
-class TeacherRun:
-  """A task-distillation teacher as `find_teachers` read it: its workdir, the checkpoint step whose
-  record was read (the weights and the logits cache follow that step), and the record."""
-
-  path: str
-  step: int
-  record: RunRecord
-
-
-def find_teachers(teacher_runs: list, tasks: list) -> dict:
-  """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
-  multi-task refined teacher trained on it)} as `TeacherRun`s; a one-line error for a task that has
-  none. Each run's checkpoints are opened once here."""
-  teaches: dict[str, TeacherRun] = {}
-  for run in teacher_runs:
-    if not runs.is_run(run):
-      raise UserError(
-        f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
-      )
-    ckpt = runs.RunCheckpoints(run, read_only=True)
-    try:
-      teacher = TeacherRun(run, *ckpt.read_step_and_record())
-    finally:
-      ckpt.close()
-    for name in teacher.record.tasks if teacher.record.teaches_tasks else ():
-      teaches.setdefault(name, teacher)
-  missing = [t.name for t in tasks if t.name not in teaches]
-  if missing:
-    raise UserError(
-      f"task {', '.join(missing)} has no teacher: none of teacher={','.join(teacher_runs)} was fine-tuned on "
-      f"it; fine-tune one (python -m minilm_jax.finetune --config.task={missing[0]} ...) and add its workdir"
-    )
-  return {t.name: teaches[t.name] for t in tasks}
-
-
-def _teacher(teacher: TeacherRun, task, mesh):
-  """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run, at
-  the step its record was read at."""
-  if teacher.record.multi_task:  # a refined teacher: one encoder, a head per task
-    model, params, tokenizer, _, _ = read_multitask_run(teacher.path, mesh, teacher.step)
-    return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
-  encoder_config, params, tokenizer, head = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:4]
-  assert head is not None  # `find_teachers` takes only fine-tuning runs (with their head) and refined teachers
-  return task_forward(task_model(encoder_config, head)), params, tokenizer
-
-
-def teacher_logits(
-  teacher: TeacherRun, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
-) -> np.ndarray:
-  """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
-  the cache when the same teacher checkpoint already labelled the same texts at the same length."""
-  digest = hashlib.sha256(json.dumps([os.path.abspath(teacher.path), teacher.step, task.name, max_len]).encode())
-  for a, b in zip(examples["text_a"], examples["text_b"]):
-    digest.update(f"{a}\x00{b}\x01".encode())
-  path = os.path.join(cache_dir, f"{task.name}-teacher-{digest.hexdigest()[:20]}.npy")
-  if os.path.isfile(path):
-    return np.load(path)
-  forward, params, tokenizer = _teacher(teacher, task, mesh)
-  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
-  logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
-  if jax.process_index() == 0:
-    os.makedirs(cache_dir, exist_ok=True)
-    pending = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
-    np.save(pending, logits)
-    os.replace(pending, path)
-  return logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +116,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   else:
     tokenizer = runs.load_tokenizer_of(teacher_runs[0])
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
-  tag = augment.load_pos_tagger() if config.augment.enabled and objective.from_teacher else None
+  augmenting = config.augment.enabled and objective.from_teacher
   encoder_config, init_body = None, None
   if start is not None:
     encoder_config = start.encoder_config
@@ -204,19 +133,8 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     unless augmentation is off."""
     c = config
     examples = train_examples[task.name]
-    if tag is not None:
-      a = c.augment
-      examples = augment.augment(
-        examples,
-        tag,
-        tokenizer.mask_token,
-        p_mask=a.p_mask,
-        p_pos=a.p_pos,
-        n_iter=a.n_iter,
-        size_factor=a.size_factor,
-        seed=a.seed,
-        desc=f"augment {task.name}",
-      )
+    if augmenting:
+      examples = augment.augmented(examples, tokenizer.mask_token, c.augment, cache_dir, f"augment {task.name}")
     features = task_features(joint, task, examples, tokenizer, c.max_seq_length)
     if not objective.from_teacher:
       return features

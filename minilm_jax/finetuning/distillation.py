@@ -1,0 +1,137 @@
+"""Task-specific distillation in a fine-tuning run (`distill.teacher`): the student, any encoder a
+fine-tuning run starts from (a general distillation's student, for TinyBERT's second stage), learns
+a fine-tuned teacher of the same task instead of the gold labels.
+
+- The targets: the teacher's logits on the training set, augmented as the thesis does when
+  `augment.enabled` (masking and POS-guided replacement, `data/augment.py`), computed once and
+  cached (`teachers.teacher_logits`); the loss is task distillation's `distill.objective` (logit
+  MSE, the thesis's, or the teacher's probabilities at a temperature, `task_distill/losses.py`).
+- Optionally the teacher's intermediate layers too (`distill.layers`, a distillation objective of
+  `distill/objectives.py`: `tinybert_layerwise` is TinyBERT's task stage, its embeddings, attention
+  scores and hidden states at every layer of the uniform map), from the teacher's encoder run on the
+  same batch inside the step, times `distill.layers_weight`.
+
+Everything else is the fine-tuning run's own: the head, the optimiser and its schedule, the epochs
+(over the augmented set), the evaluation, the record: `evaluate`, `convert`, `--grid` and seeds work
+on the result as on any fine-tuned run.
+"""
+
+import dataclasses
+import os
+from typing import Any
+
+import datasets
+import numpy as np
+
+from minilm_jax import runs
+from minilm_jax.data import augment
+from minilm_jax.distill.config import base_config as distill_config
+from minilm_jax.distill.objectives import Objective, Outputs, make_objective
+from minilm_jax.errors import UserError
+from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
+from minilm_jax.models.encoder import Encoder, EncoderConfig
+from minilm_jax.models.heads import MODEL_INPUTS
+from minilm_jax.task_distill.losses import TaskObjective, check_objective
+from minilm_jax.tasks.glue import ClassificationTask
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTeacher:
+  """What a distilling fine-tuning run learns from: the teacher run, the objective on its logits and,
+  with `distill.layers`, the objective on its layers with its encoder and parameters (on the mesh)."""
+
+  run: TeacherRun
+  logits: TaskObjective
+  temperature: float
+  layers: Objective | None = None
+  layers_weight: float = 0.0
+  encoder: Encoder | None = None
+  params: Any = None  # the teacher encoder's parameters, an argument of the train step
+
+  @property
+  def frozen(self) -> tuple:
+    """The train step's arguments besides (state, batch, rng): the teacher encoder's parameters when
+    its layers are learnt."""
+    return () if self.layers is None else (self.params,)
+
+
+def load_teacher(config, task, encoder_config: EncoderConfig, tokenizer, mesh) -> TaskTeacher | None:
+  """The teacher of `config.distill` checked against the task and the student (`encoder_config`,
+  `tokenizer`); None for plain fine-tuning. Settings that need a teacher without one are refused."""
+  c = config.distill
+  if not c.teacher:
+    for given, field in ((config.augment.enabled, "augment.enabled"), (c.layers, "distill.layers")):
+      if given:
+        raise UserError(
+          f"{field} needs distill.teacher (the augmented examples and the layers are a fine-tuned "
+          f"teacher's to label): set --config.distill.teacher=<a fine-tuning run of {task.name}>"
+        )
+    return None
+  if not isinstance(task, ClassificationTask):
+    raise UserError(f"distill.teacher distils classification and regression tasks; {task.name} is not one")
+  objective = check_objective(c.objective, task.head(config)["num_labels"], task.name)
+  if not objective.from_teacher:
+    raise UserError(f"distill.objective={c.objective} trains on the gold labels: leave distill.teacher empty")
+  teacher = find_teachers([c.teacher], [task])[task.name]
+  if not c.layers:
+    return TaskTeacher(teacher, objective, c.temperature)
+  teacher_config, params, teacher_tokenizer = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:3]
+  if teacher_config.hidden_size != encoder_config.hidden_size:
+    raise UserError(
+      f"distill.layers={c.layers} compares hidden states of width {encoder_config.hidden_size} (the student) "
+      f"and {teacher_config.hidden_size} (distill.teacher): TinyBERT's learnt maps between widths are not kept "
+      f"in a fine-tuning run; distil the logits alone (distill.layers='') or pick a teacher as wide"
+    )
+  if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+    raise UserError(
+      f"distill.layers={c.layers} runs the teacher on the student's tokens, but {c.teacher} has another "
+      f"vocabulary than {config.init}: distil the logits alone (distill.layers='')"
+    )
+  loss = distill_config().loss
+  loss.objective, loss.layer_map = c.layers, "all"
+  layers = make_objective(
+    loss, teacher_config, encoder_config, teacher_config.num_layers - 1, encoder_config.num_layers - 1
+  )
+  if layers.needs.mlm_head or layers.projection_shapes():
+    raise UserError(f"distill.layers={c.layers} needs masked-LM heads, which fine-tuned runs do not keep")
+  encoder = Encoder(teacher_config)
+  return TaskTeacher(teacher, objective, c.temperature, layers, c.layers_weight, encoder, params["encoder"])
+
+
+def training_features(config, task, tokenizer, teacher: TaskTeacher, mesh, workdir: str) -> datasets.Dataset:
+  """The training split (augmented when `augment.enabled`) as the task's features plus the
+  teacher's logits (`teacher_logits`); both cached in `distill.cache_dir` (default <workdir>/cache)."""
+  cache_dir = config.distill.cache_dir or os.path.join(workdir, "cache")
+  examples = task.load("train", config.data_dir, config.language)
+  if config.augment.enabled:
+    examples = augment.augmented(examples, tokenizer.mask_token, config.augment, cache_dir, f"augment {task.name}")
+  features = task.features(examples, tokenizer, config.max_seq_length)
+  logits = teacher_logits(teacher.run, task, examples, config.max_seq_length, config.eval_batch_size, mesh, cache_dir)
+  return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
+
+
+def _is_encoder(module, method: str) -> bool:
+  return isinstance(module, Encoder) and method == "__call__"
+
+
+def distillation_loss(teacher: TaskTeacher, model, task):
+  """`loss_of(params, batch, rngs, *teacher.frozen)` of the student task `model`: the objective on
+  the teacher's logits (the batch's `teacher_logits`) plus, with `distill.layers`, that objective on
+  the student's encoder (captured from the same forward pass) against the teacher's, run here."""
+
+  def loss_of(params, batch, rngs, teacher_params=None):
+    inputs = [batch[k] for k in MODEL_INPUTS]
+    if teacher.layers is None:
+      logits = model.apply({"params": params}, *inputs, deterministic=False, rngs=rngs)
+      return teacher.logits.loss(task, logits, batch, teacher.temperature)
+    logits, captured = model.apply(
+      {"params": params}, *inputs, deterministic=False, rngs=rngs, capture_intermediates=_is_encoder
+    )
+    (student,) = captured["intermediates"]["encoder"]["__call__"]
+    layers = teacher.layers
+    assert teacher.encoder is not None  # set with `layers` (load_teacher)
+    teacher_out = layers.outputs(teacher.encoder, teacher_params, batch, layers.teacher_layers_needed)
+    terms = layers(teacher_out, Outputs(student.layers, None, student.embeddings), batch, {})
+    return teacher.logits.loss(task, logits, batch, teacher.temperature) + teacher.layers_weight * sum(terms.values())
+
+  return loss_of

@@ -1,0 +1,90 @@
+"""Fine-tuned teachers of a task: the runs that teach each task (`find_teachers`), their forward
+pass, and their logits on a training set (`teacher_logits`), computed once and cached on disk. Task
+distillation (the thesis's students) and a fine-tuning run that distils (`distill.teacher`, the
+second stage after a general distillation) learn from them."""
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import datasets
+import jax
+import numpy as np
+
+from minilm_jax import runs
+from minilm_jax.devices import parallel
+from minilm_jax.errors import UserError
+from minilm_jax.evaluation.predictor import Predictor, task_forward
+from minilm_jax.finetuning.multitask import read_multitask_run
+from minilm_jax.models.heads import task_model
+from minilm_jax.runs.record import RunRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherRun:
+  """A task-distillation teacher as `find_teachers` read it: its workdir, the checkpoint step whose
+  record was read (the weights and the logits cache follow that step), and the record."""
+
+  path: str
+  step: int
+  record: RunRecord
+
+
+def find_teachers(teacher_runs: list, tasks: list) -> dict:
+  """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
+  multi-task refined teacher trained on it)} as `TeacherRun`s; a one-line error for a task that has
+  none. Each run's checkpoints are opened once here."""
+  teaches: dict[str, TeacherRun] = {}
+  for run in teacher_runs:
+    if not runs.is_run(run):
+      raise UserError(
+        f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
+      )
+    ckpt = runs.RunCheckpoints(run, read_only=True)
+    try:
+      teacher = TeacherRun(run, *ckpt.read_step_and_record())
+    finally:
+      ckpt.close()
+    for name in teacher.record.tasks if teacher.record.teaches_tasks else ():
+      teaches.setdefault(name, teacher)
+  missing = [t.name for t in tasks if t.name not in teaches]
+  if missing:
+    raise UserError(
+      f"task {', '.join(missing)} has no teacher: none of teacher={','.join(teacher_runs)} was fine-tuned on "
+      f"it; fine-tune one (python -m minilm_jax.finetune --config.task={missing[0]} ...) and add its workdir"
+    )
+  return {t.name: teaches[t.name] for t in tasks}
+
+
+def teacher_forward(teacher: TeacherRun, task, mesh):
+  """(forward(params, batch) -> the task's logits, params on `mesh`, tokenizer) of a teacher run, at
+  the step its record was read at."""
+  if teacher.record.multi_task:  # a refined teacher: one encoder, a head per task
+    model, params, tokenizer, _, _ = read_multitask_run(teacher.path, mesh, teacher.step)
+    return (lambda p, batch: model.apply({"params": p}, batch, task.name)), params, tokenizer
+  encoder_config, params, tokenizer, head = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:4]
+  assert head is not None  # `find_teachers` takes only fine-tuning runs (with their head) and refined teachers
+  return task_forward(task_model(encoder_config, head)), params, tokenizer
+
+
+def teacher_logits(
+  teacher: TeacherRun, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
+) -> np.ndarray:
+  """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
+  the cache when the same teacher checkpoint already labelled the same texts at the same length."""
+  digest = hashlib.sha256(json.dumps([os.path.abspath(teacher.path), teacher.step, task.name, max_len]).encode())
+  for a, b in zip(examples["text_a"], examples["text_b"]):
+    digest.update(f"{a}\x00{b}\x01".encode())
+  path = os.path.join(cache_dir, f"{task.name}-teacher-{digest.hexdigest()[:20]}.npy")
+  if os.path.isfile(path):
+    return np.load(path)
+  forward, params, tokenizer = teacher_forward(teacher, task, mesh)
+  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
+  logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
+  if jax.process_index() == 0:
+    os.makedirs(cache_dir, exist_ok=True)
+    pending = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
+    np.save(pending, logits)
+    os.replace(pending, path)
+  return logits
