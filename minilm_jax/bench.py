@@ -75,7 +75,12 @@ _TRAIN_STEPS = flags.DEFINE_integer(
   "distill: steps per timing window of the train program (it runs two windows); 0 skips it.",
   lower_bound=0,
 )
-_MODELS = flags.DEFINE_list("models", None, "students: the models to fine-tune (default: every baseline and recipe).")
+_MODELS = flags.DEFINE_list(
+  "models",
+  None,
+  "students: the models to fine-tune (default: every baseline and recipe; the two-stage rows, e.g. "
+  "embedding_etd_lr5e4+task_kd, only when named).",
+)
 _TASKS = flags.DEFINE_list(
   "tasks",
   list(students.DEFAULT_TASKS),

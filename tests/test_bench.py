@@ -340,6 +340,51 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
     students.run(tiny_teacher, "1x32", tasks=("squad1",), models=("teacher",))
 
 
+@pytest.mark.slow
+def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
+  """A second stage (the teacher's logits and layers on the augmented set, from the evenly spaced
+  layers) and a first stage fine-tuned for the second stage's steps: both scored and ranked against
+  the teacher, whose seed-0 fine-tuning is the kept teacher run; the augmented set and the
+  teacher's logits are cached beside the models, and a rerun measures nothing again."""
+  from minilm_jax.benchmarks import students
+
+  models = ("teacher", "uniform_layers", "uniform_layers+task_kd", "embedding_etd_lr5e4+long")
+  results = tmp_path / "measured.jsonl"
+  suite = partial(
+    students.run,
+    tiny_teacher,
+    "1x32",
+    steps=2,
+    batch=8,
+    length=32,
+    tasks=(f"wordnet_supersense={WORDNET_EXCERPT}",),
+    seeds=1,
+    finetune_epochs=1,
+    finetune_lr=1e-3,
+    corpus=tiny_corpus,
+    relation_heads=4,
+    models=models,
+    mesh=parallel.make_mesh(2),
+    results=str(results),
+    size_factor=2,
+  )
+  rows = suite()
+  measured = results.read_text().splitlines()
+  assert len(measured) == 2 * 2 + 2  # the first stages' probe and seed, the second stages' seed
+  assert suite() == rows and results.read_text().splitlines() == measured
+  kept = sorted(os.listdir(tmp_path / "measured_models"))
+  assert [k for k in kept if k.startswith("teacher_wordnet_supersense_")], kept
+  cached = sorted(os.listdir(tmp_path / "measured_models" / "cache"))
+  assert [os.path.splitext(c)[1] for c in cached] == [".parquet", ".npy"], cached
+  by_model = {r["model"]: r for r in rows}
+  for name in models:
+    assert 0.0 <= by_model[name]["wordnet_supersense/ft"] <= 1.0 and by_model[name]["ft_min"] > 0
+  assert "ft_gap_closed" in by_model["uniform_layers+task_kd"] and "wordnet_supersense/probe" not in by_model[models[2]]
+  # The longer one-stage row trains as many epochs as the augmented set is times the training set.
+  long_runs = [json.loads(line) for line in measured if "steps_of" in line]
+  assert len(long_runs) == 1
+
+
 def test_bench_students_through_the_program(tiny_teacher, tmp_path):
   """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh."""
   out = tmp_path / "students.json"

@@ -23,6 +23,19 @@ for the same number of tokens with each recipe worth comparing:
 - `embedding_etd`: the same from the evenly spaced layers (the better start after fine-tuning on
   WordNet's definitions).
 
+Two stages (TinyBERT's; the thesis's task distillation): a model of the suite, then fine-tuned by
+distilling the teacher fine-tuned on each task (its seed-0 fine-tuning, kept) instead of learning the
+gold labels, with the suite's optimiser and epochs over the task's training set augmented as the
+thesis does (`finetuning/distillation.py`):
+
+- `embedding_etd_lr5e4+task_kd`: the teacher's logits (MSE) and its layers (TinyBERT's embeddings,
+  attention scores and hidden states at every layer of the uniform map) on the augmented set;
+- `+task_kd_logits`: the logits alone; `+task_kd_no_augment`: on the training set alone;
+- `uniform_layers+task_kd`: the same second stage on the undistilled evenly spaced layers;
+- `embedding_etd_lr5e4+long`: the first stage fine-tuned on the gold labels for as many steps as
+  its second stage takes (as many epochs as the augmented set is times the training set): what more
+  steps alone give.
+
 Noise: two models are within noise when their means over tasks differ by less than twice the
 standard error of the difference. Fine-tuned, that error comes from the seeds (each model's standard
 deviation over seeds of its mean over tasks). Frozen, every model is probed on the same dev examples,
@@ -47,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from minilm_jax import runs
+from minilm_jax.data import augment
 from minilm_jax.devices import parallel
 from minilm_jax.distill.config import base_config as distill_config
 from minilm_jax.distill.config import demo_teacher
@@ -183,7 +197,34 @@ def _custom_data(folder: str):
   return data
 
 
-def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, lr: float, mesh, workdir: str):
+# Second stages: (the model of the suite they start from, distill.layers, augment.enabled), or that
+# model fine-tuned on the gold labels for the steps of a second stage (`steps_of`).
+TWO_STAGE: dict[str, dict[str, Any]] = {
+  "embedding_etd_lr5e4+task_kd": {"first": "embedding_etd_lr5e4", "layers": "tinybert_layerwise", "augment": True},
+  "embedding_etd_lr5e4+task_kd_logits": {"first": "embedding_etd_lr5e4", "layers": "", "augment": True},
+  "embedding_etd_lr5e4+task_kd_no_augment": {
+    "first": "embedding_etd_lr5e4",
+    "layers": "tinybert_layerwise",
+    "augment": False,
+  },
+  "uniform_layers+task_kd": {"first": "uniform_layers", "layers": "tinybert_layerwise", "augment": True},
+  "embedding_etd_lr5e4+long": {"first": "embedding_etd_lr5e4", "steps_of": "embedding_etd_lr5e4+task_kd"},
+}
+
+
+def _finetune(
+  init: str,
+  task: BenchTask,
+  seed: int,
+  epochs: int,
+  length: int,
+  lr: float,
+  mesh,
+  workdir: str,
+  distill: dict | None = None,
+):
+  """The last epoch's dev score of `init` fine-tuned on `task`; `distill`: the config's `distill`
+  and `augment` fields of a second stage ({"distill.teacher": run, ...})."""
   c = finetune_config()
   c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task.name, init, task.data_dir, epochs, length
   if task.custom_data is not None:
@@ -192,6 +233,9 @@ def _finetune(init: str, task: BenchTask, seed: int, epochs: int, length: int, l
   # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
+  for field, value in (distill or {}).items():
+    block, name = field.split(".")
+    setattr(c[block], name, value)
   _, results = build_finetuning(c, workdir, mesh).run()
   return results[selection_metric(task.task)]
 
@@ -219,6 +263,7 @@ class ModelScores:
   student: str
   distill_tokens: int
   distill_minutes: float = 0.0
+  finetune_minutes: list = dataclasses.field(default_factory=list)  # of each fine-tuning (second stages: theirs)
   finetuned: dict[str, list] = dataclasses.field(default_factory=dict)  # task -> score per seed
   # task -> whether the frozen probe gets each dev example right (None: a sentence-pair task, no probe)
   probe: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
@@ -247,6 +292,8 @@ class ModelScores:
   def row(self, tasks) -> dict:
     row: dict[str, Any] = {"model": self.model, "student": self.student, "distill_tokens": self.distill_tokens}
     row["distill_min"] = round(self.distill_minutes, 1)
+    if self.finetune_minutes:
+      row["ft_min"] = round(float(np.mean(self.finetune_minutes)), 2)
     for t in tasks:
       if self.finetuned.get(t):
         row[f"{t}/ft"] = round(float(np.mean(self.finetuned[t])), 4)
@@ -309,7 +356,7 @@ def rank(models: list, tasks: list) -> list:
       if name not in means:
         continue
       row[f"{kind}_rank"] = order.index(name) + 1
-      if baselines and "teacher" in means and name in RECIPES:
+      if baselines and "teacher" in means and (name in RECIPES or name in TWO_STAGE):
         gap = means["teacher"] - max(baselines)
         row[f"{kind}_gap_closed"] = round((means[name] - max(baselines)) / gap, 2) if gap > 0 else None
       # NaN: one of the two has one seed, no spread to compare against, so no claim either way
@@ -352,6 +399,10 @@ class MeasurementLog:
     digest = hashlib.sha256(self._key(distilled).encode()).hexdigest()[:12]
     return os.path.join(f"{os.path.splitext(self.path)[0]}_models", f"{name}_{digest}")
 
+  def cache_dir(self, tmp: str) -> str:
+    """Where the second stages' teacher logits and augmented sets are cached: beside the models."""
+    return os.path.join(f"{os.path.splitext(self.path)[0]}_models" if self.path else tmp, "cache")
+
   def __contains__(self, key) -> bool:
     return self._key(key) in self.entries
 
@@ -365,8 +416,9 @@ class MeasurementLog:
     times = [e["distill_minutes"] for k, e in self.entries.items() if self._key(json.loads(k)[0]) == model]
     return max(times, default=0.0)
 
-  def add(self, key, value, distill_minutes: float):
-    entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes}
+  def add(self, key, value, distill_minutes: float, minutes: float | None = None):
+    """`minutes`: how long the measurement took (a fine-tuning's)."""
+    entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes, "minutes": minutes}
     self.entries[entry["key"]] = entry
     if self.path:
       with open(self.path, "a", encoding="utf-8") as f:
@@ -392,9 +444,12 @@ class _Model:
     """`what` ("probe_correct" or a seed) of `task`: from the log, else `measure(model path)` now."""
     key = (self.key, f"{task.name}={task.data_dir}", what)
     if key not in self.log:
-      self.log.add(key, measure(self._path()), self.distill_minutes)
+      path = self._path()
+      started = time.perf_counter()
+      value = measure(path)
+      self.log.add(key, value, self.distill_minutes, (time.perf_counter() - started) / 60)
     self.distill_minutes = self.log.distill_minutes(self.key)
-    return self.log[key]["value"]
+    return self.log[key]
 
   def _path(self) -> str:
     if self.path is None:
@@ -422,44 +477,101 @@ def run(
   models=BASELINES + tuple(RECIPES),
   mesh=None,
   results: str = "",
+  size_factor: int = 10,
 ) -> list:
   """One row per model: its fine-tuned (mean and standard deviation over seeds) and frozen-probe dev
   scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
   JSON Lines file that every measurement is appended to as it is done; a run given the same file
   measures only what it does not hold yet (the same model, settings, task and seed), and keeps the
-  distilled students beside it (`<results>_models/`). `seeds` 0: the frozen probes alone."""
+  distilled students beside it (`<results>_models/`). `seeds` 0: the frozen probes alone.
+  `size_factor`: the second stages' augmented sets, at most that many times the training set."""
   teacher = teacher or demo_teacher()
   try:
     shape = tuple(int(n) for n in student.split("x"))
   except ValueError:
     raise UserError(f"--student {student}: give layers x width, e.g. 3x384") from None
-  unknown = [m for m in models if m not in BASELINES and m not in RECIPES]
+  known = BASELINES + tuple(RECIPES) + tuple(TWO_STAGE)
+  unknown = [m for m in models if m not in known]
   if unknown:
-    raise UserError(f"unknown students {unknown}: choose from {', '.join(BASELINES + tuple(RECIPES))}")
+    raise UserError(f"unknown students {unknown}: choose from {', '.join(known)}")
   bench_tasks = parse_tasks(tasks)
   mesh = parallel.make_mesh() if mesh is None else mesh
   teacher_config = runs.encoder_config_of(teacher, what="--teacher")
   log = MeasurementLog(results)
+  finetuning = {"finetune_epochs": finetune_epochs, "finetune_lr": finetune_lr, "length": length}
   scores = {}
   with tempfile.TemporaryDirectory() as tmp:
-    for name in models:
+    cache_dir = log.cache_dir(tmp)
+
+    def model_of(name: str, second: dict | None = None) -> _Model:
+      """A model of the suite (its first stage, for a second stage's `name`), keyed by its settings
+      and, for a second stage, by `second`'s."""
       config = None
       if name != "teacher":
         config = _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads)
       distilled = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
-      key = {**distilled, "finetune_epochs": finetune_epochs, "finetune_lr": finetune_lr, "length": length}
-      model = _Model(name, teacher, config, log.model_dir(tmp, name, distilled), mesh, log, key)
-      tokens = steps * batch * length if name in RECIPES else 0
+      key = {**distilled, **finetuning, **({"second_stage": second} if second else {})}
+      return _Model(name, teacher, config, log.model_dir(tmp, name, distilled), mesh, log, key)
+
+    teacher_model = model_of("teacher")
+
+    def teacher_run(t: BenchTask) -> str:
+      """The teacher fine-tuned on `t` with seed 0 (the teacher row's first seed), kept: the second
+      stages' teacher."""
+      path = log.model_dir(tmp, f"teacher_{t.label}", {**teacher_model.key, "task": f"{t.name}={t.data_dir}"})
+      if not os.path.isfile(os.path.join(path, "results.json")):
+        _finetune(teacher, t, 0, finetune_epochs, length, finetune_lr, mesh, path)
+      return path
+
+    def augmented_epochs(t: BenchTask) -> int:
+      """Epochs over the training set that take as many steps as the suite's epochs over its
+      augmented set (the thesis's augmentation at the fine-tuning config's defaults)."""
+      examples = t.task.load("train", t.data_dir)
+      settings = finetune_config().augment
+      settings.size_factor = size_factor
+      mask = runs.load_tokenizer_of(teacher).mask_token
+      rows = augment.augmented(examples, mask, settings, cache_dir, f"augment {t.label}")
+      return max(1, round(finetune_epochs * len(rows) / len(examples)))
+
+    for name in models:
+      spec = TWO_STAGE.get(name, {})
+      model = model_of(spec.get("first", name), {**spec, "size_factor": size_factor} if spec else None)
+      tokens = steps * batch * length if model.name in RECIPES else 0
       scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
       for t in bench_tasks:
-        correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=mesh))
-        scores[name].probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
-        finetune = partial(_finetune, task=t, epochs=finetune_epochs, length=length, lr=finetune_lr, mesh=mesh)
-        scores[name].finetuned[t.label] = [
-          model.measured(t, seed, partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}"))
-          for seed in range(seeds)
-        ]
-        scores[name].distill_minutes = model.distill_minutes
+        epochs, distill = finetune_epochs, None
+        if "steps_of" in spec:
+          epochs = augmented_epochs(t)
+        elif spec:
+          distill = {
+            "distill.layers": spec["layers"],
+            "augment.enabled": spec["augment"],
+            "augment.size_factor": size_factor,
+            "distill.cache_dir": cache_dir,
+          }
+        if not spec:  # a second stage's first stage is probed in its own row
+          correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=mesh))["value"]
+          scores[name].probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
+        finetune = partial(_finetune, task=t, epochs=epochs, length=length, lr=finetune_lr, mesh=mesh)
+        entries = []
+        for seed in range(seeds):
+          workdir = f"{tmp}/{name}_{t.label}_{seed}"
+          if distill is not None:
+            distilling = {**distill, "distill.teacher": teacher_run(t)}
+            entries.append(model.measured(t, seed, partial(finetune, seed=seed, workdir=workdir, distill=distilling)))
+          elif name == "teacher" and seed == 0:  # the run the second stages learn from
+            entries.append(model.measured(t, seed, lambda _, t=t: _run_score(teacher_run(t), t)))
+          else:
+            entries.append(model.measured(t, seed, partial(finetune, seed=seed, workdir=workdir)))
+        scores[name].finetuned[t.label] = [e["value"] for e in entries]
+        scores[name].finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
+        scores[name].distill_minutes = max(model.distill_minutes, log.distill_minutes(model_of(model.name).key))
         # each result as it is done: the suite is long
         logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores[name].row([t.label])))
   return rank([scores[m] for m in models], [t.label for t in bench_tasks])
+
+
+def _run_score(workdir: str, task: BenchTask) -> float:
+  """The last epoch's dev score of a fine-tuning run (its results.json)."""
+  with open(os.path.join(workdir, "results.json")) as f:
+    return json.load(f)[selection_metric(task.task)]
