@@ -275,6 +275,15 @@ def test_bench_data_rows(tmp_path):
   assert 0.1 < row["GB_per_billion_tokens"] < 10
 
 
+def _tiny_students_suite(teacher: str, corpus: str, results, **settings):
+  """`bench students` at a tiny size (1x32 students, 2 distillation steps of 8 x 32, one epoch of
+  fine-tuning) on 2 of the 8 fake devices (the 2 cores run 4x fewer replicas), logging to `results`."""
+  from minilm_jax.benchmarks import students
+
+  tiny = dict(steps=2, batch=8, length=32, finetune_epochs=1, finetune_lr=1e-3, corpus=corpus, relation_heads=4)
+  return partial(students.run, teacher, "1x32", mesh=parallel.make_mesh(2), results=str(results), **tiny, **settings)
+
+
 @pytest.mark.slow
 def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
   """Each baseline and recipe distils (or not), is probed frozen and fine-tuned with two seeds on two
@@ -286,23 +295,7 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   models = ("teacher", "first_layers", "minilm_etd_embedding")
   tasks = (f"wordnet_supersense={WORDNET_EXCERPT}", f"vader_movies={VADER_EXCERPT}")
   results = tmp_path / "measured.jsonl"
-  suite = partial(
-    students.run,
-    tiny_teacher,
-    "1x32",
-    steps=2,
-    batch=8,
-    length=32,
-    tasks=tasks,
-    seeds=2,
-    finetune_epochs=1,
-    finetune_lr=1e-3,
-    corpus=tiny_corpus,
-    relation_heads=4,
-    models=models,
-    mesh=parallel.make_mesh(2),  # 2 of the 8 fake devices: the 2 cores run 4x fewer replicas
-    results=str(results),
-  )
+  suite = _tiny_students_suite(tiny_teacher, tiny_corpus, results, tasks=tasks, seeds=2, models=models)
   rows = suite()
   measured = results.read_text().splitlines()
   assert len(measured) == 3 * 2 * (1 + 2)  # models x tasks x (probe + seeds)
@@ -346,28 +339,11 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   layers) and a first stage fine-tuned for the second stage's steps: both scored and ranked against
   the teacher, whose seed-0 fine-tuning is the kept teacher run; the augmented set and the
   teacher's logits are cached beside the models, and a rerun measures nothing again."""
-  from minilm_jax.benchmarks import students
 
   models = ("teacher", "uniform_layers", "uniform_layers+task_kd", "embedding_etd_lr5e4+long")
   results = tmp_path / "measured.jsonl"
-  suite = partial(
-    students.run,
-    tiny_teacher,
-    "1x32",
-    steps=2,
-    batch=8,
-    length=32,
-    tasks=(f"wordnet_supersense={WORDNET_EXCERPT}",),
-    seeds=1,
-    finetune_epochs=1,
-    finetune_lr=1e-3,
-    corpus=tiny_corpus,
-    relation_heads=4,
-    models=models,
-    mesh=parallel.make_mesh(2),
-    results=str(results),
-    size_factor=2,
-  )
+  tasks = (f"wordnet_supersense={WORDNET_EXCERPT}",)
+  suite = _tiny_students_suite(tiny_teacher, tiny_corpus, results, tasks=tasks, seeds=1, models=models, size_factor=2)
   rows = suite()
   measured = results.read_text().splitlines()
   assert len(measured) == 2 * 2 + 2  # the first stages' probe and seed, the second stages' seed

@@ -555,14 +555,12 @@ def run(
         finetune = partial(_finetune, task=t, epochs=epochs, length=length, lr=finetune_lr, mesh=mesh)
         entries = []
         for seed in range(seeds):
-          workdir = f"{tmp}/{name}_{t.label}_{seed}"
-          if distill is not None:
-            distilling = {**distill, "distill.teacher": teacher_run(t)}
-            entries.append(model.measured(t, seed, partial(finetune, seed=seed, workdir=workdir, distill=distilling)))
+          measure = partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}")
+          if distill is not None:  # the teacher run fine-tuned only when a second stage is measured
+            measure = partial(_second_stage, finetune=measure, distill=distill, teacher_run=partial(teacher_run, t))
           elif name == "teacher" and seed == 0:  # the run the second stages learn from
-            entries.append(model.measured(t, seed, lambda _, t=t: _run_score(teacher_run(t), t)))
-          else:
-            entries.append(model.measured(t, seed, partial(finetune, seed=seed, workdir=workdir)))
+            measure = partial(_teacher_score, teacher_run=partial(teacher_run, t), task=t)
+          entries.append(model.measured(t, seed, measure))
         scores[name].finetuned[t.label] = [e["value"] for e in entries]
         scores[name].finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
         scores[name].distill_minutes = max(model.distill_minutes, log.distill_minutes(model_of(model.name).key))
@@ -571,7 +569,12 @@ def run(
   return rank([scores[m] for m in models], [t.label for t in bench_tasks])
 
 
-def _run_score(workdir: str, task: BenchTask) -> float:
-  """The last epoch's dev score of a fine-tuning run (its results.json)."""
-  with open(os.path.join(workdir, "results.json")) as f:
+def _second_stage(init: str, finetune: Callable, distill: dict, teacher_run: Callable[[], str]) -> float:
+  """`finetune(init)` distilling the teacher run `teacher_run()` with the `distill` settings."""
+  return finetune(init, distill={**distill, "distill.teacher": teacher_run()})
+
+
+def _teacher_score(init: str, teacher_run: Callable[[], str], task: BenchTask) -> float:
+  """The last epoch's dev score of the kept teacher run (its results.json)."""
+  with open(os.path.join(teacher_run(), "results.json")) as f:
     return json.load(f)[selection_metric(task.task)]

@@ -110,8 +110,9 @@ def training_features(config, task, tokenizer, teacher: TaskTeacher, mesh, workd
   return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
 
-def _is_encoder(module, method: str) -> bool:
-  return isinstance(module, Encoder) and method == "__call__"
+def _is_encoder(module, method_name: str) -> bool:
+  """Captures the encoder's output (flax `capture_intermediates` filter)."""
+  return isinstance(module, Encoder) and method_name == "__call__"
 
 
 def distillation_loss(teacher: TaskTeacher, model, task):
