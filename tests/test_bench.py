@@ -17,13 +17,13 @@ from conftest import VADER_EXCERPT, WORDNET_EXCERPT
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed
 from minilm_jax.devices import parallel, timing
-from minilm_jax.distill import losses
-from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
 from minilm_jax.training.train_state import make_optimizer
+from minilm_jax.transfer import losses
+from minilm_jax.transfer.objectives import Objective
 
 
 def test_reference_loss_is_ours():

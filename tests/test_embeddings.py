@@ -15,13 +15,13 @@ from flax import traverse_util
 
 from conftest import ROOT, SENTENCES, WORDNET_EXCERPT, tiny_config
 from minilm_jax.devices import parallel
-from minilm_jax.distill.objectives import Objective, Outputs
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import sentences as sentence_eval
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.transfer.objectives import Objective, Outputs
 
 _LAST_LAYER_BUT_QKV = [
   "layer_1/attention/LayerNorm/bias",
@@ -222,7 +222,7 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
 
 def test_embedding_settings_that_cannot_work_are_one_line_errors():
   from minilm_jax.distill.config import base_config
-  from minilm_jax.distill.objectives import make_objective
+  from minilm_jax.transfer.objectives import make_objective
 
   teacher = EncoderConfig(num_layers=6, hidden_size=384, intermediate_size=1536)
   student = teacher.replace(num_layers=3)

@@ -198,10 +198,11 @@ def test_heldout_loss_on_eight_devices_equals_one_device(tiny_teacher, tiny_corp
     ({"checkpoint.best": "wordnet/mrr@10"}, "checkpoint.best='wordnet/mrr@10' names no evaluator"),
     ({"checkpoint.best": "sts/accuracy"}, "checkpoint.best='sts/accuracy': evaluator sts reports spearman"),
     ({"data.heldout_blocks": 0}, "evaluators.heldout (heldout) needs blocks held out of training"),
+    ({"evaluators.heldout.kind": "task"}, "evaluators.heldout.kind='task' needs task, which this program's runs"),
     ({"evaluators.topic.max_seq_length": -4}, "evaluators.topic.max_seq_length=-4: give a length of at least 2"),
     (
       {"evaluators.pairs.max_seq_length": 4096},
-      "evaluators.pairs.max_seq_length=4096 exceeds the teacher's 64 positions",
+      "evaluators.pairs.max_seq_length=4096 exceeds the 64 positions of the model it reads",
     ),
   ],
 )

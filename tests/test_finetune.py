@@ -57,6 +57,36 @@ def finetune_config(init, task, data_dir, **overrides):
   return apply_overrides(c, overrides)
 
 
+def test_finetuning_evaluators_log_the_task_and_a_probe_and_keep_the_best_step(tiny_teacher, tmp_path):
+  """A fine-tuning run's evaluators (the evaluator registry, as distillation's): its task's dev
+  metrics and a probe of its encoder's sentence embeddings at step 0 and every 20 steps, logged as
+  eval/<name>/<metric>; `checkpoint.best` keeps the step with the best dev accuracy beside the newest.
+  The task evaluator's score at the last step is the run's own results.json's; a distillation-only
+  kind is refused in one line."""
+  from conftest import WORDNET_EXCERPT
+  from minilm_jax.evaluation.evaluators import evaluator
+
+  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_EXCERPT, batch_size=32, log_every=10)
+  c.evaluators.task = evaluator("task", 20)
+  c.evaluators.probe = evaluator("probe", 20, task="wordnet_supersense", data_dir=WORDNET_EXCERPT)
+  c.checkpoint.best, c.checkpoint.keep = "task/dev/accuracy", 1
+  run = build_finetuning(c, str(tmp_path / "ft"))
+  _, results = run.run()
+  rows = [json.loads(line) for line in open(tmp_path / "ft" / "metrics.jsonl")]
+  evaluated = [r for r in rows if "eval/task/dev/accuracy" in r]
+  assert [r["step"] for r in evaluated] == sorted({*range(0, run.num_steps, 20), run.num_steps})
+  assert all(0 <= r["eval/probe/accuracy"] <= 1 for r in evaluated)
+  assert evaluated[-1]["eval/task/dev/accuracy"] == pytest.approx(results["dev/accuracy"])
+  accuracy = {r["step"]: r["eval/task/dev/accuracy"] for r in evaluated}
+  kept = sorted(int(s) for s in os.listdir(tmp_path / "ft" / "checkpoints") if s.isdigit())
+  assert run.num_steps in kept and len(kept) <= 2
+  assert max(accuracy[s] for s in kept) == max(accuracy.values())  # the best step (or one as good) kept
+  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_EXCERPT)
+  c.evaluators.loss = evaluator("heldout", 10)
+  with pytest.raises(UserError, match="kind='heldout' needs heldout, which this program's runs do not have"):
+    build_finetuning(c, str(tmp_path / "bad"))
+
+
 def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
   """data 4 x model 2 on 8 fake devices against 1 device, 3 steps, dropout on (partitionable RNG)."""
   config = finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1)

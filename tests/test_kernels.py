@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from minilm_jax.distill import losses
 from minilm_jax.kernels import attention, check, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
+from minilm_jax.transfer import losses
 
 # [B, L, H, K] operands, as the encoder makes them; two key blocks of 128, so that the online
 # softmax crosses a block boundary.

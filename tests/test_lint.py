@@ -101,6 +101,20 @@ def test_the_package_root_holds_programs_and_the_benchmarks_serve_bench_alone():
     assert not [n for n in top if n.startswith("minilm_jax.benchmarks")], f"{name} imports from benchmarks/"
 
 
+def test_distillation_and_finetuning_import_the_shared_wings_not_each_other():
+  """`distill/` (general distillation) and `finetuning/` (whose second stage distils too) share the
+  objectives (`transfer/`) and the evaluators (`evaluation/`), and import neither of each other."""
+  modules = _modules()
+  for name, path in modules.items():
+    top, _ = _imports(path, modules)
+    for mine, other in (
+      ("minilm_jax.distill", "minilm_jax.finetuning"),
+      ("minilm_jax.finetuning", "minilm_jax.distill"),
+    ):
+      if name.startswith(mine + ".") or name == mine:
+        assert not [n for n in top if n == other or n.startswith(other + ".")], f"{name} imports {other}"
+
+
 def test_every_package_folder_is_a_package():
   """setup.py's find_packages installs only folders with an __init__.py."""
   folders = {os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)}
@@ -124,7 +138,7 @@ REGISTRIES = {
   "minilm_jax/models/heads.py",
   "minilm_jax/runs/record.py",
   "minilm_jax/models/students.py",
-  "minilm_jax/distill/objectives.py",
+  "minilm_jax/transfer/objectives.py",
   "minilm_jax/task_distill/losses.py",
   "minilm_jax/evaluation/evaluators.py",
 }

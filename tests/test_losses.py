@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import LayerOutput
+from minilm_jax.transfer import losses
 
 
 def _np_relation(x_h_l_k, y_h_l_k, valid, num_rel):

@@ -8,11 +8,11 @@ import pytest
 
 from conftest import tiny_config
 from minilm_jax.devices import parallel
-from minilm_jax.distill import losses, objectives
-from minilm_jax.distill.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
+from minilm_jax.transfer import losses, objectives
+from minilm_jax.transfer.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 
 MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
 
@@ -221,7 +221,7 @@ def test_unknown_objective(tiny_teacher, tiny_corpus, tmp_path):
 
 
 def test_soft_label_kl_matches_numpy():
-  from minilm_jax.distill.objectives import soft_label_kl
+  from minilm_jax.transfer.objectives import soft_label_kl
 
   rng = np.random.default_rng(3)
   t, s = rng.standard_normal((2, 5, 11)), rng.standard_normal((2, 5, 11))
@@ -237,7 +237,7 @@ def test_soft_label_kl_matches_numpy():
 def test_mlm_mask_rates_and_special_tokens():
   import jax
 
-  from minilm_jax.distill.objectives import mlm_mask
+  from minilm_jax.transfer.objectives import mlm_mask
 
   ids = jnp.asarray(np.random.default_rng(0).integers(10, 1000, (64, 128)))
   ids = ids.at[:, 0].set(101).at[:, -1].set(102)

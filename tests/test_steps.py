@@ -9,12 +9,12 @@ import optax
 import pytest
 
 from minilm_jax.devices import parallel
-from minilm_jax.distill.objectives import Objective
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.training.train_state import TrainState, check_accumulation
+from minilm_jax.transfer.objectives import Objective
 
 TEACHER = EncoderConfig(
   vocab_size=80, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, initializer_range=0.5

@@ -16,7 +16,6 @@ from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_conf
 from minilm_jax import runs
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
-from minilm_jax.distill.objectives import Outputs
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
@@ -29,6 +28,7 @@ from minilm_jax.models.heads import apply_model
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config
 from minilm_jax.task_distill.run import build_task_distillation
 from minilm_jax.tasks import get_task
+from minilm_jax.transfer.objectives import Outputs
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
 pytestmark = pytest.mark.xdist_group("task_distill")

@@ -174,8 +174,9 @@ def test_every_config_builds(path, variant):
   shapes = abstract_params(student)
   assert shapes["layer_0"]["attention"]["query"]["kernel"].shape == (config.student.hidden_size,) * 2
   assert f"layer_{config.student.num_layers - 1}" in shapes
-  from minilm_jax.distill import etd, losses
-  from minilm_jax.distill.objectives import make_objective
+  from minilm_jax.distill import etd
+  from minilm_jax.transfer import losses
+  from minilm_jax.transfer.objectives import make_objective
 
   losses.check_relation_heads(config.loss.num_relation_heads, config.student.hidden_size)
   # The objective and (for ETD) the extraction must fit a teacher of the paper's shape.

@@ -4,8 +4,8 @@ analysis, for the full relation tensors and for the query-chunked computation.""
 import jax
 import jax.numpy as jnp
 
-from minilm_jax.distill import losses
 from minilm_jax.models.encoder import LayerOutput
+from minilm_jax.transfer import losses
 
 
 def _layer(batch, heads, length, head_dim):

@@ -4,6 +4,7 @@ import ml_collections
 
 from minilm_jax.training.loop import TRAINING_RANGES
 from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
+from minilm_jax.transfer.objectives import loss_config
 
 # The fields of `base_config` that have a range (`loop.check_ranges`): (least, bound to stay below).
 RANGES = {
@@ -63,22 +64,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.etd.reverse = ""
   c.etd.seed = 0
 
-  c.loss = ml_collections.ConfigDict()
-  # "minilm", a baseline ("layer_to_layer", "value_mse", "hidden_mse", "tinybert", "tinybert_layerwise",
-  # "mlm_kd"), "hidden_states", or "embedding" (see distill/objectives.py)
-  c.loss.objective = "minilm"
-  # The sentence-embedding term (objective "embedding" alone, or added to another objective with a
-  # weight > 0): "mse" (squared distance) or "cosine" (1 - cos) between the two models' sentence
-  # embeddings, pooled and normalised as the teacher's sentence-transformers config says.
-  c.loss.embedding_weight = 0.0
-  c.loss.embedding_loss = "mse"
-  # layer_to_layer and hidden_states: "last", "last_two", "first_and_last" or "all" student layers
-  c.loss.layer_map = "last"
-  c.loss.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
-  c.loss.num_relation_heads = 12
-  # > 0: compute relations this many query rows at a time, so the [batch, A_r, L, L] relation
-  # tensors never live whole (same loss and gradient; for long sequences on memory-bound devices).
-  c.loss.query_chunk = 0
+  c.loss = loss_config()
 
   c.data = ml_collections.ConfigDict()
   # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when

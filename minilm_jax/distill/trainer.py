@@ -25,8 +25,7 @@ from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, la
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill import etd, losses
-from minilm_jax.distill.objectives import Objective, make_objective, uses_embedding_term
+from minilm_jax.distill import etd
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
@@ -42,6 +41,8 @@ from minilm_jax.training.train_state import (
   make_optimizer,
   restore_or_init,
 )
+from minilm_jax.transfer import losses
+from minilm_jax.transfer.objectives import Objective, make_objective, uses_embedding_term
 
 
 def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfig:
@@ -291,7 +292,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
   the ETD start): every error a config can cause surfaces here, before any compute."""
   begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
-  evaluators.check_specs(config)
+  evaluators.check_specs(config, evaluators.DISTILLATION_PROVIDES)
   language_list(config.data)
   if config.student.init not in ("random", "etd"):
     raise UserError(f"student.init={config.student.init!r}: use random or etd")
@@ -322,16 +323,19 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     heldout_stream = BatchStream(heldout, config.batch_size, config.seed, collate, *process, "held-out blocks")
     heldout_step = make_heldout_step(step.teacher, step.student, step.objective, mesh, config.seed)
   context = evaluators.Context(
-    config,
     mesh,
     tokenizer,
     step.student,
     step.objective.pooling,
-    step.teacher,
-    step_teacher,
-    teacher.sentence_pipeline,
-    heldout_stream,
-    heldout_step,
+    config.data.max_seq_length,
+    config.eval_batch_size,
+    config.num_steps,
+    teacher=step.teacher,
+    teacher_params=step_teacher,
+    teacher_pipeline=teacher.sentence_pipeline,
+    teacher_path=config.teacher.path,
+    heldout_stream=heldout_stream,
+    heldout_step=heldout_step,
   )
   # Parameters this objective leaves as initialised: traced, not computed.
   untrained = untrained_student_parameters(

@@ -1,14 +1,16 @@
-"""The evaluator registry: what a distillation run measures while it trains. Evaluators named in
-the config, each with its kind, its data and how often it runs (big_vision's pattern), called by
-the training loop on the mesh at step 0 (the student it starts from) and every `every` steps, logged beside the loss as
-`eval/<name>/<metric>` (metrics.jsonl and TensorBoard), the teacher's own score once per process as
-`eval/<name>/teacher/<metric>`:
+"""The evaluator registry: what a distillation or fine-tuning run measures while it trains.
+Evaluators named in the config, each with its kind, its data and how often it runs (big_vision's
+pattern), called by the training loop on the mesh at step 0 (the model it starts from) and every
+`every` steps, logged beside the loss as `eval/<name>/<metric>` (metrics.jsonl and TensorBoard); a
+distillation teacher's own score once per process as `eval/<name>/teacher/<metric>`:
 
   c.evaluators.heldout = dict(kind="heldout", every=100)
   c.evaluators.wordnet = dict(kind="retrieval", every=100, data="wordnet", data_dir=...)
   c.evaluators.sts = dict(kind="sts", every=100, file="sts-dev.tsv")
   c.evaluators.supersense = dict(kind="probe", every=100, task="wordnet_supersense", data_dir=...)
   c.checkpoint.best = "heldout/loss"  # keep the best step beside the newest ones
+  # a fine-tuning run: its task's dev metrics, and a probe of its encoder's sentence embeddings
+  c.evaluators.task = dict(kind="task", every=200); c.checkpoint.best = "task/dev/accuracy"
 
 Kinds (each one registered function, `KINDS`):
 - `heldout`: every loss term of the objective on the corpus's last `data.heldout_blocks` blocks,
@@ -20,10 +22,14 @@ Kinds (each one registered function, `KINDS`):
 - `probe`: dev accuracy of a logistic regression (scikit-learn) on the frozen, pooled embeddings
   of a one-sentence classification task's training split: a named task, or `task="custom"` with
   `train`/`dev` files.
+- `task` (fine-tuning runs): the run's own evaluation of its dev splits (`dev/accuracy`, ...), the
+  one `results.json` records after every epoch, at any step.
 
 Embeddings are the student's sentence embeddings as its export computes them (the teacher's
-pooling, the learnt map to the teacher's width when there is one). Every evaluator compiles once
-(fixed batch and length) and then only runs.
+pooling, the learnt map to the teacher's width when there is one; a fine-tuning run's encoder, with
+the pooling of the model it started from). Every evaluator compiles once (fixed batch and length)
+and then only runs. A kind that needs what only one program has (`Kind.needs`: held-out blocks,
+a task) is refused by the other in one line.
 """
 
 import dataclasses
@@ -53,16 +59,20 @@ from minilm_jax.tasks import custom, get_task, glue
 class Kind:
   build: Callable  # (name, spec, context) -> Evaluator
   fields: dict  # the kind's own fields and their defaults (besides kind and every)
-  metrics: tuple  # what it reports; "loss*" stands for every loss term
+  metrics: tuple  # what it reports; "loss*" stands for every loss term, "*" for any name
   lower_is_better: tuple = ()
+  needs: str = ""  # what only some programs provide ("heldout": held-out blocks; "task": a fine-tuned task)
 
 
 KINDS: dict[str, Any] = {}  # kind -> evaluator class (`fields`, `build`, `lower_is_better`)
 
+# What each program provides to the kinds that need it (`Kind.needs`).
+DISTILLATION_PROVIDES, FINETUNING_PROVIDES = ("heldout",), ("task",)
 
-def register(kind: str, fields: dict, metrics: tuple, lower_is_better: tuple = ()):
+
+def register(kind: str, fields: dict, metrics: tuple, lower_is_better: tuple = (), needs: str = ""):
   def add(build):
-    KINDS[kind] = Kind(build, fields, metrics, lower_is_better)
+    KINDS[kind] = Kind(build, fields, metrics, lower_is_better, needs)
     return build
 
   return add
@@ -79,35 +89,46 @@ class Evaluator:
 
 @dataclasses.dataclass
 class Context:
-  """What the evaluators of one run share: built once by the distillation program."""
+  """What the evaluators of one run share: built once by the distillation or fine-tuning program.
+  The student's parameters are a distillation student's (its encoder and learnt maps, `learnt`) or a
+  task model's ({"encoder": ..., head}); a fine-tuning run has no teacher and no held-out blocks, a
+  distillation run no task."""
 
-  config: ml_collections.ConfigDict
   mesh: jax.sharding.Mesh
   tokenizer: object
   student: Encoder
   student_pooling: embeddings.Pooling
-  teacher: Encoder
-  teacher_params: dict
-  teacher_pipeline: tuple | None  # a run teacher's (pooling, Dense), read with its weights; None: read its files
-  heldout_stream: BatchStream | None
-  heldout_step: Callable | None  # (params, batch, teacher_params) -> {loss terms}
+  max_seq_length: int  # the run's, for evaluators that set none
+  eval_batch_size: int
+  num_steps: int  # every evaluator also runs at the last step
+  learnt: bool = True
+  teacher: Encoder | None = None
+  teacher_params: dict | None = None
+  # The teacher's (pooling, Dense) of `teacher_path`: a run teacher's, read with its weights; None: read its files
+  teacher_pipeline: tuple | None = None
+  teacher_path: str = ""
+  heldout_stream: BatchStream | None = None
+  heldout_step: Callable | None = None  # (params, batch, teacher_params) -> {loss terms}
+  task_evaluate: Callable | None = None  # params -> the fine-tuning run's dev metrics
   _student_encoders: dict = dataclasses.field(default_factory=dict)
   _teacher_encoders: dict = dataclasses.field(default_factory=dict)
 
   def length(self, spec) -> int:
-    return spec.max_seq_length or self.config.data.max_seq_length
+    return spec.max_seq_length or self.max_seq_length
 
   def student_encoder(self, length: int) -> SentenceEncoder:
     if length not in self._student_encoders:
       self._student_encoders[length] = SentenceEncoder(
-        self.student, self.student_pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length, learnt=True
+        self.student, self.student_pooling, self.tokenizer, self.mesh, self.eval_batch_size, length, self.learnt
       )
     return self._student_encoders[length]
 
-  def teacher_encoder(self, length: int) -> SentenceEncoder:
+  def teacher_encoder(self, length: int) -> SentenceEncoder | None:
+    if self.teacher is None:
+      return None
     if length not in self._teacher_encoders:
-      pooling, dense = self.teacher_pipeline or runs.sentence_pipeline_of(self.config.teacher.path, length)
-      encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.config.eval_batch_size, length)
+      pooling, dense = self.teacher_pipeline or runs.sentence_pipeline_of(self.teacher_path, length)
+      encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.eval_batch_size, length)
       self._teacher_encoders[length] = encoder.use(self.teacher_params, dense)
     return self._teacher_encoders[length]
 
@@ -120,14 +141,21 @@ def evaluator(kind: str, every: int, **fields) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"kind": kind, "every": every, **KINDS[kind].fields, **fields})
 
 
-def check_specs(config):
-  """One line for the first evaluator (or `checkpoint.best`) the config gets wrong, before any work."""
-  kinds = ", ".join(sorted(KINDS))
+def check_specs(config, provides: tuple):
+  """One line for the first evaluator (or `checkpoint.best`) the config gets wrong, before any work;
+  `provides`: what the program has for the kinds that need it (`DISTILLATION_PROVIDES`, `FINETUNING_PROVIDES`)."""
+  usable = sorted(kind for kind, k in KINDS.items() if not k.needs or k.needs in provides)
+  kinds = ", ".join(usable)
   for name, spec in config.evaluators.items():
     if not isinstance(spec, ml_collections.ConfigDict) or "kind" not in spec:
       raise UserError(f"evaluators.{name} has no kind: give it kind= one of {kinds}")
     if spec.kind not in KINDS:
       raise UserError(f"evaluators.{name}.kind={spec.kind!r} is unknown: choose one of {kinds}")
+    if spec.kind not in usable:
+      raise UserError(
+        f"evaluators.{name}.kind={spec.kind!r} needs {KINDS[spec.kind].needs}, which this program's runs do not "
+        f"have: choose one of {kinds}"
+      )
     if not isinstance(spec.get("every"), int) or spec.every < 1:
       raise UserError(f"evaluators.{name}.every={spec.get('every')!r}: evaluate every 1 or more steps")
     if spec.kind == "heldout" and config.data.heldout_blocks < config.batch_size:
@@ -173,7 +201,7 @@ def check_lengths(config, positions: int):
     length = spec.get("max_seq_length", 0)
     if length > positions:
       raise UserError(
-        f"evaluators.{name}.max_seq_length={length} exceeds the teacher's {positions} positions: "
+        f"evaluators.{name}.max_seq_length={length} exceeds the {positions} positions of the model it reads: "
         f"give at most {positions}"
       )
 
@@ -203,7 +231,7 @@ class Evaluators:
     self.items = [
       KINDS[spec.kind].build(name, with_defaults(spec), context) for name, spec in config.evaluators.items()
     ]
-    self.context, self.num_steps = context, config.num_steps
+    self.context, self.num_steps = context, context.num_steps
     self._teacher_done: set[str] = set()
 
   def __bool__(self):
@@ -226,20 +254,22 @@ class Evaluators:
     texts = next((e.texts for e in self.items if e.texts), ())[:_SPEED_SENTENCES]
     if not texts:
       return {}
-    length = self.context.config.data.max_seq_length
+    length = self.context.max_seq_length
     out = {}
     for who, encoder, p in (
       ("student", self.context.student_encoder(length), params),
       ("teacher", self.context.teacher_encoder(length), None),
     ):
-      encoder(texts[: self.context.config.eval_batch_size], p)
+      if encoder is None:
+        continue
+      encoder(texts[: self.context.eval_batch_size], p)
       start = time.perf_counter()
       encoder(texts, p)
       out[who] = len(texts) / (time.perf_counter() - start)
     return out
 
 
-@register("heldout", {}, ("loss*",), lower_is_better=("loss*",))
+@register("heldout", {}, ("loss*",), lower_is_better=("loss*",), needs="heldout")
 def heldout(name, spec, context: Context) -> Evaluator:
   stream, step, mesh = context.heldout_stream, context.heldout_step, context.mesh
   assert stream is not None and step is not None, "check_specs refuses a heldout evaluator without held-out blocks"
@@ -259,11 +289,14 @@ def _embedding_evaluator(name, spec, context: Context, texts: list, score) -> Ev
   for the teacher; `texts` are every sentence it embeds (the speed measurement's)."""
   length = context.length(spec)
   student_encoder, teacher_encoder = context.student_encoder(length), context.teacher_encoder(length)
+  teacher = None
+  if teacher_encoder is not None:
+    teacher = lambda: score(lambda t: teacher_encoder(t, desc=f"eval/{name}/teacher"))
   return Evaluator(
     name,
     spec.every,
     student=lambda params: score(lambda t: student_encoder(t, params, f"eval/{name}")),
-    teacher=lambda: score(lambda t: teacher_encoder(t, desc=f"eval/{name}/teacher")),
+    teacher=teacher,
     texts=tuple(texts),
   )
 
@@ -355,6 +388,12 @@ def probe(name, spec, context: Context) -> Evaluator:
     return {"accuracy": probe_accuracy(embed(train_texts), train_y, embed(dev_texts), dev_y)}
 
   return _embedding_evaluator(name, spec, context, train_texts + dev_texts, score)
+
+
+@register("task", {}, ("*",), needs="task")
+def task(name, spec, context: Context) -> Evaluator:
+  assert context.task_evaluate is not None, "check_specs refuses a task evaluator outside a fine-tuning run"
+  return Evaluator(name, spec.every, context.task_evaluate)
 
 
 def probe_correct(train_NxD, train_y, dev_MxD, dev_y) -> np.ndarray:

@@ -65,6 +65,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every = 1000
   c.checkpoint.keep = 1
+  c.checkpoint.best = ""  # "<evaluator>/<metric>", e.g. "task/dev/accuracy": that step kept beside the newest
+
+  # What the run measures while it trains (evaluation/evaluators.py), each every `every` steps and
+  # at step 0: its task's dev metrics (`kind="task"`), a probe, retrieval or STS score of its
+  # encoder's sentence embeddings, e.g. c.evaluators.task = dict(kind="task", every=200).
+  c.evaluators = ml_collections.ConfigDict()
 
   c.log_every = 50
 
@@ -75,7 +81,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.distill.teacher = ""  # a fine-tuning run of the same task; empty: the gold labels (plain fine-tuning)
   c.distill.objective = "mse"  # mse (the thesis, on logits) or soft_ce (the teacher's probabilities at temperature)
   c.distill.temperature = 1.0
-  # Plus the teacher's intermediate layers, by a distillation objective of distill/objectives.py
+  # Plus the teacher's intermediate layers, by a distillation objective of transfer/objectives.py
   # (tinybert_layerwise: TinyBERT's embeddings, attention scores and hidden states at every layer of
   # the uniform map; hidden_states; layer_to_layer), times `layers_weight`; empty: the logits alone.
   c.distill.layers = ""

@@ -7,7 +7,7 @@ a fine-tuned teacher of the same task instead of the gold labels.
   cached (`teachers.teacher_logits`); the loss is task distillation's `distill.objective` (logit
   MSE, the thesis's, or the teacher's probabilities at a temperature, `task_distill/losses.py`).
 - Optionally the teacher's intermediate layers too (`distill.layers`, a distillation objective of
-  `distill/objectives.py`: `tinybert_layerwise` is TinyBERT's task stage, its embeddings, attention
+  `transfer/objectives.py`: `tinybert_layerwise` is TinyBERT's task stage, its embeddings, attention
   scores and hidden states at every layer of the uniform map), from the teacher's encoder run on the
   same batch inside the step, times `distill.layers_weight`.
 
@@ -25,14 +25,13 @@ import numpy as np
 
 from minilm_jax import runs
 from minilm_jax.data import augment
-from minilm_jax.distill.config import base_config as distill_config
-from minilm_jax.distill.objectives import Objective, Outputs, make_objective
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder, EncoderConfig
 from minilm_jax.models.heads import MODEL_INPUTS
 from minilm_jax.task_distill.losses import TaskObjective, check_objective
 from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.transfer.objectives import Objective, Outputs, loss_config, make_objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +86,7 @@ def load_teacher(config, task, encoder_config: EncoderConfig, tokenizer, mesh) -
       f"distill.layers={c.layers} runs the teacher on the student's tokens, but {c.teacher} has another "
       f"vocabulary than {config.init}: distil the logits alone (distill.layers='')"
     )
-  loss = distill_config().loss
+  loss = loss_config()
   loss.objective, loss.layer_map = c.layers, "all"
   layers = make_objective(
     loss, teacher_config, encoder_config, teacher_config.num_layers - 1, encoder_config.num_layers - 1

@@ -59,12 +59,13 @@ class EpochRun(Protocol):
     """What the run is, saved with each checkpoint."""
 
 
-def fit(run: EpochRun, step_fn, summary: dict, desc: str):
+def fit(run: EpochRun, step_fn, summary: dict, desc: str, evaluate=None):
   """The `run()` of a fine-tuning or multi-task run: saves its tokenizer, starts from
   `run.initial_state()` (fresh or resumed), trains with `step_fn(state, local_batch, rng)`, evaluates
   `run.evaluate(params)` after every epoch (and on a run resumed after its last step), and writes
   the last metrics to `results.json` after `summary`, with every epoch's metrics and, where `run`
-  has a `selection_metric`, the best epoch by it. Returns (state, metrics).
+  has a `selection_metric`, the best epoch by it. `evaluate(step, state) -> metrics`: the run's
+  evaluators (`train_loop`'s). Returns (state, metrics).
   `step_fn` takes the batch already placed on `run.mesh`."""
   state, next_batch = run.initial_state()
   if jax.process_index() == 0:
@@ -93,6 +94,7 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str):
     log_every=run.config.log_every,
     desc=desc,
     after_step=after_step,
+    evaluate=evaluate,
   )
   if not results:  # resumed after the last step: evaluate what was saved
     results.update(run.evaluate(state.params))

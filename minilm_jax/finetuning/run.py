@@ -17,13 +17,21 @@ from jax.sharding import Mesh
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.devices import parallel
+from minilm_jax.evaluation.evaluators import (
+  FINETUNING_PROVIDES,
+  Context,
+  Evaluators,
+  best_direction,
+  check_lengths,
+  check_specs,
+)
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.evaluation.runs import write_predictions
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.distillation import TaskTeacher, distillation_loss, load_teacher, training_features
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
-from minilm_jax.models.encoder import EncoderConfig, extend_positions
+from minilm_jax.models.encoder import Encoder, EncoderConfig, extend_positions
 from minilm_jax.models.heads import (
   abstract_model_params,
   apply_model,
@@ -119,6 +127,7 @@ class FineTuning:
   pretrained: dict  # {"encoder": ...} and, for a generating head, the masked-LM head's parameters
   checkpoints: runs.RunCheckpoints
   teacher: TaskTeacher | None = None  # distill.teacher's: learnt instead of the gold labels
+  evaluators: Evaluators | None = None  # config.evaluators
 
   @property
   def selection_metric(self) -> str:
@@ -155,13 +164,18 @@ class FineTuning:
     def step_fn(state, batch, rng):
       return self.step.train_step(state, batch, rng, *frozen)
 
-    return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}")
+    evaluate = None
+    if self.evaluators:
+      run_evaluators = self.evaluators
+      evaluate = lambda step, state: run_evaluators(step, state.params)
+    return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}", evaluate=evaluate)
 
 
 def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   """Reads the task and the pre-trained encoder, validates `config` against them and the mesh, and
   returns the run's parts: every error a config can cause surfaces here, before any compute."""
   begin_run(config, workdir, finetuning_config.RANGES)
+  check_specs(config, FINETUNING_PROVIDES)
   task = get_task(config.task, config)
   head = task.head(config)
   # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
@@ -176,6 +190,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
       encoder_config.max_position_embeddings,
     )
     encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
+  check_lengths(config, encoder_config.max_position_embeddings)
   mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
   parallel.check_batch_divides(config.batch_size, mesh)
   teacher = load_teacher(config, task, encoder_config, tokenizer, mesh)
@@ -200,9 +215,26 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   initial = {"encoder": encoder_params}
   if head_kind(head).generates:
     initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
-  checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep)
+  best = best_direction(config)
+  checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep, best=best)
   parts = (task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints, teacher)
-  return FineTuning(config, workdir, mesh, *parts)
+  run = FineTuning(config, workdir, mesh, *parts)
+  if not config.evaluators:
+    return run
+  # The embedding evaluators read the encoder with the pooling of the model it started from.
+  pooling = runs.sentence_pipeline_of(config.init, config.max_seq_length)[0]
+  context = Context(
+    mesh,
+    tokenizer,
+    Encoder(step.encoder_config),
+    pooling,
+    config.max_seq_length,
+    config.eval_batch_size,
+    num_steps,
+    learnt=False,
+    task_evaluate=run.evaluate,
+  )
+  return dataclasses.replace(run, evaluators=Evaluators(config, context))
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -25,12 +25,12 @@ import jax.numpy as jnp
 from absl import flags
 
 from minilm_jax.devices.timing import median_seconds
-from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
 from minilm_jax.training.outputs import check_new_file
 from minilm_jax.training.program import run_program
+from minilm_jax.transfer import losses
 
 _LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths to check (each one the kernels take).")
 _BATCH = flags.DEFINE_integer(

@@ -46,12 +46,13 @@ from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
-from minilm_jax.distill import losses
 from minilm_jax.errors import UserError
 from minilm_jax.models import embeddings, layout
 from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
 from minilm_jax.models.heads import LMHead
+from minilm_jax.transfer import losses
 
 LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 
@@ -379,6 +380,28 @@ class Objective:
       distance = embeddings.EMBEDDING_LOSSES[self.embedding_loss]
       terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * distance(s_embedding, t_embedding)
     return terms
+
+
+def loss_config() -> ml_collections.ConfigDict:
+  """The `loss` block of a distillation config (and of a fine-tuning run's layer objective,
+  `distill.layers`): the objective and its settings, with their defaults."""
+  c = ml_collections.ConfigDict()
+  # "minilm", a baseline ("layer_to_layer", "value_mse", "hidden_mse", "tinybert", "tinybert_layerwise",
+  # "mlm_kd"), "hidden_states", or "embedding" (the registry above)
+  c.objective = "minilm"
+  # The sentence-embedding term (objective "embedding" alone, or added to another objective with a
+  # weight > 0): "mse" (squared distance) or "cosine" (1 - cos) between the two models' sentence
+  # embeddings, pooled and normalised as the teacher's sentence-transformers config says.
+  c.embedding_weight = 0.0
+  c.embedding_loss = "mse"
+  # layer_to_layer and hidden_states: "last", "last_two", "first_and_last" or "all" student layers
+  c.layer_map = "last"
+  c.relations = "minilm"  # "minilm" (qk, vv), "minilmv2" (qq, kk, vv), or pairs like "qk,vv"
+  c.num_relation_heads = 12
+  # > 0: compute relations this many query rows at a time, so the [batch, A_r, L, L] relation
+  # tensors never live whole (same loss and gradient; for long sequences on memory-bound devices).
+  c.query_chunk = 0
+  return c
 
 
 def uses_embedding_term(loss_config) -> bool:
