@@ -62,6 +62,17 @@ def _native_stderr_filtered():
       sys.stderr.flush()
 
 
+def memory_fraction_readable() -> bool:
+  """Whether XLA_PYTHON_CLIENT_MEM_FRACTION (the share of a GPU's memory JAX preallocates) is unset
+  or a number in (0, 1]. The CUDA plugin reads it when it is registered and fails with a traceback
+  otherwise; the programs refuse it in one line instead (`training/program.py`)."""
+  fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+  try:
+    return fraction is None or 0 < float(fraction) <= 1
+  except ValueError:
+    return False
+
+
 if "JAX_PLATFORMS" not in os.environ and not _accelerator_present():
   os.environ["JAX_PLATFORMS"] = "cpu"
 with _native_stderr_filtered():
@@ -69,5 +80,7 @@ with _native_stderr_filtered():
   from jax._src import xla_bridge
 
   # Imports and registers the installed plugins (what jax does at its first backend), starting none:
-  # a multi-host run still calls jax.distributed.initialize before any backend exists.
-  xla_bridge._discover_and_register_pjrt_plugins()
+  # a multi-host run still calls jax.distributed.initialize before any backend exists. With a
+  # memory share the CUDA plugin cannot read, jax registers them at its first backend instead.
+  if memory_fraction_readable():
+    xla_bridge._discover_and_register_pjrt_plugins()

@@ -228,6 +228,16 @@ def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
+def test_an_unreadable_gpu_memory_share_is_one_line(tiny_teacher, tiny_corpus, tmp_path):
+  """XLA_PYTHON_CLIENT_MEM_FRACTION that JAX's CUDA plugin cannot read (installed here by the aot
+  extra, whose registration printed a traceback) is the whole of stderr: one line, exit 2."""
+  env = dict(_env(tiny_teacher, tiny_corpus), XLA_PYTHON_CLIENT_MEM_FRACTION="abc")
+  proc = subprocess.run(train_command(str(tmp_path / "w")), env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION='abc' is not a share of the GPU's memory" in proc.stderr
+  assert not os.path.exists(tmp_path / "w")
+
+
 def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, tiny_corpus, tmp_path):
   """Only a run's length, logging, checkpointing and device layout may change when it resumes."""
   workdir = str(tmp_path / "w")

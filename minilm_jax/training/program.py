@@ -2,13 +2,25 @@
 logging, multi-process initialisation, and the mapping of failures to exit codes (bad input: one
 line on stderr and exit 2; full or read-only storage: one line and exit 2; preemption: 143)."""
 
+import os
 import sys
 
 from absl import app, flags, logging
 
+import minilm_jax
 from minilm_jax.devices.distributed import maybe_initialize
 from minilm_jax.errors import PREEMPTED_EXIT_CODE, STORAGE_ERRNOS, Preempted, UserError
 from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
+
+
+def check_environment():
+  """One line for an environment variable JAX reads that would fail deep in its start-up (a GPU
+  plugin's traceback, then a misleading error): the memory share JAX preallocates on a GPU."""
+  if not minilm_jax.memory_fraction_readable():
+    raise UserError(
+      f"XLA_PYTHON_CLIENT_MEM_FRACTION={os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION']!r} is not a share of the "
+      f"GPU's memory: give a number in (0, 1], e.g. 0.75 (JAX's default), or unset it"
+    )
 
 
 def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
@@ -61,6 +73,7 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       logging.set_verbosity(logging.WARNING)  # Orbax and datasets log every step at INFO
     quiet_orbax_failure_reports()
     try:
+      check_environment()
       maybe_initialize()  # before any device is touched
       return main(argv)
     except UserError as e:
