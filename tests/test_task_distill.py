@@ -466,6 +466,25 @@ def test_finetuning_distils_a_teachers_logits_and_layers_on_augmented_data(tmp_p
   assert os.path.isfile(tmp_path / "hf" / "config.json")
 
 
+@pytest.mark.slow
+def test_a_distilling_grid_with_seeds_augments_and_labels_once(tmp_path, teachers, tiny_teacher, monkeypatch):
+  """`--grid` with seeds over a second stage: every run learns the teacher's logits on the same
+  augmented set, augmented and labelled once in the grid's cache."""
+  from minilm_jax.finetuning.grid import run_grid
+
+  task = "wordnet_supersense"
+  c = _distilling_config(tiny_teacher, teachers[task])
+  c.augment.enabled, c.augment.size_factor, c.augment.n_iter = True, 2, 3
+  c.grid.lrs, c.grid.epochs, c.seeds = (1e-3,), (1,), 2
+  tagged = []
+  real_tagger = augment.load_pos_tagger
+  monkeypatch.setattr(augment, "load_pos_tagger", lambda: tagged.append(1) or real_tagger())
+  rows, _ = run_grid(c, str(tmp_path))
+  assert rows[0]["seeds"] == 2 and 0 <= rows[0]["dev/accuracy"] <= 1 and len(tagged) == 1
+  cached = sorted(os.path.splitext(name)[1] for name in os.listdir(tmp_path / "cache"))
+  assert cached == [".npy", ".parquet"]
+
+
 def _quiet(c):
   """`c` with dropout off."""
   q = c.copy_and_resolve_references()

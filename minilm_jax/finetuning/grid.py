@@ -31,6 +31,8 @@ def run_grid(config, workdir: str, settings=None):
       run = copy.deepcopy(config)
       # Each run is one seed; its recorded config says so, so adding seeds later reuses the runs made.
       run.optimizer.lr, run.epochs, run.seed, run.seeds = lr, epochs, config.seed + k, 1
+      if config.distill.teacher:  # the runs share one cache (keyed by content): augmented and labelled once
+        run.distill.cache_dir = config.distill.cache_dir or os.path.join(workdir, "cache")
       run_dir = os.path.join(workdir, name if config.seeds == 1 else os.path.join(name, f"seed{config.seed + k}"))
       # Each run resumes or reuses its own checkpoints, so an interrupted grid continues where it stopped.
       per_seed.append(build_finetuning(run, run_dir).run()[1])
