@@ -28,7 +28,7 @@ from minilm_jax.data import augment
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder, EncoderConfig
-from minilm_jax.models.heads import MODEL_INPUTS
+from minilm_jax.models.heads import MODEL_INPUTS, apply_model
 from minilm_jax.task_distill.losses import TaskObjective, check_objective
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.transfer.objectives import Objective, Outputs, loss_config, make_objective
@@ -91,7 +91,7 @@ def load_teacher(config, task, encoder_config: EncoderConfig, tokenizer, mesh) -
   layers = make_objective(
     loss, teacher_config, encoder_config, teacher_config.num_layers - 1, encoder_config.num_layers - 1
   )
-  if layers.needs.mlm_head or layers.projection_shapes():
+  if layers.needs.mlm_head:  # (learnt maps between widths are refused above: the widths are equal)
     raise UserError(f"distill.layers={c.layers} needs masked-LM heads, which fine-tuned runs do not keep")
   encoder = Encoder(teacher_config)
   return TaskTeacher(teacher, objective, c.temperature, layers, c.layers_weight, encoder, params["encoder"])
@@ -120,10 +120,9 @@ def distillation_loss(teacher: TaskTeacher, model, task):
   the student's encoder (captured from the same forward pass) against the teacher's, run here."""
 
   def loss_of(params, batch, rngs, teacher_params=None):
-    inputs = [batch[k] for k in MODEL_INPUTS]
     if teacher.layers is None:
-      logits = model.apply({"params": params}, *inputs, deterministic=False, rngs=rngs)
-      return teacher.logits.loss(task, logits, batch, teacher.temperature)
+      return teacher.logits.loss(task, apply_model(model, params, batch, False, rngs), batch, teacher.temperature)
+    inputs = [batch[k] for k in MODEL_INPUTS]
     logits, captured = model.apply(
       {"params": params}, *inputs, deterministic=False, rngs=rngs, capture_intermediates=_is_encoder
     )
