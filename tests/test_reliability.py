@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 
+import datasets
 import pytest
 from flax import traverse_util
 from hypothesis import event, given
@@ -25,6 +26,7 @@ from conftest import (
   output_lines,
   read_metrics,
   tiny_config,
+  train_command,
 )
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
@@ -211,27 +213,35 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   workdir = str(tmp_path / "w")
   config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3})
   build_distillation(config, workdir).run()
-  data_files = [
-    f
-    for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**"), recursive=True)
-    if os.path.isfile(f) and os.path.getsize(f) > 1000
-  ]
-  for f in data_files:
-    with open(f, "r+b") as handle:
-      handle.truncate(os.path.getsize(f) // 2)
+  # Its files of arrays cut short (not its metadata): some arrays' reads fail while others go on.
+  for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "ocdbt.*", "d", "*")):
+    if os.path.getsize(f) > 10_000:
+      with open(f, "r+b") as handle:
+        handle.truncate(os.path.getsize(f) // 4)
   runs.export_run(workdir, str(tmp_path / "exported"))  # read-only: falls back, moves nothing
   # The fallback's warning and the export's note of the parameters left untrained; nothing of
   # Orbax's or TensorStore's (1,779 lines of an ignored exception and a spec, once).
   said = output_lines(capfd.readouterr().err)
   assert len(said) == 2 and "cannot be read" in said[0] and "exported as initialised" in said[1], said
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "3"))
-  config.num_steps = 4
-  run = build_distillation(config, workdir)
-  run.run()
-  said = output_lines(capfd.readouterr().err)
-  assert len(said) == 1 and "warning: the checkpoint of step 3" in said[0] and "using step 2" in said[0], said
+  # Resumed by the program in a process of its own: the reads a failed restore leaves behind
+  # (Orbax's coroutines, each holding the failure and a 60-line TensorStore spec) are reported by
+  # Python as unraisable when collected, 3,137 lines for one truncated file of the demo's run, and
+  # inside pytest its own hook would catch them instead.
+  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
+  proc = subprocess.run(
+    train_command(workdir, "--config.num_steps=4", "--config.checkpoint.keep=3"),
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  said = output_lines(proc.stderr)
+  assert proc.returncode == 0 and len(said) == 1, proc.stderr[-3000:]
+  assert "warning: the checkpoint of step 3" in said[0] and "using step 2" in said[0], said
+  assert "TensorStore details" not in said[0], said
   assert os.path.isdir(os.path.join(workdir, "damaged_checkpoints", "3"))
-  assert list(run.checkpoints.manager.all_steps()) == [2, 3, 4]  # keep=3
+  assert list(runs.RunCheckpoints(workdir, read_only=True).manager.all_steps()) == [2, 3, 4]  # keep=3
 
 
 @pytest.fixture
@@ -338,6 +348,8 @@ def test_damaged_weights_tokenizer_and_corpus_files_are_one_line_errors(tiny_tea
   cases = {
     "bad.jsonl": (b'{"text": "a"}\n{"text": "b"\n', "JSON parse error"),
     "binary.txt": (bytes(range(128, 256)) * 4, "not UTF-8 text"),
+    # pyarrow's JSON reader takes a value's bytes unchecked: caught when read, not when tokenised.
+    "bad_value.jsonl": (b'{"text": "a"}\n{"text": "b \xff"}\n', "column 'text' is not UTF-8 text at row 2"),
     "empty.txt": (b"", "holds no rows"),
   }
   for name, (content, message) in cases.items():
@@ -668,9 +680,10 @@ def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(fini
 
 
 @pytest.mark.parametrize("task, name", [("squad2", "dev-v2.0.json"), ("qg", "dev.json")])
-def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, task, name):
+def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, monkeypatch, task, name):
   """A SQuAD-format file whose answer_start is not a number, or points where the context does not
-  hold the answer, is refused when read: the first bad question named, and how many there are."""
+  hold the answer, is refused when read: the first bad question named, and how many there are. The
+  hub's copy is checked the same way (here a stand-in in the hub's schema, answer_start as text)."""
   from minilm_jax.tasks import get_task
 
   context = "Café au lait is coffee with milk."
@@ -686,3 +699,14 @@ def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, task, name
   qas[1:] = []
   (tmp_path / name).write_text(json.dumps({"data": [{"paragraphs": [{"context": context, "qas": qas}]}]}))
   assert len(get_task(task).load("dev", str(tmp_path))) >= 1
+
+  hub_rows = {
+    "id": ["good", "word"],
+    "title": ["t", "t"],
+    "context": [context, context],
+    "question": ["What is it?", "Which?"],
+    "answers": [{"text": ["coffee"], "answer_start": ["16"]}, {"text": ["milk"], "answer_start": ["twenty"]}],
+  }
+  monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.Dataset.from_dict(hub_rows))
+  with pytest.raises(UserError, match=r"rajpurkar/squad\S*: 2 answer\(s\) do not lie .* question good .* at '16'"):
+    get_task(task).load("dev", "")

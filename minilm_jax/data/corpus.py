@@ -14,6 +14,7 @@ import re
 
 import datasets
 import numpy as np
+import pyarrow as pa
 
 from minilm_jax.data.demo_corpus import write_demo_corpus, write_wordnet_corpus
 from minilm_jax.errors import UserError
@@ -49,9 +50,31 @@ def _load_raw(corpus: str, subset: str, cache_dir: str) -> datasets.Dataset:
       _check_json_start(f)
   with datasets_errors_unlogged():
     try:
-      return datasets.load_dataset(builder, data_files=files, split="train")
+      raw = datasets.load_dataset(builder, data_files=files, split="train")
     except Exception as e:
       raise UserError(f"could not read corpus {corpus}: {root_cause(e)}: fix or remove the file") from None
+  _check_utf8(raw, corpus)
+  return raw
+
+
+def _check_utf8(dataset: datasets.Dataset, corpus: str):
+  """pyarrow's JSON and CSV readers take a string's bytes without checking that they are UTF-8, so
+  a bad byte inside a value would surface only when tokenising reaches its row, as a traceback from
+  deep inside `datasets`. Arrow's full validation checks every string column here, in C++."""
+  for name, column in zip(dataset.column_names, dataset.data.table.columns):
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+      continue
+    first_row = 0
+    for chunk in column.chunks:
+      try:
+        chunk.validate(full=True)
+      except pa.ArrowInvalid as e:
+        index = re.search(r"index (\d+)", str(e))
+        where = f"row {first_row + int(index.group(1)) + 1}" if index else f"a row after row {first_row}"
+        raise UserError(
+          f"could not read corpus {corpus}: column {name!r} is not UTF-8 text at {where}: fix or remove the file"
+        ) from None
+      first_row += len(chunk)
 
 
 @contextlib.contextmanager

@@ -50,8 +50,11 @@ def quiet_orbax_failure_reports():
   lines. Every such failure also reaches `RunCheckpoints` (through `check_for_errors`, or as the
   exception of a restore), which reports it as one line, so these are left out: Orbax's ERROR log
   records; its warning that a directory we open read-only (to export or evaluate a run) is
-  read-only; asyncio's reports of write tasks whose exception nobody retrieved; and, as the save
-  unwinds, the TensorStore callbacks that find the event loop closed (Python reports each as unraisable)."""
+  read-only; asyncio's reports of write tasks whose exception nobody retrieved; as the save
+  unwinds, the TensorStore callbacks that find the event loop closed; and, after a restore of a
+  damaged checkpoint fails, its other reads (Orbax's coroutines, each holding the failure and a
+  60-line TensorStore spec; 3,137 lines for one truncated file) as Python collects them. Python
+  reports those last two as unraisable."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
   if any(isinstance(f, _NotAnOrbaxError) for f in absl_logger.filters):
     return
@@ -70,7 +73,10 @@ def quiet_orbax_failure_reports():
   previous_hook = sys.unraisablehook
 
   def hook(unraisable):
-    if not (isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)):
+    closed_loop = isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value)
+    code = getattr(unraisable.object, "cr_code", None)  # a coroutine's
+    orbax_read = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+    if not (closed_loop or orbax_read):
       previous_hook(unraisable)
 
   sys.unraisablehook = hook
@@ -316,4 +322,6 @@ def _storage_reason(error: Exception) -> str:
 
 
 def _brief(error: Exception) -> str:
-  return f"{type(error).__name__}: {' '.join(str(error).split())[:160]}"
+  # Orbax's read errors go on with "See full TensorStore details: <bound method ...>", not details.
+  text = str(error).split(" See full TensorStore details")[0]
+  return f"{type(error).__name__}: {' '.join(text.split())[:160]}"

@@ -326,10 +326,11 @@ class QuestionGeneration(Seq2SeqTask):
       raise UserError(
         f"qg: could not load rajpurkar/squad from the hub ({type(e).__name__}): set data_dir ({self._formats()})"
       ) from None
-    return _questions(
-      [(r["id"], r["context"], r["answers"]["text"][0], r["answers"]["answer_start"][0], r["question"]) for r in raw],
-      context,
-    )
+    rows = [
+      (r["id"], r["context"], r["answers"]["text"][0], r["answers"]["answer_start"][0], r["question"]) for r in raw
+    ]
+    check_spans("rajpurkar/squad", (row[:4] for row in rows))
+    return _questions(rows, context)
 
   def _formats(self) -> str:
     return f"SQuAD 1.1 JSON (<split>.json or train-v1.1.json/dev-v1.1.json), or {super()._formats()}"

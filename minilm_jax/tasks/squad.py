@@ -67,15 +67,16 @@ def _read_json(path: str, task: str) -> datasets.Dataset:
     raise UserError(
       f"{path} is not a SQuAD JSON file for {task} ({type(e).__name__}: {e}): expected data/paragraphs/qas"
     ) from None
-  check_spans(
-    path,
-    (
-      (qid, context, text, start)
-      for qid, context, texts, starts in zip(rows["id"], rows["context"], rows["answer_texts"], rows["answer_starts"])
-      for text, start in zip(texts, starts)
-    ),
-  )
+  check_spans(path, _answer_spans(rows))
   return datasets.Dataset.from_dict(dict(rows))
+
+
+def _answer_spans(rows):
+  """(question id, context, answer text, answer_start) of every answer of rows with the columns
+  id, context, answer_texts and answer_starts."""
+  for qid, context, texts, starts in zip(rows["id"], rows["context"], rows["answer_texts"], rows["answer_starts"]):
+    for text, start in zip(texts, starts):
+      yield qid, context, text, start
 
 
 # --- the official SQuAD evaluation (1.1: exact match and F1; 2.0 adds no-answer questions) ----
@@ -177,10 +178,12 @@ class SquadTask:
       raise UserError(
         f"{self.name}: could not load {self.hub} from the hub ({type(e).__name__}): set data_dir"
       ) from None
-    return raw.map(
+    rows = raw.map(
       lambda r: {"answer_texts": r["answers"]["text"], "answer_starts": r["answers"]["answer_start"]},
       remove_columns=["answers", "title"],
     )
+    check_spans(self.hub, _answer_spans(rows))
+    return rows
 
   def prepare(self, split: str, config, tokenizer):
     max_len, stride = config.max_seq_length, config.doc_stride
