@@ -41,8 +41,9 @@ _CACHE_OWNER = "MINILM_TEST_COMPILATION_CACHE_OWNER"
 def pytest_configure(config):
   """One JAX compilation cache for this run of the suite: its worker processes and every program
   they start share the executables they compile (most tests compile the same tiny steps), and the
-  cache is deleted when the run ends, so no run reuses another's. The main process makes it;
-  xdist's workers and the programs inherit it through the environment.
+  files runs share (`MINILM_JAX_CACHE`); both are deleted when the run ends, so no run reuses
+  another's. The main process makes them; xdist's workers and the programs inherit them through
+  the environment.
 
   Then JAX's backends start, before the first test, so that a plugin's start-up lines are never
   inside a test's capture. (A hook, not import-time code: the subprocess configs import this
@@ -53,6 +54,8 @@ def pytest_configure(config):
 
   if _CACHE_OWNER not in os.environ:  # the main process (not a worker, which inherits the cache)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="minilm_jax_test_cache_")
+    # The files every run may share (the demo corpus, harvested once), likewise fresh per run.
+    os.environ["MINILM_JAX_CACHE"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "shared")
     os.environ[_CACHE_OWNER] = str(os.getpid())
   # Cache every executable, however quick its compile: the tests' tiny steps compile in under a second.
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"

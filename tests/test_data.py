@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from minilm_jax.data import wordnet_db
+from minilm_jax.data import demo_corpus, wordnet_db
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError
 
@@ -140,3 +140,19 @@ def test_multi_task_stream_merges_and_shuffles_every_tasks_batches_each_epoch():
   assert len({tuple(o) for o in orders}) > 1  # shuffled anew each epoch
   resumed = make()  # a fresh stream (a restarted run) gives batch 13 without replaying 0-12
   assert list(resumed.batch(13)["row"]) == list(tasks.batch(13)["row"])
+
+
+def test_the_demo_corpus_is_harvested_once_per_machine_and_copied(tmp_path, monkeypatch):
+  """Every run directory gets the same corpus; the standard library is parsed for the first only,
+  and a cache folder that cannot be written only means harvesting into the run's own file."""
+  harvests = []
+  harvest = demo_corpus._stdlib_documents
+  monkeypatch.setattr(demo_corpus, "_stdlib_documents", lambda stdlib: harvests.append(stdlib) or harvest(stdlib))
+  monkeypatch.setenv("MINILM_JAX_CACHE", str(tmp_path / "shared"))
+  first = open(demo_corpus.write_demo_corpus(str(tmp_path / "a" / "demo_corpus.txt"))).read()
+  second = open(demo_corpus.write_demo_corpus(str(tmp_path / "b" / "demo_corpus.txt"))).read()
+  assert len(harvests) == 1 and first == second and len(first.split("\n\n")) > 500
+  (tmp_path / "not_a_folder").write_text("")
+  monkeypatch.setenv("MINILM_JAX_CACHE", str(tmp_path / "not_a_folder"))
+  third = open(demo_corpus.write_demo_corpus(str(tmp_path / "c" / "demo_corpus.txt"))).read()
+  assert len(harvests) == 2 and third == first

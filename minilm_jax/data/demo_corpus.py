@@ -12,8 +12,11 @@ line, a blank line between documents), the same on every run:
 """
 
 import ast
+import contextlib
+import hashlib
 import os
 import re
+import sys
 import sysconfig
 
 from minilm_jax.data import wordnet_db
@@ -39,10 +42,36 @@ def _sentences(doc):
 
 
 def write_demo_corpus(path: str) -> str:
-  """Writes the docstring corpus to `path` (once; later calls reuse it) and returns `path`."""
+  """Writes the docstring corpus to `path` (once; later calls reuse it) and returns `path`.
+  Harvesting it parses every module of the standard library (3 s on 2 cores), and every run
+  directory keeps its own copy, so the harvest is kept once per Python under `shared_cache_dir()`
+  and copied from there."""
   if os.path.exists(path):
     return path
   stdlib = sysconfig.get_paths()["stdlib"]
+  key = hashlib.sha256(f"{sys.version}\n{stdlib}".encode()).hexdigest()[:16]
+  shared = os.path.join(shared_cache_dir(), f"demo_corpus-{key}.txt")
+  try:
+    with open(shared, encoding="utf-8") as f:
+      return _write_text(path, f.read())
+  except OSError as e:
+    if e.filename == path:  # the run's own copy could not be written (a full disk): said by the caller
+      raise
+  text = _documents_text(_stdlib_documents(stdlib))
+  with contextlib.suppress(OSError):  # a cache folder that cannot be written: only the run's copy is
+    _write_text(shared, text)
+  return _write_text(path, text)
+
+
+def shared_cache_dir() -> str:
+  """Where files that every run on this machine can share are kept: `$MINILM_JAX_CACHE`, else
+  `$XDG_CACHE_HOME/minilm_jax` (`~/.cache/minilm_jax`)."""
+  if os.environ.get("MINILM_JAX_CACHE"):
+    return os.environ["MINILM_JAX_CACHE"]
+  return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "minilm_jax")
+
+
+def _stdlib_documents(stdlib: str) -> list:
   documents = []
   for root, dirs, files in os.walk(stdlib):
     dirs[:] = sorted(d for d in dirs if d not in ("test", "tests", "idle_test", "site-packages", "__pycache__"))
@@ -55,7 +84,7 @@ def write_demo_corpus(path: str) -> str:
       sentences = [s for doc in _docstrings(tree) for s in _sentences(doc)]
       if sentences:
         documents.append("\n".join(sentences))
-  return _write_documents(path, documents)
+  return documents
 
 
 def write_wordnet_corpus(path: str) -> str:
@@ -64,15 +93,19 @@ def write_wordnet_corpus(path: str) -> str:
     return path
   synsets = wordnet_db.read_synsets(wordnet_db.EXCERPT_DIR)
   texts = [t for s in synsets if wordnet_db.split_of(s.offset) == "train" for t in (s.definition, *s.examples)]
-  return _write_documents(path, texts)
+  return _write_text(path, _documents_text(texts))
 
 
-def _write_documents(path: str, documents: list) -> str:
+def _documents_text(documents: list) -> str:
+  return "\n\n".join(documents) + "\n"
+
+
+def _write_text(path: str, text: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may write at once
   try:
     with open(tmp, "w", encoding="utf-8") as f:
-      f.write("\n\n".join(documents) + "\n")
+      f.write(text)
   except OSError as e:  # a full disk: leave no partial file, and name the file in the error
     if os.path.exists(tmp):
       os.remove(tmp)
