@@ -50,6 +50,24 @@ def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
   assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == round(0.1 * 2**24)
 
 
+def test_hidden_dropout_keeps_the_rate_scales_the_kept_and_differs_by_seed_and_position():
+  """The encoder's hidden-state dropout (`encoder.Dropout`, the same hash over each entry's index):
+  a [16, 128, 384] activation as the 3x384 student's step drops it out."""
+  from minilm_jax.models.encoder import Dropout
+
+  x = jnp.ones((16, 128, 384))
+  keep = np.asarray(dropout.keep_like(jnp.int32(7), x.shape, 0.1))
+  assert abs(keep.mean() - 0.9) < 0.0017  # 786,432 draws, as above
+  assert abs((keep == np.asarray(dropout.keep_like(jnp.int32(8), x.shape, 0.1))).mean() - 0.82) < 0.005
+  for axis in range(3):  # neighbours along every axis are uncorrelated
+    a, b = np.moveaxis(keep, axis, 0)[:-1].ravel(), np.moveaxis(keep, axis, 0)[1:].ravel()
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.01
+  layer = Dropout(0.1)
+  y = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
+  assert np.allclose(np.unique(y), [0.0, 1 / 0.9]) and abs((y > 0).mean() - 0.9) < 0.0017
+  assert np.array_equal(layer.apply({}, x, True), x) and not np.any(Dropout(1.0).apply({}, x, False))
+
+
 # Each chip's layout and blocks: the operands as the model makes them in 64-row blocks (GPUs: four
 # blocks here), and the TPU's [B, H, K, L] in 128-row blocks.
 CHIPS = [
@@ -221,7 +239,8 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
   """Training on an accelerator each layer is rematerialised (`encoder._RematerialisedLayer`: its
   backward pass keeps Q, K, V, the kernel's output and log-sum-exp, the layer norms' inputs and the
   pre-activation, and recomputes the rest). With the flash kernel interpreted here, the same
-  dropout drawn both ways: the loss to 1e-6 relative and every parameter's gradient to 1e-4."""
+  dropout drawn both ways: the loss to 1e-6 relative and every parameter's gradient to 1e-4. A
+  CPU's explicit path (no kernel) drops the same entries: the same loss and gradients."""
   from minilm_jax.models import encoder
 
   config = encoder.EncoderConfig(
@@ -237,6 +256,8 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
     )
     return jnp.sum(out.last_hidden_state * jnp.cos(jnp.arange(32))) + jnp.sum(out.layers[-1].q * 0.1)
 
+  # A CPU's own path first: no kernel, its explicit attention making the kernel's dropout mask.
+  loss_cpu, grads_cpu = jax.value_and_grad(loss)(params)
   monkeypatch.setattr(encoder, "kernel_platform", lambda: "cpu")
   results = {}
   for rematerialised in (True, False):
@@ -244,6 +265,10 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
     results[rematerialised] = jax.value_and_grad(loss)(params)
   (loss_remat, grads_remat), (loss_kept, grads_kept) = results[True], results[False]
   assert abs(float(loss_remat) / float(loss_kept) - 1) < 1e-6
+  assert abs(float(loss_cpu) / float(loss_kept) - 1) < 1e-6
+  for name, want in traverse_util.flatten_dict(grads_kept, sep="/").items():
+    if not name.endswith("key/bias") and not name.startswith("pooler/"):  # as below
+      assert _rel(traverse_util.flatten_dict(grads_cpu, sep="/")[name], want) < 1e-4, name
   flat_remat, flat_kept = (traverse_util.flatten_dict(g, sep="/") for g in (grads_remat, grads_kept))
   assert flat_remat.keys() == flat_kept.keys() and len(flat_kept) > 20
   for name, want in flat_kept.items():

@@ -46,13 +46,25 @@ def keep_block(seed, row_head, query_LxK, key_LxK, length: int, rate: float):
   return jax.lax.shift_right_logical(bits, 32 - _BITS) >= threshold(rate)
 
 
-def keep_mask(seed, batch: int, heads: int, length: int, rate: float):
-  """The whole [B, H, L, L] keep mask the kernels make block by block (for tests and references)."""
+def keep_mask(seed, batch: int, heads: int, length: int, rate: float, key_length: int | None = None):
+  """The whole [B, H, L, L] keep mask the kernels make block by block (the explicit path's, and the
+  tests' reference); [B, H, L, key_length] where queries attend over more keys (a decoding cache)."""
+  key_length = key_length or length
   b = jnp.arange(batch, dtype=jnp.int32)[:, None, None, None]
   h = jnp.arange(heads, dtype=jnp.int32)[None, :, None, None]
   q = jnp.arange(length, dtype=jnp.int32)[None, None, :, None]
-  k = jnp.arange(length, dtype=jnp.int32)[None, None, None, :]
-  return keep_block(jnp.asarray(seed, jnp.int32), b * heads + h, q, k, length, rate)
+  k = jnp.arange(key_length, dtype=jnp.int32)[None, None, None, :]
+  return keep_block(jnp.asarray(seed, jnp.int32), b * heads + h, q, k, key_length, rate)
+
+
+def keep_like(seed, shape, rate: float):
+  """Keep (True) or drop of every entry of an array of `shape` (a hidden state's dropout): the same
+  hash, of the seed and each entry's flat row-major index (wrapping at 2^32, as the arithmetic does)."""
+  flat = jnp.zeros((), jnp.int32)
+  for axis, size in enumerate(shape):
+    flat = flat * size + jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+  bits = _lowbias32(_lowbias32(jnp.asarray(seed, jnp.int32)) ^ flat)
+  return jax.lax.shift_right_logical(bits, 32 - _BITS) >= threshold(rate)
 
 
 def seed_from_key(rng) -> jax.Array:
