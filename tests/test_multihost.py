@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, read_metrics, train_command
+from conftest import COMPILE_FLAGS, ROOT, read_metrics, train_command
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 
@@ -34,7 +34,7 @@ def _free_port():
 def _env(tiny_teacher, tiny_corpus):
   env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
   env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # the launcher runs `python`
-  env.pop("XLA_FLAGS", None)  # the launcher sets the device count
+  env["XLA_FLAGS"] = COMPILE_FLAGS  # the launcher adds the device count
   return env
 
 

@@ -27,6 +27,7 @@ from conftest import (
   read_metrics,
   tiny_config,
   train_command,
+  xla_flags,
 )
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
@@ -268,7 +269,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
     TINY_CORPUS=tiny_corpus,
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.path.join(root, "tests"),
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    XLA_FLAGS=xla_flags(1),
   )
   proc = subprocess.run(
     [

@@ -21,6 +21,7 @@ from conftest import (
   read_metrics,
   tiny_config,
   train_command,
+  xla_flags,
 )
 from minilm_jax import runs
 from minilm_jax.devices import parallel
@@ -76,7 +77,7 @@ def _env(tiny_teacher, tiny_corpus):
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.path.join(ROOT, "tests"),
   )
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  env["XLA_FLAGS"] = xla_flags(2)
   return env
 
 
@@ -267,7 +268,7 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
     (tmp_path / f"{split}.csv").write_text(
       "text,label\n" + "".join(f"{w} number {i},{w}\n" for i in range(4) for w in ("dog", "tea"))
     )
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu")
   proc = subprocess.run(
     [
       sys.executable,
