@@ -23,6 +23,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
@@ -94,6 +95,16 @@ def pytest_collection_modifyitems(config, items):
     return 0 if item.get_closest_marker("xdist_group") else 1 if item.get_closest_marker("slow") else 2
 
   items.sort(key=weight)  # stable: each part keeps the collection order
+
+
+def pytest_collection_finish(session):
+  """Every test module is imported (JAX, Flax, transformers, datasets: some 640,000 objects that
+  live as long as the worker): out of the garbage collector's sight (as the programs put theirs,
+  `run_program`), and its passes rarer, so that it stops walking them again and again: a worker
+  spent 9 s of 194 in full collections of test_steps, test_objectives and test_finetune, 1.2 s
+  after this, and those three files took 180 s instead of 197."""
+  gc.freeze()
+  gc.set_threshold(10_000, 10, 100)  # Python's defaults: 700, 10, 10
 
 
 @pytest.fixture(scope="session")
