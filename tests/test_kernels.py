@@ -257,12 +257,12 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
     return jnp.sum(out.last_hidden_state * jnp.cos(jnp.arange(32))) + jnp.sum(out.layers[-1].q * 0.1)
 
   # A CPU's own path first: no kernel, its explicit attention making the kernel's dropout mask.
-  loss_cpu, grads_cpu = jax.value_and_grad(loss)(params)
+  loss_cpu, grads_cpu = jax.jit(jax.value_and_grad(loss))(params)  # traced anew each time: under each patch
   monkeypatch.setattr(encoder, "kernel_platform", lambda: "cpu")
   results = {}
   for rematerialised in (True, False):
     monkeypatch.setattr(encoder, "on_accelerator", lambda value=rematerialised: value)
-    results[rematerialised] = jax.value_and_grad(loss)(params)
+    results[rematerialised] = jax.jit(jax.value_and_grad(loss))(params)
   (loss_remat, grads_remat), (loss_kept, grads_kept) = results[True], results[False]
   assert abs(float(loss_remat) / float(loss_kept) - 1) < 1e-6
   assert abs(float(loss_cpu) / float(loss_kept) - 1) < 1e-6

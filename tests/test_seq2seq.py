@@ -58,7 +58,7 @@ def tiny_seq2seq(target_length=4, **config):
   encoder = EncoderConfig(**{**shape, **config})
   model = Seq2SeqLM(encoder, target_length)
   ids = jnp.zeros((1, 8 + target_length), jnp.int32)
-  return model, model.init(jax.random.key(0), ids, jnp.ones_like(ids))["params"]
+  return model, jax.jit(model.init)(jax.random.key(0), ids, jnp.ones_like(ids))["params"]  # one program, not op by op
 
 
 def blocks(rng, batch, source_length, target_length, vocab=50):
@@ -98,11 +98,12 @@ def test_seq2seq_mask_source_never_sees_target_and_target_never_sees_its_right()
 def test_model_predictions_depend_only_on_what_the_mask_allows():
   model, params = tiny_seq2seq(target_length=4)
   batch = blocks(np.random.default_rng(0), 3, 6, 4)
-  logits = model.apply({"params": params}, **batch)
+  apply = jax.jit(model.apply)
+  logits = apply({"params": params}, **batch)
   assert logits.shape == (3, 5, 50)
   for j in range(4):  # change target token j: predictions made before it (slots 0..j) do not move
     changed = dict(batch, input_ids=batch["input_ids"].at[:, 6 + j].set(7))
-    moved = model.apply({"params": params}, **changed)
+    moved = apply({"params": params}, **changed)
     np.testing.assert_allclose(moved[:, : j + 1], logits[:, : j + 1], atol=1e-6)
     assert np.abs(moved[:, j + 1 :] - logits[:, j + 1 :]).max() > 1e-4 or j == 3
 
@@ -175,6 +176,7 @@ def test_masked_decoding_equals_its_full_recompute():
   banned = (0, 1, 2, mask_id)
   settings = DecodeSettings(beam_size=1, max_length=target_length, end_id=end_id, banned_ids=banned, mask_id=mask_id)
   decoded = jax.jit(lambda p, b: generate(masked, p, b, settings))(params, batch)
+  apply = jax.jit(masked.apply)
   for b in range(3):
     ids = np.asarray(batch["input_ids"][b, :source_length]).tolist()
     mask = np.asarray(batch["attention_mask"][b, :source_length]).tolist()
@@ -186,7 +188,7 @@ def test_masked_decoding_equals_its_full_recompute():
         "attention_mask": jnp.asarray([mask + [1] * (len(generated) + 1) + [0] * fill]),
         "token_type_ids": jnp.asarray([[0] * source_length + [1] * target_length]),
       }
-      logits = np.array(masked.apply({"params": params}, **full))[0, len(generated)]
+      logits = np.array(apply({"params": params}, **full))[0, len(generated)]
       logits[list(banned)] = -np.inf
       generated.append(int(np.argmax(logits)))
       if generated[-1] == end_id:

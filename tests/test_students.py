@@ -68,8 +68,8 @@ def _student(kind, **fields):
 
 def _run(model, batch, seed=0):
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  params = model.init(jax.random.key(seed), batch, "task")["params"]
-  return params, np.asarray(model.apply({"params": params}, batch, "task"))
+  params = jax.jit(model.init, static_argnums=2)(jax.random.key(seed), batch, "task")["params"]
+  return params, np.asarray(jax.jit(model.apply, static_argnums=2)({"params": params}, batch, "task"))
 
 
 def test_single_sentence_bilstm_matches_numpy():
@@ -89,7 +89,9 @@ def test_padding_does_not_change_the_output():
     "input_ids": np.concatenate([ids, np.full((2, 4), 7)], 1),  # garbage ids past the end, masked out
     "attention_mask": np.concatenate([mask, np.zeros((2, 4), np.int32)], 1),
   }
-  long = model.apply({"params": params}, {k: jnp.asarray(v) for k, v in padded.items()}, "task")
+  long = jax.jit(model.apply, static_argnums=2)(
+    {"params": params}, {k: jnp.asarray(v) for k, v in padded.items()}, "task"
+  )
   np.testing.assert_allclose(np.asarray(long), short, atol=1e-5)
 
 
