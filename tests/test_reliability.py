@@ -2,6 +2,7 @@
 saved is lost."""
 
 import copy
+import gc
 import glob
 import hashlib
 import json
@@ -17,6 +18,7 @@ from flax import traverse_util
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+import minilm_jax
 from conftest import (
   DAMAGE,
   ROOT,
@@ -54,6 +56,22 @@ def _one_line_error(proc, *expected):
 def test_help_prints_the_flags_and_exits_0(program):
   proc = _program("--help", program=program)
   assert proc.returncode == 0 and "--" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_program_collects_garbage_only_after_its_imports():
+  """`python -m minilm_jax.<program>` imports the package with sys.argv[0] == "-m" (as Python's -m
+  does while it locates the module): the garbage collector stays off through the imports, then
+  `end_of_imports` (in `run_program`, before the program's main) freezes what they made and turns it
+  on. Imported as a library (here, the test's own process), the package leaves the collector alone."""
+  started = (
+    "import sys; sys.argv[:1] = ['-m']; import gc, minilm_jax, minilm_jax.train; assert not gc.isenabled(); "
+    "minilm_jax.end_of_imports(); assert gc.isenabled() and gc.get_freeze_count() > 100_000, gc.get_freeze_count()"
+  )
+  proc = subprocess.run([sys.executable, "-c", started], capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  frozen = gc.get_freeze_count()
+  minilm_jax.end_of_imports()
+  assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
 def test_config_files_that_cannot_be_loaded(tmp_path):
