@@ -333,6 +333,22 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
     students.run(tiny_teacher, "1x32", tasks=("squad1",), models=("teacher",))
 
 
+def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took(tmp_path):
+  """A second stage measured after the `+long` row, whose run distilled their common first stage,
+  finds the student distilled in moments: its row reports the time the `+long` row's run logged."""
+  from minilm_jax.benchmarks.students import MeasurementLog
+
+  distilled = {"distill": {"num_steps": 500}, "teacher": "all-MiniLM-L6-v2"}
+  finetuning = {"finetune_epochs": 3, "finetune_lr": 1e-4, "length": 64}
+  long = {**distilled, **finetuning, "second_stage": {"steps_of": "embedding_etd_lr5e4+task_kd"}}
+  second = {**distilled, **finetuning, "second_stage": {"layers": "tinybert_layerwise", "augment": True}}
+  path = str(tmp_path / "measured.jsonl")
+  MeasurementLog(path).add((long, "vader_movies=", 0), 0.789, distill_minutes=15.2)
+  log = MeasurementLog(path)  # a later run, reading the file
+  assert log.distill_minutes(second) == log.distill_minutes({**distilled, **finetuning}) == 15.2
+  assert log.distill_minutes({**second, "teacher": "another teacher"}) == 0.0
+
+
 @pytest.mark.slow
 def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
   """A second stage (the teacher's logits and layers on the augmented set, from the evenly spaced

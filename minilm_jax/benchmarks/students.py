@@ -372,6 +372,12 @@ def rank(models: list, tasks: list) -> list:
   return rows
 
 
+def _distilled(model_key: dict) -> dict:
+  """What a model's distillation depends on (`model_of`'s `distilled`): its key without the
+  fine-tuning and second-stage settings."""
+  return {k: model_key[k] for k in ("distill", "teacher")}
+
+
 class MeasurementLog:
   """Measurements (which dev examples a probe gets right, a fine-tuning seed's score) by what determines
   them, kept in a JSON Lines file when given one: a suite of hours that stops resumes from it."""
@@ -410,10 +416,12 @@ class MeasurementLog:
     return self.entries[self._key(key)]
 
   def distill_minutes(self, model_key) -> float:
-    """How long the model's distillation took: the longest time logged with its measurements (the
-    run that distilled it logs the whole time; a later run finds it distilled and takes moments)."""
-    model = self._key(model_key)
-    times = [e["distill_minutes"] for k, e in self.entries.items() if self._key(json.loads(k)[0]) == model]
+    """How long the model's distillation took: the longest time logged with any measurement of the
+    same distilled model (the run that distilled it logs the whole time; a later run finds it
+    distilled and takes moments), whichever row measured it: a second stage's first stage may
+    have been distilled by the `+long` row's run, or the reverse."""
+    model = self._key(_distilled(model_key))
+    times = [e["distill_minutes"] for k, e in self.entries.items() if self._key(_distilled(json.loads(k)[0])) == model]
     return max(times, default=0.0)
 
   def add(self, key, value, distill_minutes: float, minutes: float | None = None):
@@ -563,7 +571,7 @@ def run(
           entries.append(model.measured(t, seed, measure))
         scores[name].finetuned[t.label] = [e["value"] for e in entries]
         scores[name].finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
-        scores[name].distill_minutes = max(model.distill_minutes, log.distill_minutes(model_of(model.name).key))
+        scores[name].distill_minutes = log.distill_minutes(model.key)
         # each result as it is done: the suite is long
         logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores[name].row([t.label])))
   return rank([scores[m] for m in models], [t.label for t in bench_tasks])
