@@ -3,12 +3,37 @@
 import os
 import sys
 
-# LLVM's O1 for the suite's CPU executables (XLA's default is O2): the tests compile hundreds of
-# small programs and run each for a few steps, so compiling is their largest share (about 40 %). O1
-# compiles a tiny fine-tuning step in 3.0 s instead of 3.5-4.1, and the suite spent 817 s compiling
-# instead of 910 and 953 (JAX's backend_compile_duration summed over a run); every tolerance holds
-# at O1. Programs the tests start in processes of their own get the same flag (`xla_flags`).
-COMPILE_FLAGS = "--xla_backend_optimization_level=1"
+# The tests compile hundreds of small programs and run each for a few steps, so compiling is most
+# of the suite's time (its workers: 669 s of 1,246 CPU seconds, JAX's backend_compile_duration).
+# XLA compiles a CPU executable fastest with LLVM at O0 (XLA's default is O2) and its older loop
+# emitters for fusions instead of the MLIR fusion emitters: three tiny train steps (tests/
+# test_steps.py's) took 9.9 CPU seconds to build instead of 23.5 at O1 (16.8 at O0 alone, 17.9 with
+# those emitters at O1), and the suite 790 s instead of 895 on this project's 2-core machine; every
+# tolerance holds. Users' programs keep XLA's defaults. Programs the tests start in processes of
+# their own get the same flags (`xla_flags`).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+_COMPILE_FLAGS_VARIABLE = "MINILM_TEST_COMPILE_FLAGS"
+
+
+def _compile_flags() -> str:
+  """FAST_COMPILE_FLAGS where this jaxlib knows them (XLA aborts a process on a flag it does not
+  know, and a newer jaxlib may retire the older emitters), else LLVM's O0 alone. Tried once, in a
+  process of its own, by the suite's first process; its workers and programs inherit the answer."""
+  if _COMPILE_FLAGS_VARIABLE not in os.environ:
+    import subprocess
+
+    probe = subprocess.run(
+      [sys.executable, "-c", "import jax; jax.devices()"],
+      env={**os.environ, "XLA_FLAGS": FAST_COMPILE_FLAGS, "JAX_PLATFORMS": "cpu"},
+      capture_output=True,
+    )
+    os.environ[_COMPILE_FLAGS_VARIABLE] = (
+      FAST_COMPILE_FLAGS if probe.returncode == 0 else "--xla_backend_optimization_level=0"
+    )
+  return os.environ[_COMPILE_FLAGS_VARIABLE]
+
+
+COMPILE_FLAGS = _compile_flags()
 
 
 def xla_flags(devices: int) -> str:

@@ -239,7 +239,7 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
   """Training on an accelerator each layer is rematerialised (`encoder._RematerialisedLayer`: its
   backward pass keeps Q, K, V, the kernel's output and log-sum-exp, the layer norms' inputs and the
   pre-activation, and recomputes the rest). With the flash kernel interpreted here, the same
-  dropout drawn both ways: the loss to 1e-6 relative and every parameter's gradient to 1e-4. A
+  dropout drawn both ways: the loss to 1e-5 relative and every parameter's gradient to 1e-4. A
   CPU's explicit path (no kernel) drops the same entries: the same loss and gradients."""
   from minilm_jax.models import encoder
 
@@ -264,8 +264,10 @@ def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_
     monkeypatch.setattr(encoder, "on_accelerator", lambda value=rematerialised: value)
     results[rematerialised] = jax.jit(jax.value_and_grad(loss))(params)
   (loss_remat, grads_remat), (loss_kept, grads_kept) = results[True], results[False]
-  assert abs(float(loss_remat) / float(loss_kept) - 1) < 1e-6
-  assert abs(float(loss_cpu) / float(loss_kept) - 1) < 1e-6
+  # Float32 sums of some 2,000 terms, fused differently by each program: a few of their ulps (1.1e-6
+  # relative on an AVX-512 host's codegen); a wrong mask or a lost layer moves the loss by percents.
+  assert abs(float(loss_remat) / float(loss_kept) - 1) < 1e-5
+  assert abs(float(loss_cpu) / float(loss_kept) - 1) < 1e-5
   for name, want in traverse_util.flatten_dict(grads_kept, sep="/").items():
     if not name.endswith("key/bias") and not name.startswith("pooler/"):  # as below
       assert _rel(traverse_util.flatten_dict(grads_cpu, sep="/")[name], want) < 1e-4, name
