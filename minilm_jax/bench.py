@@ -90,6 +90,13 @@ _TASKS = flags.DEFINE_list(
 _SEEDS = flags.DEFINE_integer(
   "seeds", 3, "students: fine-tuning runs per model and task (0: the frozen probes alone).", lower_bound=0
 )
+_FIRST_SEED = flags.DEFINE_integer(
+  "first_seed",
+  0,
+  "students: the first fine-tuning seed (the runs take seeds first_seed to first_seed + seeds - 1): "
+  "to add seeds where the earlier ones were measured on another host.",
+  lower_bound=0,
+)
 _CORPUS = flags.DEFINE_string(
   "corpus",
   "demo",
@@ -142,6 +149,7 @@ SUITES = {
     (_seq_lens() or [64])[0],
     tasks=_TASKS.value,
     seeds=_SEEDS.value,
+    first_seed=_FIRST_SEED.value,
     corpus=_CORPUS.value,
     results=_RESULTS.value,
     models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
@@ -167,7 +175,19 @@ SUITE_FLAGS = {
   "task_distill": {"epochs"},
   "student_speed": {"batch", "batches", "seq_len", "teacher"},
   "data": {"seq_len"},
-  "students": {"teacher", "student", "steps", "batch", "seq_len", "tasks", "seeds", "corpus", "results", "models"},
+  "students": {
+    "teacher",
+    "student",
+    "steps",
+    "batch",
+    "seq_len",
+    "tasks",
+    "seeds",
+    "first_seed",
+    "corpus",
+    "results",
+    "models",
+  },
   "generate": {"student", "batch", "seq_len", "target_length", "repeats", "dtype"},
 }
 _OWN_FLAGS = set().union(*SUITE_FLAGS.values())

@@ -317,6 +317,10 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   results.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
   (again,) = suite(seeds=3, models=models[2:], tasks=tasks[:1])
   assert again["distill_min"] == 33.6 and len(results.read_text().splitlines()) == len(measured) + 1
+  # Seeds from a given one (a host adding to rows whose first seeds were measured elsewhere): seed 3 alone.
+  (added,) = suite(seeds=1, first_seed=3, models=models[2:], tasks=tasks[:1])
+  (entry,) = [json.loads(line) for line in results.read_text().splitlines()[len(measured) + 1 :]]
+  assert json.loads(entry["key"])[2] == 3 and added["wordnet_supersense/ft"] == pytest.approx(entry["value"], abs=1e-4)
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:

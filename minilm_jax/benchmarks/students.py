@@ -478,6 +478,7 @@ def run(
   length: int = 64,
   tasks=DEFAULT_TASKS,
   seeds: int = 3,
+  first_seed: int = 0,
   finetune_epochs: int = 3,
   finetune_lr: float = 1e-4,
   corpus: str = "demo",
@@ -491,7 +492,9 @@ def run(
   scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
   JSON Lines file that every measurement is appended to as it is done; a run given the same file
   measures only what it does not hold yet (the same model, settings, task and seed), and keeps the
-  distilled students beside it (`<results>_models/`). `seeds` 0: the frozen probes alone.
+  distilled students beside it (`<results>_models/`). `seeds`: fine-tunings per model and
+  task, with seeds `first_seed` on (a host adding seeds to rows measured elsewhere); 0: the frozen
+  probes alone.
   `size_factor`: the second stages' augmented sets, at most that many times the training set."""
   teacher = teacher or demo_teacher()
   try:
@@ -562,7 +565,7 @@ def run(
           scores[name].probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
         finetune = partial(_finetune, task=t, epochs=epochs, length=length, lr=finetune_lr, mesh=mesh)
         entries = []
-        for seed in range(seeds):
+        for seed in range(first_seed, first_seed + seeds):
           measure = partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}")
           if distill is not None:  # the teacher run fine-tuned only when a second stage is measured
             measure = partial(_second_stage, finetune=measure, distill=distill, teacher_run=partial(teacher_run, t))
