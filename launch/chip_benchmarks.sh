@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The accelerator measurements docs/results.md reports, on the GPU (or TPU) this runs on:
-#   1. the fused kernels checked against the explicit path and timed (python -m minilm_jax.kernels.check);
+#   1. the fused kernels checked against the explicit path and timed (python -m minilm_jax.bench kernels);
 #   2. the distillation step at the paper's shapes (BERT-base shape -> STUDENTS, batch 256, bfloat16)
 #      against torch.compile, one (student, length) per process, so that each row's measured peak
 #      memory (bench distill's ours_device_peak_gib) is its own.
@@ -15,7 +15,7 @@ limit=${STAGE_TIMEOUT_S:-0}
 # same process, allocate from the rest.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.45} PYTHONUNBUFFERED=1
 status=0
-timeout "$limit" "$python" -m minilm_jax.kernels.check --lengths 128,512 --batch 32 --dtype bfloat16 --json "$out/kernels.json" \
+timeout "$limit" "$python" -m minilm_jax.bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16 --repeats 20 --json "$out/kernels.json" \
   >"$out/kernels.log" 2>&1 || status=1
 tail -n 5 "$out/kernels.log"
 for student in ${2:-6x384}; do

@@ -1,14 +1,17 @@
 """Benchmarks: `python -m minilm_jax.bench <suite> [--json FILE] [flags]`, the suite one of distill,
-inference, memory, etd, task_distill, student_speed, data, students, generate.
+kernels, inference, memory, etd, task_distill, student_speed, data, students, generate.
 
 Each suite prints a table and, with --json, writes its rows as a JSON list. Times are medians after
 a warm-up (compilation) call; every comparison is a ratio against a reference run in the same command.
 
   bench distill --case paper --dtype bfloat16          # BERT-base shape -> 6x384 and 6x768, batch 256, lengths 128/512
   bench distill --teacher 12x768 --student 6x384 --batch 64 --seq_len 128,512 --peers eager
+  bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16 --repeats 20   # the fused kernels against XLA's path
   bench inference --batch 32 --seq_len 128
   bench student_speed --batch 512 --batches 132 --teacher 24x1024   # thesis table 3.2's protocol on SST-2
 """
+
+import sys
 
 from absl import flags
 
@@ -18,6 +21,7 @@ from minilm_jax.benchmarks import (
   etd,
   generation,
   inference,
+  kernels,
   memory,
   student_speed,
   students,
@@ -67,6 +71,11 @@ _BATCH = flags.DEFINE_integer(
 )
 _SEQ_LEN = flags.DEFINE_list(
   "seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128)."
+)
+_TILINGS = flags.DEFINE_list(
+  "tilings",
+  [],
+  "kernels: tilings to time, each BLOCKxWARPSxSTAGES (e.g. 64x4x2); default: the platform's (platform.TILINGS).",
 )
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
 _TRAIN_STEPS = flags.DEFINE_integer(
@@ -133,6 +142,13 @@ SUITES = {
     _PEERS.value,
     _TRAIN_STEPS.value,
   ),
+  "kernels": lambda: kernels.run(
+    _seq_lens() or [128, 512],
+    _BATCH.value or 32,
+    _DTYPE.value,
+    _REPEATS.value if _REPEATS.present else 20,
+    kernels.parse_tilings(_TILINGS.value),
+  ),
   "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
   "memory": lambda: memory.run(),
   "etd": lambda: etd.run(_STEPS.value),
@@ -169,6 +185,7 @@ SUITES = {
 # refused rather than ignored.
 SUITE_FLAGS = {
   "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps"},
+  "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings"},
   "inference": {"batches", "dtype", "batch", "seq_len"},
   "memory": set(),
   "etd": {"steps"},
@@ -222,6 +239,11 @@ def main(argv):
   print(format_table(rows))
   if _JSON.value:
     write_json(_JSON.value, rows)
+  if argv[1] == "kernels" and kernels.beyond_tolerance(rows):
+    # Exit 1 is this and nothing else: a kernel differs from the explicit path by more than its dtype
+    # allows (bad input exits 2, as in every program), so a chip's script can stop on it.
+    print(f"kernels differ from the explicit path beyond tolerance: {kernels.beyond_tolerance(rows)}")
+    sys.exit(1)
 
 
 if __name__ == "__main__":

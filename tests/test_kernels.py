@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from minilm_jax.kernels import attention, check, dropout, relation_kl
+from minilm_jax.benchmarks import kernels as kernel_check
+from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
 from minilm_jax.transfer import losses
@@ -141,9 +142,9 @@ def test_the_cpu_keeps_the_explicit_path():
 
 
 def test_the_chip_check_holds_both_kernels_to_the_explicit_path_in_every_tiling():
-  """`python -m minilm_jax.kernels.check`, interpreted here: one row per kernel and tiling, the
+  """`python -m minilm_jax.bench kernels`, interpreted here: one row per kernel and tiling, the
   errors float32's."""
-  rows = check.check([128], batch=2, dtype="float32", repeats=1, tilings=[Tiling(64), Tiling(32, 8, 3)])
+  rows = kernel_check.run([128], batch=2, dtype="float32", repeats=1, tilings=[Tiling(64), Tiling(32, 8, 3)])
   assert [(r["kernel"], r["tiling"]) for r in rows] == [
     ("attention", "64x4x2"),
     ("relation_kl", "64x4x2"),
@@ -155,22 +156,31 @@ def test_the_chip_check_holds_both_kernels_to_the_explicit_path_in_every_tiling(
     assert r["fused_ms"] > 0 and r["explicit_ms"] > 0
 
 
-def test_the_chip_check_program_writes_its_rows_and_refuses_bad_tilings(tmp_path):
+def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
+  """Exit 0 with its rows, exit 2 with one line for bad input (a malformed tiling; bfloat16 on a CPU,
+  whose XLA cannot run the explicit path's bfloat16 products), and exit 1 only for a kernel beyond
+  tolerance."""
   out = tmp_path / "kernels.json"
+  bench = [sys.executable, "-m", "minilm_jax.bench", "kernels"]
   ok = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.kernels.check", "--lengths=32", "--batch=2", "--dtype=float32"]
-    + ["--repeats=1", f"--json={out}"],
+    bench + ["--seq_len=32", "--batch=2", "--dtype=float32", "--repeats=1", f"--json={out}"],
     capture_output=True,
     text=True,
   )
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert "relation_kl  128x4x2  cpu" in ok.stdout and len(json.loads(out.read_text())) == 2
-  bad = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.kernels.check", "--tilings=64x4x2,big"], capture_output=True, text=True
-  )
-  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
-    "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"
-  )
+  for flag, message in (
+    ("--tilings=64x4x2,big", "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"),
+    (
+      "--dtype=bfloat16",
+      "error: --dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU",
+    ),
+  ):
+    bad = subprocess.run(bench + [flag], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [message], bad.stderr[-2000:]
+  rows = json.loads(out.read_text())
+  assert kernel_check.beyond_tolerance(rows) == []
+  assert kernel_check.beyond_tolerance([{**rows[0], "grad_error": 0.01}]) == [{**rows[0], "grad_error": 0.01}]
 
 
 @pytest.mark.xdist_group("aot")  # with the other compiles for targets, on the worker that loads their plugins
@@ -225,7 +235,7 @@ def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp
   )
   calls = log.read_text().splitlines()
   assert proc.returncode == 1  # the stand-in failed the length-128 runs
-  assert calls[0].startswith("-m minilm_jax.kernels.check --lengths 128,512 --batch 32 --dtype bfloat16")
+  assert calls[0].startswith("-m minilm_jax.bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16")
   assert [c.split("--student ")[1].split(" --dtype")[0] for c in calls[1:]] == [
     "6x384 --seq_len 512",
     "6x384 --seq_len 128",

@@ -5,6 +5,7 @@ graph is clean."""
 import ast
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -85,6 +86,84 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
   assert len(programs) >= 7 and "minilm_jax.distill.trainer" in graph
 
 
+def _node(module: str) -> str:
+  """The node of the folder graph a module belongs to: `runs/` for every module of minilm_jax/runs/,
+  `train` for a root module, `minilm_jax` for the package's own __init__ (JAX's quiet start)."""
+  parts = module.split(".")
+  if len(parts) == 1:
+    return "minilm_jax"
+  return parts[1] + "/" if os.path.isdir(os.path.join(ROOT, "minilm_jax", parts[1])) else parts[1]
+
+
+def _folder_graph() -> dict:
+  """{node: {node it imports: [(importing module, imported module), ...]}} over the package."""
+  modules = _modules()
+  graph: dict = {_node(name): {} for name in modules}
+  for name, path in modules.items():
+    for other in _imports(path, modules)[0]:
+      if other in modules and _node(other) != _node(name):
+        graph[_node(name)].setdefault(_node(other), []).append((name, other))
+  return graph
+
+
+def test_the_folders_import_each_other_in_no_loop():
+  """Each sub-package of minilm_jax/ one node, each root module its own: no loop between them (a loop
+  between two folders passes the module-level cycle check above and still ties them together)."""
+  graph, state = _folder_graph(), {}
+
+  def visit(node, trail):
+    if state.get(node) == "done":
+      return
+    if state.get(node) == "open":
+      loop = trail[trail.index(node) :] + [node]
+      arrows = [f"{a} -> {b} ({graph[a][b][0][0]} imports {graph[a][b][0][1]})" for a, b in zip(loop, loop[1:])]
+      raise AssertionError("folders import each other in a loop: " + "; ".join(arrows))
+    state[node] = "open"
+    for other in sorted(graph[node]):
+      visit(other, trail + [node])
+    state[node] = "done"
+
+  for node in sorted(graph):
+    visit(node, [])
+
+
+def _documented_layers() -> list:
+  """docs/architecture.md's "Layers": its numbered lines, top (the programs) first, each the set of
+  nodes named in backticks (folders end in /)."""
+  text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+  section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+  lines = [line for line in section.splitlines() if re.match(r"\d+\. ", line)]
+  return [set(re.findall(r"`([a-z_]+/?)`", line.split(":", 1)[0])) for line in lines]
+
+
+def test_the_documented_layers_hold_every_folder_and_every_import_runs_down():
+  """The page's layers name every node of the folder graph once, and every import goes to the
+  importer's own layer or one below it: the page cannot drift from the code."""
+  layers = _documented_layers()
+  where = {node: i for i, layer in enumerate(layers) for node in layer}
+  named = [node for layer in layers for node in layer]
+  graph = _folder_graph()
+  assert sorted(named) == sorted(set(named)), "a node is named in two layers"
+  assert set(graph) == set(where), (
+    f"docs/architecture.md's layers lack {sorted(set(graph) - set(where))} and name "
+    f"{sorted(set(where) - set(graph))}, which the package lacks"
+  )
+  up = [
+    f"{a} (layer {where[a] + 1}) imports {b} (layer {where[b] + 1}): {imports[0][0]} imports {imports[0][1]}"
+    for a, targets in graph.items()
+    for b, imports in targets.items()
+    if where[b] < where[a]
+  ]
+  assert not up, "imports run back up: " + "; ".join(up)
+
+
+def test_the_readme_map_names_every_folder():
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  the_map = readme.split("## Map", 1)[1].split("\n## ", 1)[0]
+  folders = {node for node in _folder_graph() if node.endswith("/")}
+  assert not [f for f in sorted(folders) if f"`{f}`" not in the_map and f"`minilm_jax/{f}`" not in the_map]
+
+
 def test_the_package_root_holds_programs_and_the_benchmarks_serve_bench_alone():
   """The root holds the programs (`python -m minilm_jax.<program>`) and `errors`, at most 10
   modules; the library lives in named folders. Only `bench` and the suites themselves import
@@ -139,7 +218,7 @@ REGISTRIES = {
   "minilm_jax/runs/record.py",
   "minilm_jax/models/students.py",
   "minilm_jax/transfer/objectives.py",
-  "minilm_jax/task_distill/losses.py",
+  "minilm_jax/transfer/logits.py",
   "minilm_jax/evaluation/evaluators.py",
 }
 

@@ -14,9 +14,9 @@ from conftest import ROOT
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.multitask import read_multitask_run
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.runs import record as records
+from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.runs.record import RunRecord
 
 RELEASE_RUNS = os.path.join(ROOT, "tests", "data", "release_runs")

@@ -12,6 +12,7 @@ from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import steps as finetuning_steps
+from minilm_jax.models import sharding
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.training.train_state import TrainState, check_accumulation
 from minilm_jax.transfer.objectives import Objective
@@ -84,7 +85,7 @@ def _finetune_step(mesh, accumulate_steps):
     return jnp.mean((out.last_hidden_state[:, 0] - batch["target"]) ** 2)
 
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=SGD.init(params))
-  shardings = parallel.tree_shardings(jax.eval_shape(lambda: state), mesh)
+  shardings = sharding.tree_shardings(jax.eval_shape(lambda: state), mesh)
   step = finetuning_steps.make_train_step(loss_of, SGD, lambda s: 0.5, shardings, mesh, accumulate_steps)
   batch = {**_batch(), "target": np.asarray(targets)}
   new_state, metrics = step(jax.device_put(state, shardings), parallel.shard_batch(batch, mesh), jax.random.key(1))

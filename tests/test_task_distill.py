@@ -20,7 +20,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation.runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.distillation import distillation_loss
-from minilm_jax.finetuning.multitask import build_multitask_finetuning, task_features
+from minilm_jax.finetuning.multitask import build_multitask_finetuning
 from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder
@@ -28,6 +28,7 @@ from minilm_jax.models.heads import apply_model
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config
 from minilm_jax.task_distill.run import build_task_distillation
 from minilm_jax.tasks import get_task
+from minilm_jax.tasks.inputs import task_features
 from minilm_jax.transfer.objectives import Outputs
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
@@ -69,7 +70,7 @@ def refined_teacher(tmp_path_factory, tiny_teacher):
 
 
 def test_per_task_data_folders():
-  from minilm_jax.finetuning.multitask import parse_tasks, task_data_dirs
+  from minilm_jax.tasks.inputs import parse_tasks, task_data_dirs
 
   tasks = parse_tasks(",".join(TASKS))
   assert task_data_dirs(tasks, "a, b") == {TASKS[0]: "a", TASKS[1]: "b"}
@@ -242,7 +243,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   by the dev loss, which is sklearn's log loss of the run's own predictions."""
   from sklearn.metrics import log_loss
 
-  from minilm_jax.finetuning.multitask import read_multitask_run
+  from minilm_jax.runs.reading import read_multitask_run
 
   teacher, _ = refined_teacher
   mkd_dir = str(tmp_path / "mkd")

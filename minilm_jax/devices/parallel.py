@@ -1,10 +1,8 @@
-"""Device mesh, parameter sharding rules and batch placement: the same code on one CPU, 8 fake devices, or a pod.
+"""Device mesh and batch placement: the same code on one CPU, 8 fake devices, or a pod.
 
-The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style, as the
-encoder's layout table says: Q/K/V and the first feed-forward matrix by output column, the
-attention output and second feed-forward matrix by input row, the word embeddings by vocabulary
-row). Distillation uses `data` only; fine-tuning and evaluation use both through `jax.jit`
-shardings.
+The mesh has two axes: `data` (batch split) and `model` (parameters split, Megatron-style, by the
+rules of `minilm_jax.models.sharding`). Distillation uses `data` only; fine-tuning and evaluation
+use both through `jax.jit` shardings.
 """
 
 import functools
@@ -15,7 +13,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from minilm_jax.errors import UserError
-from minilm_jax.models import layout
 
 DATA, MODEL = "data", "model"
 
@@ -31,32 +28,6 @@ def make_mesh(num_data: int = -1, num_model: int = 1, devices=None) -> Mesh:
   if not 0 < n * num_model <= len(devices):
     raise UserError(f"mesh asks for {num_data} x {num_model} devices but {len(devices)} are available: use -1 for all")
   return Mesh(np.asarray(devices[: n * num_model]).reshape(n, num_model), (DATA, MODEL))
-
-
-def _spec(path: str, shape, mesh: Mesh) -> P:
-  """Where a parameter (or its optimizer moments, whose paths end the same) lives on the mesh: split
-  as the encoder's layout says (`models.layout`), replicated when it says nothing or the split axis
-  does not divide."""
-  model = mesh.shape[MODEL]
-  row = layout.find(path)
-  if model == 1 or not shape or row is None or row.shard is None:
-    return P()
-  if row.shard == "column":
-    spec = (None,) * (len(shape) - 1) + (MODEL,)
-  else:
-    spec = (MODEL,) + (None,) * (len(shape) - 1)
-  axis = spec.index(MODEL)
-  return P(*spec) if shape[axis] % model == 0 else P()
-
-
-def tree_shardings(abstract_tree, mesh: Mesh):
-  """NamedShardings for a tree of parameters or train state, by the rules above."""
-
-  def sharding(path, leaf):
-    name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
-    return NamedSharding(mesh, _spec(name, getattr(leaf, "shape", ()), mesh))
-
-  return jax.tree_util.tree_map_with_path(sharding, abstract_tree)
 
 
 def placed(abstract_tree, shardings):

@@ -20,9 +20,11 @@ from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
-from minilm_jax.finetuning.multitask import model_inputs, read_multitask_run, task_data_dirs, task_features
+from minilm_jax.models import sharding
 from minilm_jax.models.heads import task_model
+from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.tasks import get_task
+from minilm_jax.tasks.inputs import model_inputs, task_data_dirs, task_features
 
 
 def write_predictions(task, predictions, examples, path: str):
@@ -74,7 +76,7 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
     model, params, tokenizer, tasks, joint = read_multitask_run(workdir, mesh, step)
     if not prepare:
       return params, None
-    shardings, dirs = parallel.tree_shardings(params, mesh), task_data_dirs(tasks, config.data_dir)
+    shardings, dirs = sharding.tree_shardings(params, mesh), task_data_dirs(tasks, config.data_dir)
     evaluations = []
     for task in tasks:
       forward = partial(_apply_task, model, task.name)
@@ -91,7 +93,7 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
   assert head is not None  # a single-task run with tasks (`_run_config`) is a fine-tuning run, with its head
   task = get_task(config.task, config)
   forward = prediction_forward(task, task_model(encoder_config, head), config, tokenizer)
-  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
+  predict = Predictor(forward, mesh, sharding.tree_shardings(params, mesh), batch_size)
   data = {s: task.prepare(s, config, tokenizer) for s in _splits(task, config.data_dir)}
   return params, [_TaskEvaluation(task, predict, data, "")]
 

@@ -5,7 +5,7 @@ a fine-tuned teacher of the same task instead of the gold labels.
 - The targets: the teacher's logits on the training set, augmented as the thesis does when
   `augment.enabled` (masking and POS-guided replacement, `data/augment.py`), computed once and
   cached (`teachers.teacher_logits`); the loss is task distillation's `distill.objective` (logit
-  MSE, the thesis's, or the teacher's probabilities at a temperature, `task_distill/losses.py`).
+  MSE, the thesis's, or the teacher's probabilities at a temperature, `transfer/logits.py`).
 - Optionally the teacher's intermediate layers too (`distill.layers`, a distillation objective of
   `transfer/objectives.py`: `tinybert_layerwise` is TinyBERT's task stage, its embeddings, attention
   scores and hidden states at every layer of the uniform map), from the teacher's encoder run on the
@@ -29,8 +29,8 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder, EncoderConfig
 from minilm_jax.models.heads import MODEL_INPUTS, apply_model
-from minilm_jax.task_distill.losses import TaskObjective, check_objective
 from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.transfer.logits import TaskObjective, check_objective
 from minilm_jax.transfer.objectives import Objective, Outputs, loss_config, make_objective
 
 

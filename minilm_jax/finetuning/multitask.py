@@ -15,92 +15,25 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import datasets
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import linen as nn
 from jax.sharding import Mesh
 
 from minilm_jax import runs
-from minilm_jax.data.corpus import BatchStream, MultiTaskStream, map_batches, stack_columns
+from minilm_jax.data.corpus import BatchStream, MultiTaskStream, stack_columns
 from minilm_jax.devices import parallel
-from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
-from minilm_jax.models.encoder import dummy_ids
-from minilm_jax.models.students import make_student, refined_teacher, student_kind
+from minilm_jax.models import sharding
+from minilm_jax.models.students import refined_teacher
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
-from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks.inputs import dummy_batch, model_inputs, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run, steps_of_epochs
 from minilm_jax.training.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
-
-SEPARATE_INPUTS = ("input_ids", "attention_mask")
-PAIR_INPUTS = ("input_ids_b", "attention_mask_b")
-JOINT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def is_pair(task) -> bool:
-  return len(task.text_columns) > 1
-
-
-def model_inputs(joint: bool, task) -> tuple:
-  """The batch columns a model reads for `task`: the joint sequence, or each sentence on its own."""
-  return JOINT_INPUTS if joint else SEPARATE_INPUTS + PAIR_INPUTS * is_pair(task)
-
-
-def dummy_batch(joint: bool, tasks) -> dict:
-  """What `init` traces a multi-task model with: {task name: a batch of the columns it reads, one
-  sequence of ones} (parameter shapes do not depend on its length)."""
-  return {task.name: {k: jnp.ones_like(dummy_ids()) for k in model_inputs(joint, task)} for task in tasks}
-
-
-def parse_tasks(spec: str) -> list:
-  tasks = [get_task(name.strip()) for name in spec.split(",") if name.strip()]
-  if not tasks:
-    raise UserError("no task given: name a task, or a comma list of tasks for multi-task training")
-  for task in tasks:
-    if not isinstance(task, ClassificationTask):
-      raise UserError(
-        f"{task.name} is not a sentence(-pair) classification or regression task: multi-task "
-        f"training and task distillation take GLUE-style tasks"
-      )
-  return tasks
-
-
-def task_data_dirs(tasks, data_dir: str) -> dict:
-  """{task name: its data folder}. `data_dir` is one folder for every task (empty: the hub), or a
-  comma list of one folder per task, in the order of the tasks (GLUE keeps each task in its own)."""
-  dirs = [d.strip() for d in data_dir.split(",")] if data_dir else [""]
-  if len(dirs) == 1:
-    return {t.name: dirs[0] for t in tasks}
-  if len(dirs) != len(tasks):
-    raise UserError(
-      f"data_dir names {len(dirs)} folders for {len(tasks)} tasks ({', '.join(t.name for t in tasks)}): "
-      f"give one folder per task, in the same order, or one folder for all"
-    )
-  return {t.name: d for t, d in zip(tasks, dirs)}
-
-
-def task_features(joint: bool, task, examples: datasets.Dataset, tokenizer, max_len: int) -> datasets.Dataset:
-  """Model inputs plus `label`: the `[CLS] a [SEP] b [SEP]` sequence (`joint`, the Transformers), or
-  each sentence on its own without special tokens (the LSTMs)."""
-  if joint:
-    return task.features(examples, tokenizer, max_len)
-
-  def tokenize(batch):
-    out = {"label": batch["label"]}
-    for column, (ids, mask) in (("text_a", SEPARATE_INPUTS), ("text_b", PAIR_INPUTS))[: 1 + is_pair(task)]:
-      enc = tokenizer(
-        batch[column], add_special_tokens=False, truncation=True, max_length=max_len, padding="max_length"
-      )
-      out[ids], out[mask] = enc["input_ids"], enc["attention_mask"]
-    return out
-
-  return map_batches(examples, tokenize, f"tokenise {task.name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +131,7 @@ def assemble_multitask_run(
   def init_state(rng):
     return TrainState.fresh(init_params(rng), tx)
 
-  state_shardings = parallel.tree_shardings(jax.eval_shape(init_state, jax.random.key(0)), mesh)
+  state_shardings = sharding.tree_shardings(jax.eval_shape(init_state, jax.random.key(0)), mesh)
   check_accumulation(c.optimizer.accumulate_steps, c.batch_size // mesh.shape[parallel.DATA])
 
   def train_step(task):
@@ -277,25 +210,3 @@ def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
     summary={"tasks": list(names)},
     desc=f"multi-task refine {config.task}",
   )
-
-
-def read_multitask_run(workdir: str, mesh, step: int | None = None):
-  """(model, params restored onto `mesh`, tokenizer, tasks, joint) of a multi-task run's checkpoint
-  (latest, or `step`): a refined teacher, or a task student of any kind. `joint`: the model reads
-  the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own). The checkpoints are opened once."""
-  ckpt = runs.RunCheckpoints(workdir, read_only=True)
-  try:
-    record = ckpt.read_record(step)
-    if record.task_student:
-      student = ml_collections.ConfigDict(record.student)
-      model = make_student(student, record.heads, record.vocab_size, record.encoder)
-      joint = student_kind(student.kind).joint
-    else:
-      model, joint = refined_teacher(record.transformer(workdir), record.heads), True
-    tasks = [get_task(name) for name in record.tasks]
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
-    abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
-    params = ckpt.restore_params(abstract, step)
-  finally:
-    ckpt.close()
-  return model, params, runs.load_tokenizer_of(workdir), tasks, joint

@@ -31,6 +31,7 @@ from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.distillation import TaskTeacher, distillation_loss, load_teacher, training_features
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
+from minilm_jax.models import sharding
 from minilm_jax.models.encoder import Encoder, EncoderConfig, extend_positions
 from minilm_jax.models.heads import (
   abstract_model_params,
@@ -83,12 +84,12 @@ def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, to
   parallel.check_batch_divides(config.batch_size, mesh)
   tx, schedule = make_optimizer(config.optimizer, num_steps)
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
-  state_shardings = parallel.tree_shardings(abstract, mesh)
+  state_shardings = sharding.tree_shardings(abstract, mesh)
   loss_of = lambda params, batch, rngs: task.loss(apply_model(model, params, batch, False, rngs), batch, config)
   frozen_shardings: tuple = ()
   if teacher is not None:
     loss_of = distillation_loss(teacher, model, task)
-    frozen_shardings = tuple(parallel.tree_shardings(p, mesh) for p in teacher.frozen)
+    frozen_shardings = tuple(sharding.tree_shardings(p, mesh) for p in teacher.frozen)
   if masked_targets(head):  # UniLM's form: a fresh choice of masked target tokens every step
     one_pass_loss_of = loss_of
     mask = partial(

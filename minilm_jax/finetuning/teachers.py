@@ -13,11 +13,11 @@ import jax
 import numpy as np
 
 from minilm_jax import runs
-from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor, task_forward
-from minilm_jax.finetuning.multitask import read_multitask_run
+from minilm_jax.models import sharding
 from minilm_jax.models.heads import task_model
+from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.runs.record import RunRecord
 
 
@@ -80,7 +80,7 @@ def teacher_logits(
   if os.path.isfile(path):
     return np.load(path)
   forward, params, tokenizer = teacher_forward(teacher, task, mesh)
-  predict = Predictor(forward, mesh, parallel.tree_shardings(params, mesh), batch_size)
+  predict = Predictor(forward, mesh, sharding.tree_shardings(params, mesh), batch_size)
   logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
   if jax.process_index() == 0:
     os.makedirs(cache_dir, exist_ok=True)

@@ -226,7 +226,7 @@ def flash_attention(
   q, k, v. `platform` picks the lowering (Triton on GPUs, Mosaic on TPUs, interpreted on CPUs) and
   the memory layout the kernels read (`layout.for_platform`; `layout` overrides it, as the tests
   do to run the TPU's layout interpreted) and the blocks (`platform.TILINGS`; `tiling` overrides
-  them, as `kernels.check --tilings` does)."""
+  them, as `bench kernels --tilings` does)."""
   layout = layout or for_platform(platform, "blhk")
   tiling = tiling or tiling_for(platform)
   seed_1x1 = jnp.reshape(jnp.asarray(seed, jnp.int32), (1, 1))

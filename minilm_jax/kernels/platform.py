@@ -57,7 +57,7 @@ class Tiling:
 
 # TPUs: 128 rows fill the lanes. GPUs: 64-row blocks, whose [64, 64] float32 scores (and the dropout
 # hash's integers) take 32 registers a thread at 4 warps; 128-row blocks spilled to local memory
-# and ran both kernels slower than XLA's explicit path on an H100 (`python -m minilm_jax.kernels.check`,
+# and ran both kernels slower than XLA's explicit path on an H100 (`python -m minilm_jax.bench kernels`,
 # docs/results.md, "On an H100").
 TILINGS = {"tpu": Tiling(128), "gpu": Tiling(64), "cuda": Tiling(64), "cpu": Tiling(128)}
 

@@ -12,14 +12,18 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.models import embeddings, hf
+from minilm_jax.models import embeddings, hf, sharding
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.heads import abstract_model_params
+from minilm_jax.models.students import make_student, refined_teacher, student_kind
 from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
 from minilm_jax.runs.record import CONVERTED, RunRecord
+from minilm_jax.tasks import get_task
+from minilm_jax.tasks.inputs import dummy_batch
 
 TOKENIZER_DIR = "tokenizer"
 
@@ -76,7 +80,7 @@ def read_run(
     head = None if record.multi_task else record.head
     abstract = abstract_model_params(config, head)
     if mesh is not None:
-      abstract = parallel.placed(abstract, parallel.tree_shardings(abstract, mesh))
+      abstract = parallel.placed(abstract, sharding.tree_shardings(abstract, mesh))
     if record.multi_task:  # only the encoder of {"body": {"encoder": ...}, "head_<task>": ...}
       params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
     else:
@@ -164,3 +168,25 @@ def write_run_from_hf(hf_dir: str, workdir: str):
   ckpt.wait()
   ckpt.close()
   save_tokenizer(workdir, tokenizer)
+
+
+def read_multitask_run(workdir: str, mesh, step: int | None = None):
+  """(model, params restored onto `mesh`, tokenizer, tasks, joint) of a multi-task run's checkpoint
+  (latest, or `step`): a refined teacher, or a task student of any kind. `joint`: the model reads
+  the `[CLS] a [SEP] b [SEP]` sequence (else each sentence on its own). The checkpoints are opened once."""
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    record = ckpt.read_record(step)
+    if record.task_student:
+      student = ml_collections.ConfigDict(record.student)
+      model = make_student(student, record.heads, record.vocab_size, record.encoder)
+      joint = student_kind(student.kind).joint
+    else:
+      model, joint = refined_teacher(record.transformer(workdir), record.heads), True
+    tasks = [get_task(name) for name in record.tasks]
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy_batch(joint, tasks))["params"])
+    abstract = parallel.placed(abstract, sharding.tree_shardings(abstract, mesh))
+    params = ckpt.restore_params(abstract, step)
+  finally:
+    ckpt.close()
+  return model, params, load_tokenizer_of(workdir), tasks, joint

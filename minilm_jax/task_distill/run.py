@@ -25,25 +25,18 @@ from minilm_jax import runs
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.multitask import (
-  MultiTaskRun,
-  assemble_multitask_run,
-  dummy_batch,
-  is_pair,
-  parse_tasks,
-  read_multitask_run,
-  task_data_dirs,
-  task_features,
-)
+from minilm_jax.finetuning.multitask import MultiTaskRun, assemble_multitask_run
 from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import make_student, student_kind
+from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
-from minilm_jax.task_distill.losses import OBJECTIVES, check_objective, task_loss
+from minilm_jax.tasks.inputs import dummy_batch, is_pair, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run
 from minilm_jax.training.outputs import write_json
+from minilm_jax.transfer.logits import OBJECTIVES, check_objective, task_loss
 
 # optimizer.name: the thesis's optimisers at a constant learning rate, AdaDelta (BiLSTM) and Adam (MKD).
 OPTIMIZERS = {

@@ -1,4 +1,4 @@
-"""The fused kernels checked and timed on the devices present: `python -m minilm_jax.kernels.check`.
+"""The fused kernels checked and timed on the devices present: `python -m minilm_jax.bench kernels`.
 
 Each kernel, compiled for this process's default backend (Triton on GPUs, Mosaic on TPUs,
 interpreted on CPUs), is held to the explicit XLA path it replaces at the paper's head shapes
@@ -7,41 +7,24 @@ attention dropout: the loss and the gradients as relative errors (the largest ab
 over the largest absolute value), and both programs' forward+backward time. A chip the tests never
 ran on (a new GPU generation, a new jax) is checked before a run trusts it.
 
-  python -m minilm_jax.kernels.check --lengths 128,512 --batch 32 --dtype bfloat16
-  python -m minilm_jax.kernels.check --lengths 512 --tilings 32x4x2,64x4x2,64x8x3,128x8x2   # tune a new chip
+  python -m minilm_jax.bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16 --repeats 20
+  python -m minilm_jax.bench kernels --seq_len 512 --tilings 32x4x2,64x4x2,64x8x3,128x8x2   # tune a new chip
 
 `--tilings` times other blocks, warps and pipeline stages than the platform's (`platform.TILINGS`,
 which the steps use): the fastest belongs in that table.
 
-Exits 1 when an error exceeds its tolerance (float32: 2e-3, where GPUs multiply in TF32;
-bfloat16: 3e-2), so scripts can stop on it.
+`bench kernels` exits 1 when an error exceeds its tolerance (float32: 2e-3, where GPUs multiply in
+TF32; bfloat16: 3e-2), so scripts can stop on it.
 """
-
-import json
-import sys
 
 import jax
 import jax.numpy as jnp
-from absl import flags
 
 from minilm_jax.devices.timing import median_seconds
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
-from minilm_jax.training.outputs import check_new_file
-from minilm_jax.training.program import run_program
 from minilm_jax.transfer import losses
-
-_LENGTHS = flags.DEFINE_list("lengths", ["128", "512"], "Sequence lengths to check (each one the kernels take).")
-_BATCH = flags.DEFINE_integer(
-  "batch", 32, "Examples per batch (every other one padded to 60% of the length).", lower_bound=2
-)
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "The operands' dtype.")
-_REPEATS = flags.DEFINE_integer("repeats", 20, "Timed calls per program (the median is reported).", lower_bound=1)
-_TILINGS = flags.DEFINE_list(
-  "tilings", [], "Tilings to time, each BLOCKxWARPSxSTAGES (e.g. 64x4x2); default: the platform's (platform.TILINGS)."
-)
-_JSON = flags.DEFINE_string("json", None, "Also write the rows to this JSON file.")
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 3e-2}
 HEADS, STUDENT_DIM, TEACHER_DIM, DROPOUT = 12, 32, 64, 0.1
@@ -108,15 +91,18 @@ def _timed(program, args, repeats):
   return loss, grads, median_seconds(lambda: jax.block_until_ready(program(*args)), repeats)
 
 
-def check(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]:
+def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]:
   """One row per (kernel, tiling, length): errors against the explicit path and both programs' times."""
   platform = compute_platform()
+  if dtype == "bfloat16" and jax.default_backend() == "cpu":
+    # XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product, which both paths ask for.
+    raise UserError("--dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU")
   tilings = list(tilings) or [tiling_for(platform)]
   rows = []
   for length in lengths:
     for tiling in tilings:
       if not all(attention.supported(length, d, platform, tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
-        raise UserError(f"--lengths {length}: the kernels take multiples of their block or powers of two from 16")
+        raise UserError(f"--seq_len {length}: the kernels take multiples of their block or powers of two from 16")
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
     explicit_runs = {}
     for tiling in tilings:
@@ -146,31 +132,13 @@ def check(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dic
   return rows
 
 
-def main(argv):
-  del argv
+def parse_tilings(specs) -> list:
   try:
-    tilings = [Tiling.parse(spec) for spec in _TILINGS.value]
+    return [Tiling.parse(spec) for spec in specs]
   except (TypeError, ValueError):
-    raise UserError(f"--tilings {','.join(_TILINGS.value)}: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2") from None
-  if _JSON.value:
-    check_new_file(_JSON.value, "--json")
-  rows = check([int(n) for n in _LENGTHS.value], _BATCH.value, _DTYPE.value, _REPEATS.value, tilings)
-  header = ("kernel", "tiling", "platform", "length", "loss err", "grad err", "fused ms", "XLA ms", "speedup")
-  print("{:<12} {:<8} {:<9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8}".format(*header))
-  for r in rows:
-    print(
-      f"{r['kernel']:<12} {r['tiling']:<8} {r['platform']:<9} {r['length']:>6} {r['loss_error']:>9.1e} "
-      f"{r['grad_error']:>9.1e} {r['fused_ms']:>9.2f} {r['explicit_ms']:>9.2f} {r['speedup']:>7.2f}x"
-    )
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(rows, f, indent=1)
-  tolerance = TOLERANCE[_DTYPE.value]
-  failed = [r for r in rows if max(r["loss_error"], r["grad_error"]) > tolerance]
-  if failed:
-    print(f"kernels differ from the explicit path by more than {tolerance:g}: {[r['kernel'] for r in failed]}")
-    sys.exit(1)
+    raise UserError(f"--tilings {','.join(specs)}: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2") from None
 
 
-if __name__ == "__main__":
-  run_program(main)
+def beyond_tolerance(rows) -> list:
+  """The rows whose loss or gradient differs from the explicit path by more than their dtype allows."""
+  return [r for r in rows if max(r["loss_error"], r["grad_error"]) > TOLERANCE[r["dtype"]]]
