@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import ROOT, load_config_module
 from minilm_jax.aot import programs, report, targets
+from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
 from minilm_jax.models import encoder
 
@@ -112,7 +113,7 @@ def test_distillation_step_compiles_for_tpu_and_h100(train_reports):
     assert row["tokens_per_s_bound"] == pytest.approx(row["tokens_per_step"] / row["step_time_bound_s"])
     assert 0 < row["kernel_bytes_added"] < row["bytes_accessed_per_step"]
   tpu, gpu = train_reports["v5e-8"][0], train_reports["h100x8"][0]
-  assert tpu["device_memory_bytes"] == 16 * targets.GiB
+  assert tpu["device_memory_bytes"] == 16 * GiB
   # In bfloat16 on H100s the teacher's attention runs in cuDNN's flash kernel (given lengths, not a
   # mask); the student's, with attention dropout, in our Pallas flash kernel (Triton), as the
   # relation KLs in theirs. A TPU runs our kernels for both models' attention (Mosaic).
@@ -276,17 +277,15 @@ def test_a_new_chip_is_a_row_of_the_table(monkeypatch):
   """docs/architecture.md's "A new accelerator target": a row of `CHIPS` is all a chip of a known
   platform needs. Its names parse (slices, hosts, TensorCores counted as its row says), the help's
   examples list it, and a size it has no slice of is one line naming its forms."""
-  v7x = dataclasses.replace(
-    targets.CHIPS["v5p"], topology_prefix="v7x", memory_bytes=192 * targets.GiB, examples=("v7x-8",)
-  )
-  h200 = dataclasses.replace(targets.CHIPS["h100"], memory_bytes=141 * targets.GiB, examples=("h200x8",))
+  v7x = dataclasses.replace(targets.CHIPS["v5p"], topology_prefix="v7x", memory_bytes=192 * GiB, examples=("v7x-8",))
+  h200 = dataclasses.replace(targets.CHIPS["h100"], memory_bytes=141 * GiB, examples=("h200x8",))
   monkeypatch.setitem(targets.CHIPS, "v7x", v7x)
   monkeypatch.setitem(targets.CHIPS, "h200", h200)
   pod = targets.parse_target("v7x-16x2")
   assert (pod.chip, pod.topology, pod.num_devices, pod.num_slices) == (v7x, "v7x:2x2x2", 16, 2)
   host = targets.parse_target("h200x4x2")
   assert (host.chip, host.topology, host.num_devices) == (h200, "1x2x4", 8)
-  assert host.usable_memory_bytes < 141 * targets.GiB  # the share JAX preallocates on a GPU
+  assert host.usable_memory_bytes < 141 * GiB  # the share JAX preallocates on a GPU
   assert {"v7x-8", "h200x8", "v5e-256x2"} <= set(targets.examples())
   with pytest.raises(UserError, match=r"v7x-N\[x<slices>\] \(N TensorCores: 8, 16, 32.*h200x<1-8>\[x<hosts>\]"):
     targets.parse_target("v7x-6")

@@ -485,3 +485,20 @@ def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_co
       continue
     step = build()
     assert step.student.config.num_layers == 1 and config.num_steps == 4, name
+
+
+def test_each_device_kind_finds_its_chip_in_the_one_table():
+  """The benchmarks' peak FLOP/s come from `devices/chips.py`'s table, the one aot compiles from: a
+  device kind JAX reports finds its row by the longest name it starts with."""
+  from minilm_jax.devices.chips import CHIPS
+
+  for kind, chip in (
+    ("TPU v5 lite", "v5e"),
+    ("TPU v5", "v5p"),
+    ("TPU v6 lite", "v6e"),
+    ("TPU v4", "v4"),
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H200", "h100"),
+  ):
+    assert timing.chip_of(kind) is CHIPS[chip], kind
+  assert timing.chip_of("cpu") is None and timing.peak_flops() is None  # this host's CPU

@@ -28,14 +28,15 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.aot import programs, report
-from minilm_jax.aot.targets import GiB, compile_devices, examples, parse_target
+from minilm_jax.aot.targets import compile_devices, examples, parse_target
+from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
 from minilm_jax.training.outputs import check_new_file, write_json
 from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
 _TARGET = flags.DEFINE_string(
-  "target", None, f"What to compile for: {', '.join(examples())}, ... (aot/targets.py's CHIPS)."
+  "target", None, f"What to compile for: {', '.join(examples())}, ... (devices/chips.py's CHIPS)."
 )
 _PROGRAM = flags.DEFINE_string("program", "", "train, finetune or evaluate (default: the config's own).")
 _JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")

@@ -23,12 +23,37 @@ import os
 import re
 
 import datasets
+import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from minilm_jax.errors import UserError
 
 KEEP, MASK, REPLACE = 0, 1, 2
+
+# The `augment` block's fields that have a range (`training.loop.check_ranges`): (least, bound to stay below).
+RANGES = {
+  "augment.size_factor": (1, None),
+  "augment.n_iter": (0, None),
+  "augment.seed": (0, None),
+  "augment.p_mask": (0, 1),
+  "augment.p_pos": (0, 1),
+}
+
+
+def augment_config(enabled: bool) -> ml_collections.ConfigDict:
+  """The `augment` block of a config that distils a task (the thesis's section 3.3): per word, a
+  `[MASK]` with probability p_mask, else a word of its part of speech with probability p_pos."""
+  c = ml_collections.ConfigDict()
+  c.enabled = enabled
+  c.p_mask = 0.1
+  c.p_pos = 0.1
+  c.size_factor = 10  # at most 10x the training set, original included (the thesis: 40 for small tasks)
+  c.n_iter = 18  # draws per example, duplicates dropped
+  c.seed = 0
+  return c
+
+
 _WORD = re.compile(r"\w")
 
 

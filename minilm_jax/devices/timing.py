@@ -1,22 +1,11 @@
-"""Timing on the devices and their peak FLOP/s: what the benchmarks and the kernels' check measure with."""
+"""Timing on the devices and their peak FLOP/s (`chips.CHIPS`): what the benchmarks measure with."""
 
 import statistics
 import time
 
 import jax
 
-# Peak dense bfloat16 FLOP/s per device, for model-FLOPs utilisation on accelerators (vendor
-# figures), matched against the start of `device_kind`.
-PEAK_FLOPS = {
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v6 lite": 918e12,
-  "NVIDIA A100": 312e12,
-  "NVIDIA H100": 989e12,
-  "NVIDIA H200": 989e12,
-}
+from minilm_jax.devices.chips import CHIPS, Chip
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -34,7 +23,14 @@ def block(tree):
   return jax.block_until_ready(tree)
 
 
+def chip_of(device_kind: str) -> Chip | None:
+  """The row of `chips.CHIPS` a device of this kind is, or None (CPUs, chips not in the table): the
+longest name that starts `device_kind` wins (a v5e's "TPU v5 lite" also starts with a v5p's "TPU v5")."""
+  named = [(len(k), c) for c in CHIPS.values() for k in c.device_kinds if device_kind.startswith(k)]
+  return max(named, key=lambda n: n[0])[1] if named else None
+
+
 def peak_flops():
-  """The peak FLOP/s of this process's first device, or None on CPUs and unknown devices."""
-  kind = jax.devices()[0].device_kind
-  return next((peak for prefix, peak in PEAK_FLOPS.items() if kind.startswith(prefix)), None)
+  """The peak dense bfloat16 FLOP/s of this process's first device, or None on CPUs and unknown devices."""
+  chip = chip_of(jax.devices()[0].device_kind)
+  return None if chip is None else chip.peak_bf16_flops

@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from minilm_jax.data import augment
 from minilm_jax.training.loop import TRAINING_RANGES
 from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
 
@@ -18,11 +19,7 @@ RANGES = {
   "doc_stride": (1, None),
   "distill.temperature": (0, None),
   "distill.layers_weight": (0, None),
-  "augment.size_factor": (1, None),
-  "augment.n_iter": (0, None),
-  "augment.seed": (0, None),
-  "augment.p_mask": (0, 1),
-  "augment.p_pos": (0, 1),
+  **augment.RANGES,
 }
 
 
@@ -88,13 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.distill.layers_weight = 1.0
   c.distill.cache_dir = ""  # the teacher's logits and the augmented set; empty: <workdir>/cache
   # The thesis's augmentation (data/augment.py), with distill.teacher: masking and POS-guided replacement.
-  c.augment = ml_collections.ConfigDict()
-  c.augment.enabled = False
-  c.augment.p_mask = 0.1
-  c.augment.p_pos = 0.1
-  c.augment.size_factor = 10  # at most 10x the training set, original included
-  c.augment.n_iter = 18  # draws per example, duplicates dropped
-  c.augment.seed = 0
+  c.augment = augment.augment_config(enabled=False)
 
   # `python -m minilm_jax.finetune --grid` runs every lr x epochs pair as one run and tabulates them.
   c.grid = ml_collections.ConfigDict()

@@ -17,14 +17,13 @@ on the result as on any fine-tuned run.
 """
 
 import dataclasses
-import os
 from typing import Any
 
 import datasets
 import numpy as np
 
 from minilm_jax import runs
-from minilm_jax.data import augment
+from minilm_jax.data.augment import augmented as augment_examples
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder, EncoderConfig
@@ -54,58 +53,69 @@ class TaskTeacher:
     return () if self.layers is None else (self.params,)
 
 
-def load_teacher(config, task, encoder_config: EncoderConfig, tokenizer, mesh) -> TaskTeacher | None:
-  """The teacher of `config.distill` checked against the task and the student (`encoder_config`,
-  `tokenizer`); None for plain fine-tuning. Settings that need a teacher without one are refused."""
-  c = config.distill
-  if not c.teacher:
-    for given, field in ((config.augment.enabled, "augment.enabled"), (c.layers, "distill.layers")):
-      if given:
-        raise UserError(
-          f"{field} needs distill.teacher (the augmented examples and the layers are a fine-tuned "
-          f"teacher's to label): set --config.distill.teacher=<a fine-tuning run of {task.name}>"
-        )
-    return None
+def refuse_teacher_settings(distill, augment, task_name: str):
+  """A plain fine-tuning run (no `distill.teacher`) refuses the settings only a teacher gives a use."""
+  for given, field in ((augment.enabled, "augment.enabled"), (distill.layers, "distill.layers")):
+    if given:
+      raise UserError(
+        f"{field} needs distill.teacher (the augmented examples and the layers are a fine-tuned "
+        f"teacher's to label): set --config.distill.teacher=<a fine-tuning run of {task_name}>"
+      )
+
+
+def load_teacher(
+  distill, task, num_labels: int, encoder_config: EncoderConfig, tokenizer, init: str, mesh
+) -> TaskTeacher:
+  """The teacher of `distill` (the config's `distill` block) checked against the task and the student
+  (`encoder_config`, `tokenizer`, read from `init`)."""
   if not isinstance(task, ClassificationTask):
     raise UserError(f"distill.teacher distils classification and regression tasks; {task.name} is not one")
-  objective = check_objective(c.objective, task.head(config)["num_labels"], task.name)
+  objective = check_objective(distill.objective, num_labels, task.name)
   if not objective.from_teacher:
-    raise UserError(f"distill.objective={c.objective} trains on the gold labels: leave distill.teacher empty")
-  teacher = find_teachers([c.teacher], [task])[task.name]
-  if not c.layers:
-    return TaskTeacher(teacher, objective, c.temperature)
+    raise UserError(f"distill.objective={distill.objective} trains on the gold labels: leave distill.teacher empty")
+  teacher = find_teachers([distill.teacher], [task])[task.name]
+  if not distill.layers:
+    return TaskTeacher(teacher, objective, distill.temperature)
   teacher_config, params, teacher_tokenizer = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:3]
   if teacher_config.hidden_size != encoder_config.hidden_size:
     raise UserError(
-      f"distill.layers={c.layers} compares hidden states of width {encoder_config.hidden_size} (the student) "
+      f"distill.layers={distill.layers} compares hidden states of width {encoder_config.hidden_size} (the student) "
       f"and {teacher_config.hidden_size} (distill.teacher): TinyBERT's learnt maps between widths are not kept "
       f"in a fine-tuning run; distil the logits alone (distill.layers='') or pick a teacher as wide"
     )
   if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
     raise UserError(
-      f"distill.layers={c.layers} runs the teacher on the student's tokens, but {c.teacher} has another "
-      f"vocabulary than {config.init}: distil the logits alone (distill.layers='')"
+      f"distill.layers={distill.layers} runs the teacher on the student's tokens, but {distill.teacher} has another "
+      f"vocabulary than {init}: distil the logits alone (distill.layers='')"
     )
   loss = loss_config()
-  loss.objective, loss.layer_map = c.layers, "all"
+  loss.objective, loss.layer_map = distill.layers, "all"
   layers = make_objective(
     loss, teacher_config, encoder_config, teacher_config.num_layers - 1, encoder_config.num_layers - 1
   )
   if layers.needs.mlm_head:  # (learnt maps between widths are refused above: the widths are equal)
-    raise UserError(f"distill.layers={c.layers} needs masked-LM heads, which fine-tuned runs do not keep")
+    raise UserError(f"distill.layers={distill.layers} needs masked-LM heads, which fine-tuned runs do not keep")
   encoder = Encoder(teacher_config)
-  return TaskTeacher(teacher, objective, c.temperature, layers, c.layers_weight, encoder, params["encoder"])
+  return TaskTeacher(teacher, objective, distill.temperature, layers, distill.layers_weight, encoder, params["encoder"])
 
 
-def training_features(config, task, tokenizer, teacher: TaskTeacher, mesh, workdir: str) -> datasets.Dataset:
-  """The training split (augmented when `augment.enabled`) as the task's features plus the
-  teacher's logits (`teacher_logits`); both cached in `distill.cache_dir` (default <workdir>/cache)."""
-  cache_dir = config.distill.cache_dir or os.path.join(workdir, "cache")
-  examples = task.load("train", config.data_dir, config.language)
-  if config.augment.enabled:
-    examples = augment.augmented(examples, tokenizer.mask_token, config.augment, cache_dir, f"augment {task.name}")
-  features = task.features(examples, tokenizer, config.max_seq_length)
-  logits = teacher_logits(teacher.run, task, examples, config.max_seq_length, config.eval_batch_size, mesh, cache_dir)
+def teacher_features(
+  teacher: TaskTeacher,
+  task,
+  examples: datasets.Dataset,
+  tokenizer,
+  augment,
+  cache_dir: str,
+  max_len: int,
+  batch_size: int,
+  mesh,
+) -> datasets.Dataset:
+  """The training `examples` (augmented as the config's `augment` block says, when enabled) as the
+  task's features plus the teacher's logits (`teacher_logits`); both cached in `cache_dir`."""
+  if augment.enabled:
+    examples = augment_examples(examples, tokenizer.mask_token, augment, cache_dir, f"augment {task.name}")
+  features = task.features(examples, tokenizer, max_len)
+  logits = teacher_logits(teacher.run, task, examples, max_len, batch_size, mesh, cache_dir)
   return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
 

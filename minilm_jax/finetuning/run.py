@@ -28,7 +28,13 @@ from minilm_jax.evaluation.evaluators import (
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.evaluation.runs import write_predictions
 from minilm_jax.finetuning import config as finetuning_config
-from minilm_jax.finetuning.distillation import TaskTeacher, distillation_loss, load_teacher, training_features
+from minilm_jax.finetuning.distillation import (
+  TaskTeacher,
+  distillation_loss,
+  load_teacher,
+  refuse_teacher_settings,
+  teacher_features,
+)
 from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
 from minilm_jax.models import sharding
@@ -194,12 +200,12 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   check_lengths(config, encoder_config.max_position_embeddings)
   mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
   parallel.check_batch_divides(config.batch_size, mesh)
-  teacher = load_teacher(config, task, encoder_config, tokenizer, mesh)
-  if teacher is None:
-    train_features, columns = task.prepare("train", config, tokenizer)[0], task.train_columns
-  else:  # the teacher's logits on the (augmented) training set
-    train_features = training_features(config, task, tokenizer, teacher, mesh, workdir)
+  if config.distill.teacher:
+    teacher, train_features = _second_stage(config, task, head, encoder_config, tokenizer, mesh, workdir)
     columns = (*task.train_columns, teacher.logits.column)
+  else:
+    refuse_teacher_settings(config.distill, config.augment, task.name)
+    teacher, train_features, columns = None, task.prepare("train", config, tokenizer)[0], task.train_columns
   stream = BatchStream(
     train_features.select_columns(columns),
     config.batch_size,
@@ -236,6 +242,21 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     task_evaluate=run.evaluate,
   )
   return dataclasses.replace(run, evaluators=Evaluators(config, context))
+
+
+def _second_stage(config, task, head: dict, encoder_config: EncoderConfig, tokenizer, mesh, workdir: str):
+  """(the teacher, the training features with its logits) of a run with `distill.teacher`: the
+  student learns a fine-tuned teacher of its task on the (augmented) training set, the targets
+  cached in `distill.cache_dir` (default <workdir>/cache). Built only when a teacher is set: a plain
+  run hands its config to none of it."""
+  distill = config.distill
+  teacher = load_teacher(distill, task, head["num_labels"], encoder_config, tokenizer, config.init, mesh)
+  examples = task.load("train", config.data_dir, config.language)
+  cache_dir = distill.cache_dir or os.path.join(workdir, "cache")
+  features = teacher_features(
+    teacher, task, examples, tokenizer, config.augment, cache_dir, config.max_seq_length, config.eval_batch_size, mesh
+  )
+  return teacher, features
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -4,6 +4,7 @@ start from these."""
 import ml_collections
 from ml_collections import config_dict
 
+from minilm_jax.data import augment
 from minilm_jax.training.loop import TRAINING_RANGES
 from minilm_jax.training.train_state import OPTIMIZER_RANGES
 
@@ -17,11 +18,7 @@ RANGES = {
   **dict.fromkeys(("student.embed_dim", "student.hidden", "student.fc", "student.num_layers"), (1, None)),
   "student.dropout": (0, 1),
   "student.max_words": (0, None),  # 0: every word of the vectors file
-  "augment.size_factor": (1, None),
-  "augment.n_iter": (0, None),
-  "augment.seed": (0, None),
-  "augment.p_mask": (0, 1),
-  "augment.p_pos": (0, 1),
+  **augment.RANGES,
 }
 
 
@@ -61,13 +58,7 @@ def task_distillation_config() -> ml_collections.ConfigDict:
   c.student.multichannel = True  # with word_vectors: a frozen copy of the vectors beside the tuned one (Kim 2014)
   c.student.max_words = 100_000  # with word_vectors: the file's most frequent words kept, plus the training words
 
-  c.augment = ml_collections.ConfigDict()
-  c.augment.enabled = True  # thesis section 3.3; not used by the "hard" objective
-  c.augment.p_mask = 0.1
-  c.augment.p_pos = 0.1
-  c.augment.size_factor = 10  # at most 10x the training set, original included (40 for small tasks)
-  c.augment.n_iter = 18  # draws per example, duplicates dropped
-  c.augment.seed = 0
+  c.augment = augment.augment_config(enabled=True)  # thesis section 3.3; not used by the "hard" objective
 
   c.batch_size = 50
   c.eval_batch_size = 128

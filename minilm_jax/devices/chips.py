@@ -1,0 +1,123 @@
+"""The accelerator chips this package knows: memory, peak dense bfloat16 FLOP/s and HBM bandwidth
+per chip, with their sources, in one table (`CHIPS`) that compiling for absent chips
+(`minilm_jax.aot`) and the benchmarks' utilisation (`timing.peak_flops`) both read."""
+
+import dataclasses
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One accelerator chip as JAX sees it (one device per chip: v4 and v5p run as megacore), and how
+  targets of it are named: a TPU slice `<name>-<count>[x<slices>]`, counting chips or TensorCores
+  (`cores_per_chip`); GPU hosts `<name>x<gpus per host>[x<hosts>]`. A row of `CHIPS` is all a new
+  chip of a known platform needs: `aot`'s `parse_target`, `examples` and help, and the benchmarks'
+  utilisation (`timing.peak_flops`), read the table."""
+
+  platform: str  # "tpu" or "cuda"
+  topology_prefix: str  # libtpu's generation name in topology strings ("v5e:2x2"); GPUs: unused
+  memory_bytes: int  # high-bandwidth memory per chip
+  peak_bf16_flops: float  # dense bfloat16 FLOP/s per chip
+  hbm_bytes_per_s: float  # HBM bandwidth per chip
+  source: str  # where the three numbers come from
+  examples: tuple  # target names listed in aot's help and in errors
+  grid: int = 2  # TPU slices: 2-D (v5e, v6e) or 3-D (v4, v5p) chip grids (`aot.targets`' slice shapes)
+  cores_per_chip: int = 1  # TPU names count TensorCores: 2 on v4 and v5p (one megacore device per chip)
+  gpus_per_host: int = 8  # GPU hosts: at most this many per host
+  target_config: str = ""  # GPUs: the chip as XLA's GPU compiler describes it (GpuTargetConfigProto text)
+  device_kinds: tuple = ()  # how JAX names a device of the chip (the start of `device_kind`), for timings
+
+
+# An H100 SXM5 as XLA's GPU compiler describes it (its GpuTargetConfigProto; XLA keeps the full
+# spec as xla/backends/gpu/target_config/specs/h100_sxm.txtpb). The compiler reads the compute
+# capability, the cores, shared memory and the cuDNN/CUDA versions it may use from it.
+H100_TARGET_CONFIG = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 85520809984
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 8 }
+runtime_version { major: 12 minor: 8 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+_TPU_DOCS = "cloud.google.com/tpu/docs/"
+CHIPS = {
+  "v4": Chip(
+    "tpu",
+    "v4",
+    32 * GiB,
+    275e12,
+    1200e9,
+    _TPU_DOCS + "v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s per chip",
+    ("v4-8",),
+    grid=3,
+    device_kinds=("TPU v4",),
+    cores_per_chip=2,
+  ),
+  "v5p": Chip(
+    "tpu",
+    "v5",
+    95 * GiB,
+    459e12,
+    2765e9,
+    _TPU_DOCS + "v5p: 95 GiB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s per chip",
+    ("v5p-8",),
+    grid=3,
+    device_kinds=("TPU v5p", "TPU v5"),
+    cores_per_chip=2,
+  ),
+  "v5e": Chip(
+    "tpu",
+    "v5e",
+    16 * GiB,
+    197e12,
+    819e9,
+    _TPU_DOCS + "v5e: 16 GiB HBM2, 197 TFLOP/s bf16, 819 GB/s per chip",
+    ("v5e-8", "v5e-256", "v5e-256x2"),
+    device_kinds=("TPU v5 lite", "TPU v5e"),
+  ),
+  "v6e": Chip(
+    "tpu",
+    "v6e",
+    32 * GiB,
+    918e12,
+    1640e9,
+    _TPU_DOCS + "v6e: 32 GiB HBM, 918 TFLOP/s bf16, 1,640 GB/s per chip",
+    ("v6e-8",),
+    device_kinds=("TPU v6 lite", "TPU v6e"),
+  ),
+  # 81,559 MiB is what CUDA reports for the 80 GB part; 989 TFLOP/s is the datasheet's dense bf16,
+  # 3.35 TB/s its HBM3 bandwidth (the target description says the same to the compiler).
+  "h100": Chip(
+    "cuda",
+    "",
+    81559 << 20,
+    989.4e12,
+    3.35e12,
+    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16, 3.35 TB/s",
+    ("h100x1", "h100x8", "h100x8x2"),
+    # An H200 is the H100's GH100 chip with more and faster HBM (141 GB, 4.8 TB/s): its dense bf16
+    # peak, which the benchmarks' utilisation reads, is the H100's; aot compiles for H100s alone.
+    device_kinds=("NVIDIA H100", "NVIDIA H200"),
+    target_config=H100_TARGET_CONFIG,
+  ),
+}
