@@ -418,7 +418,7 @@ def test_bench_students_ranks_and_noise():
   """Ranks by the mean over tasks; within noise means closer than twice the standard error of the
   difference (from the seeds for fine-tuning; paired by dev example for the probe, McNemar's error);
   the share of the gap from the better layer-dropping baseline to the teacher."""
-  from minilm_jax.benchmarks.students import ModelScores, probe_difference_error, rank
+  from minilm_jax.benchmarks.student_scores import ModelScores, probe_difference_error, rank
 
   def right(*spans):  # a probe that gets the dev examples in `spans` right, of 1,000
     correct = np.zeros(1000, bool)

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from minilm_jax.models.encoder import Encoder, EncoderConfig, exact_gelu, fused_attention_implementation, init_params
+from minilm_jax.models.config import exact_gelu
+from minilm_jax.models.encoder import Encoder, EncoderConfig, fused_attention_implementation, init_params
 
 CONFIG = EncoderConfig(
   vocab_size=60,

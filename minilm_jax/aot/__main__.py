@@ -209,6 +209,57 @@ def _gib(n: float) -> str:
   return f"{n / GiB:.2f}"
 
 
+def _cost_lines(row: dict) -> list:
+  """The report's lines on the compiled program's costs: FLOPs (XLA's, the kernels' added, the
+  analytic count), bytes, collectives, attention and the roofline bound."""
+  analytic = row["analytic_flops_per_step"]
+  matmuls = row["matmul_flops_per_step"]
+  versus = (
+    f"analytic {analytic:.3e} (XLA / analytic {row['flops_over_analytic']:.3f}" if analytic else "no analytic count"
+  )
+  if matmuls is not None and analytic:
+    versus += f"; matrix products {matmuls:.3e}, {row['matmul_flops_over_analytic']:.3f} of the analytic count)"
+  elif analytic:
+    versus += "; matrix products not counted: this compiler writes them as dilated convolutions)"
+  elif matmuls is not None:
+    versus += f"; matrix products {matmuls:.3e}"
+  added = [
+    f"{row[field]:.3e} in {what}"
+    for field, what in (
+      ("cudnn_attention_flops_added", "cuDNN attention"),
+      ("cublas_flops_added", "cuBLAS products"),
+      ("pallas_kernel_flops_added", "Pallas kernels"),
+    )
+    if row[field]
+  ]
+  kernels = f", of which {', '.join(added)}, counted analytically" if added else ""
+  in_kernels = (
+    f", of which {row['kernel_bytes_added']:.3e} in kernel calls' operands and results"
+    if row["kernel_bytes_added"]
+    else ""
+  )
+  collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
+  pallas = ", ".join(f"{n} {k}" for k, n in row["pallas_kernel_calls"].items())
+  return [
+    ("FLOPs per step", f"{row['flops_per_step']:.3e} (XLA{kernels}); {versus}"),
+    ("bytes accessed", f"{row['bytes_accessed_per_step']:.3e} per step (XLA{in_kernels})"),
+    ("collectives", f"{collectives or 'none'} per device per step"),
+    (
+      "attention",
+      f"{row['attention_kernel']} ({row['cudnn_attention_calls']} cuDNN calls; Pallas: {pallas or 'none'})",
+    ),
+    (
+      "step time bound",
+      f"{row['step_time_bound_s'] * 1e3:.1f} ms, bound by "
+      f"{'HBM bandwidth' if row['bound_by'] == 'hbm' else 'FLOPs'}: "
+      f"the longer of FLOPs at {row['peak_flops_per_s'] / 1e12:.0f} TFLOP/s and bytes at "
+      f"{row['hbm_bytes_per_s'] / 1e12:.2f} TB/s per chip; {row['tokens_per_s_bound']:.3e} tokens/s at most "
+      "(a bound, not a measurement)",
+    ),
+    ("compile", f"{row['compile_s']} s"),
+  ]
+
+
 def describe(row: dict) -> str:
   """The report as a person reads it: one line per subject."""
   lines = [("target", f"{row['target']}, compiled on this host (not run)"), ("program", row["program"])]
@@ -232,52 +283,7 @@ def describe(row: dict) -> str:
     )
   )
   if "flops_per_step" in row:
-    analytic = row["analytic_flops_per_step"]
-    matmuls = row["matmul_flops_per_step"]
-    versus = (
-      f"analytic {analytic:.3e} (XLA / analytic {row['flops_over_analytic']:.3f}" if analytic else "no analytic count"
-    )
-    if matmuls is not None and analytic:
-      versus += f"; matrix products {matmuls:.3e}, {row['matmul_flops_over_analytic']:.3f} of the analytic count)"
-    elif analytic:
-      versus += "; matrix products not counted: this compiler writes them as dilated convolutions)"
-    elif matmuls is not None:
-      versus += f"; matrix products {matmuls:.3e}"
-    added = [
-      f"{row[field]:.3e} in {what}"
-      for field, what in (
-        ("cudnn_attention_flops_added", "cuDNN attention"),
-        ("cublas_flops_added", "cuBLAS products"),
-        ("pallas_kernel_flops_added", "Pallas kernels"),
-      )
-      if row[field]
-    ]
-    kernels = f", of which {', '.join(added)}, counted analytically" if added else ""
-    in_kernels = (
-      f", of which {row['kernel_bytes_added']:.3e} in kernel calls' operands and results"
-      if row["kernel_bytes_added"]
-      else ""
-    )
-    collectives = ", ".join(f"{k} {v / (1 << 20):.1f} MiB" for k, v in row["collective_bytes_per_device"].items())
-    pallas = ", ".join(f"{n} {k}" for k, n in row["pallas_kernel_calls"].items())
-    lines += [
-      ("FLOPs per step", f"{row['flops_per_step']:.3e} (XLA{kernels}); {versus}"),
-      ("bytes accessed", f"{row['bytes_accessed_per_step']:.3e} per step (XLA{in_kernels})"),
-      ("collectives", f"{collectives or 'none'} per device per step"),
-      (
-        "attention",
-        f"{row['attention_kernel']} ({row['cudnn_attention_calls']} cuDNN calls; Pallas: {pallas or 'none'})",
-      ),
-      (
-        "step time bound",
-        f"{row['step_time_bound_s'] * 1e3:.1f} ms, bound by "
-        f"{'HBM bandwidth' if row['bound_by'] == 'hbm' else 'FLOPs'}: "
-        f"the longer of FLOPs at {row['peak_flops_per_s'] / 1e12:.0f} TFLOP/s and bytes at "
-        f"{row['hbm_bytes_per_s'] / 1e12:.2f} TB/s per chip; {row['tokens_per_s_bound']:.3e} tokens/s at most "
-        "(a bound, not a measurement)",
-      ),
-      ("compile", f"{row['compile_s']} s"),
-    ]
+    lines += _cost_lines(row)
   if "largest_global_batch" in row:
     searched = ", ".join(f"{batch}: {_gib(peak)}" for batch, peak in row["searched_peak_bytes_per_device"].items())
     lines += [

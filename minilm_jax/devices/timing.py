@@ -25,7 +25,7 @@ def block(tree):
 
 def chip_of(device_kind: str) -> Chip | None:
   """The row of `chips.CHIPS` a device of this kind is, or None (CPUs, chips not in the table): the
-longest name that starts `device_kind` wins (a v5e's "TPU v5 lite" also starts with a v5p's "TPU v5")."""
+  longest name that starts `device_kind` wins (a v5e's "TPU v5 lite" also starts with a v5p's "TPU v5")."""
   named = [(len(k), c) for c in CHIPS.values() for k in c.device_kinds if device_kind.startswith(k)]
   return max(named, key=lambda n: n[0])[1] if named else None
 

@@ -53,47 +53,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.student.layer = -1  # which student layer learns the relations; -1 = last
   c.student.init = "random"  # "random", or "etd": extracted from the teacher (Extract Then Distill)
 
-  # ETD: how the student is extracted when student.init="etd".
-  c.etd = ml_collections.ConfigDict()
-  c.etd.method = "rand"  # "rand" (ETD-Rand) or "impt" (ETD-Impt: Taylor importance; needs the teacher's MLM head)
-  c.etd.hidden_consistency = True  # False: the ETD-wo-hidn-con ablation
-  c.etd.layers = "uniform"  # "uniform", "top" or "bottom", or the teacher's layers listed (1-based): "1,2,6"
-  c.etd.num_sentences = 10000  # ETD-Impt scores over the corpus's first sentences
-  # ETD-Impt keeps the least important neurons of these types instead (ETD table 2's ablations):
-  # "" (none), "all", or a comma list of ffn, head, hidden.
-  c.etd.reverse = ""
-  c.etd.seed = 0
+  c.etd = _etd_config()  # how the student is extracted when student.init="etd"
 
   c.loss = loss_config()
 
-  c.data = ml_collections.ConfigDict()
-  # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when
-  # online, "demo" for English text harvested from the Python standard library's docstrings, or
-  # "wordnet" for the shipped WordNet excerpt's training definitions and examples (data/demo_corpus.py).
-  c.data.corpus = "demo"
-  c.data.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
-  # A corpus in several languages (data/languages.py): their codes, comma separated, each put for
-  # {lang} in data.corpus or data.corpus_config ("20231101.{lang}", "text/{lang}.txt"); language i
-  # is sampled with probability proportional to (its share of the blocks)^language_alpha (XLM-R: 0.3).
-  c.data.languages = ""
-  c.data.language_alpha = 0.3
-  c.data.text_column = "text"
-  # What a row of the corpus is. "lines": a sentence or paragraph, an empty row ending the document
-  # (BERT's pre-training text files: one sentence per line, a blank line between documents).
-  # "documents": a whole document (a Wikipedia article of the hub's dataset), split into its
-  # sentences. "auto": lines for .txt files, documents otherwise. Either way blocks hold whole
-  # sentences of one document (a sentence longer than a block is cut).
-  c.data.rows = "auto"
-  c.data.max_seq_length = 512
-  c.data.num_proc = 1  # tokenisation processes
-  # A directory written by `python -m minilm_jax.prepare_data` (local or gs://...): every process
-  # reads its blocks instead of tokenising the corpus itself. Must match the tokenizer and length.
-  c.data.prepared = ""
-  # The corpus's last blocks that training never reads, for the `heldout` evaluator (0: train on all).
-  c.data.heldout_blocks = 0
-  # > 0: train this many passes over the corpus (its blocks less the held-out ones): num_steps (then
-  # 0 in the config) becomes data.epochs x the batches in a pass, once the corpus is read (ETD: 5).
-  c.data.epochs = 0
+  c.data = _corpus_config()
 
   c.optimizer = adamw_config(lr=3e-4, clip_norm=0.0)
   c.optimizer.warmup_steps = 4000  # then linear decay to 0 at num_steps
@@ -115,6 +79,53 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 64  # sentences per evaluation batch, over all devices
 
   c.log_every = 100
+  return c
+
+
+def _etd_config() -> ml_collections.ConfigDict:
+  """ETD: how the student is extracted from the teacher when student.init="etd"."""
+  c = ml_collections.ConfigDict()
+  c.method = "rand"  # "rand" (ETD-Rand) or "impt" (ETD-Impt: Taylor importance; needs the teacher's MLM head)
+  c.hidden_consistency = True  # False: the ETD-wo-hidn-con ablation
+  c.layers = "uniform"  # "uniform", "top" or "bottom", or the teacher's layers listed (1-based): "1,2,6"
+  c.num_sentences = 10000  # ETD-Impt scores over the corpus's first sentences
+  # ETD-Impt keeps the least important neurons of these types instead (ETD table 2's ablations):
+  # "" (none), "all", or a comma list of ffn, head, hidden.
+  c.reverse = ""
+  c.seed = 0
+  return c
+
+
+def _corpus_config() -> ml_collections.ConfigDict:
+  """The `data` block: the corpus, how its rows are read and packed into blocks, prepared data."""
+  c = ml_collections.ConfigDict()
+  # Local .txt/.json/.jsonl/.parquet files (comma separated), a Hugging Face hub dataset name when
+  # online, "demo" for English text harvested from the Python standard library's docstrings, or
+  # "wordnet" for the shipped WordNet excerpt's training definitions and examples (data/demo_corpus.py).
+  c.corpus = "demo"
+  c.corpus_config = ""  # the subset name of a hub dataset, e.g. "20231101.en" for wikimedia/wikipedia
+  # A corpus in several languages (data/languages.py): their codes, comma separated, each put for
+  # {lang} in data.corpus or data.corpus_config ("20231101.{lang}", "text/{lang}.txt"); language i
+  # is sampled with probability proportional to (its share of the blocks)^language_alpha (XLM-R: 0.3).
+  c.languages = ""
+  c.language_alpha = 0.3
+  c.text_column = "text"
+  # What a row of the corpus is. "lines": a sentence or paragraph, an empty row ending the document
+  # (BERT's pre-training text files: one sentence per line, a blank line between documents).
+  # "documents": a whole document (a Wikipedia article of the hub's dataset), split into its
+  # sentences. "auto": lines for .txt files, documents otherwise. Either way blocks hold whole
+  # sentences of one document (a sentence longer than a block is cut).
+  c.rows = "auto"
+  c.max_seq_length = 512
+  c.num_proc = 1  # tokenisation processes
+  # A directory written by `python -m minilm_jax.prepare_data` (local or gs://...): every process
+  # reads its blocks instead of tokenising the corpus itself. Must match the tokenizer and length.
+  c.prepared = ""
+  # The corpus's last blocks that training never reads, for the `heldout` evaluator (0: train on all).
+  c.heldout_blocks = 0
+  # > 0: train this many passes over the corpus (its blocks less the held-out ones): num_steps (then
+  # 0 in the config) becomes data.epochs x the batches in a pass, once the corpus is read (ETD: 5).
+  c.epochs = 0
   return c
 
 

@@ -344,18 +344,8 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   checkpoints = runs.RunCheckpoints(
     workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
   )
-  student_params = None
-  if config.student.init == "etd" and checkpoints.latest_step() is None:
-    student_params = etd.initial_student_params(
-      config.etd,
-      teacher_config,
-      jax.device_get(teacher_params),
-      mlm_head,
-      step.student.config,
-      lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
-      tokenizer,
-      config.data.max_seq_length,
-    )
+  fresh_etd = config.student.init == "etd" and checkpoints.latest_step() is None
+  student_params = _etd_student(config, workdir, teacher, step.student.config) if fresh_etd else None
   return Distillation(
     config,
     workdir,
@@ -369,6 +359,20 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     tuple(untrained),
     checkpoints,
     student_params,
+  )
+
+
+def _etd_student(config, workdir: str, teacher, student_config):
+  """ETD's start: the student's parameters extracted from the `teacher` (`runs.load_encoder`'s)."""
+  return etd.initial_student_params(
+    config.etd,
+    teacher.config,
+    jax.device_get(teacher.params),
+    teacher.mlm_head,
+    student_config,
+    lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
+    teacher.tokenizer,
+    config.data.max_seq_length,
   )
 
 

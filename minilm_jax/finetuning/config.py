@@ -45,15 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = adamw_config(lr=3e-5, clip_norm=1.0)
   c.optimizer.warmup_proportion = 0.1  # of all steps, then linear decay to 0
 
-  # task=custom: your own data (CSV, TSV, JSON Lines or Parquet files; tasks/custom.py).
-  c.data = ml_collections.ConfigDict()
-  c.data.train = ""
-  c.data.dev = ""
-  c.data.text_columns = "text"  # one column, or two comma separated for sentence pairs
-  c.data.label_column = "label"
-  c.data.labels = ""  # class names, comma separated; empty: the training file's label values, sorted
-  c.data.regression = False  # True: one score per example (MSE), as STS-B
-  c.data.metrics = ""  # comma separated, the first picks the grid's best; empty: accuracy,macro_f1 (pearson,spearman)
+  c.data = _custom_data_config()  # task=custom's files and columns
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1  # devices on the batch axis; -1: all that the model axis leaves
@@ -71,19 +63,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log_every = 50
 
-  # Task-specific distillation (a classification task): the student learns a fine-tuned teacher's
-  # logits instead of the gold labels, on the training set augmented as the thesis does: the second
-  # stage after a general distillation (TinyBERT's two stages; finetuning/distillation.py).
-  c.distill = ml_collections.ConfigDict()
-  c.distill.teacher = ""  # a fine-tuning run of the same task; empty: the gold labels (plain fine-tuning)
-  c.distill.objective = "mse"  # mse (the thesis, on logits) or soft_ce (the teacher's probabilities at temperature)
-  c.distill.temperature = 1.0
-  # Plus the teacher's intermediate layers, by a distillation objective of transfer/objectives.py
-  # (tinybert_layerwise: TinyBERT's embeddings, attention scores and hidden states at every layer of
-  # the uniform map; hidden_states; layer_to_layer), times `layers_weight`; empty: the logits alone.
-  c.distill.layers = ""
-  c.distill.layers_weight = 1.0
-  c.distill.cache_dir = ""  # the teacher's logits and the augmented set; empty: <workdir>/cache
+  c.distill = _distill_config()  # the second stage: a fine-tuned teacher's logits instead of the labels
   # The thesis's augmentation (data/augment.py), with distill.teacher: masking and POS-guided replacement.
   c.augment = augment.augment_config(enabled=False)
 
@@ -98,20 +78,55 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_answer_length = 30
   c.null_score_threshold = 0.0
 
-  # Sequence-to-sequence tasks (tasks/seq2seq.py): max_seq_length is source + target.
-  c.seq2seq = ml_collections.ConfigDict()
-  c.seq2seq.target_length = 48  # target tokens trained on and the longest output decoded, the end not counted
-  c.seq2seq.label_smoothing = 0.1
+  c.seq2seq = _seq2seq_config()
+  return c
+
+
+def _custom_data_config() -> ml_collections.ConfigDict:
+  """task=custom: your own data (CSV, TSV, JSON Lines or Parquet files; tasks/custom.py)."""
+  c = ml_collections.ConfigDict()
+  c.train = ""
+  c.dev = ""
+  c.text_columns = "text"  # one column, or two comma separated for sentence pairs
+  c.label_column = "label"
+  c.labels = ""  # class names, comma separated; empty: the training file's label values, sorted
+  c.regression = False  # True: one score per example (MSE), as STS-B
+  c.metrics = ""  # comma separated, the first picks the grid's best; empty: accuracy,macro_f1 (pearson,spearman)
+  return c
+
+
+def _distill_config() -> ml_collections.ConfigDict:
+  """Task-specific distillation (a classification task): the student learns a fine-tuned teacher's
+  logits instead of the gold labels, on the training set augmented as the thesis does: the second
+  stage after a general distillation (TinyBERT's two stages; finetuning/distillation.py)."""
+  c = ml_collections.ConfigDict()
+  c.teacher = ""  # a fine-tuning run of the same task; empty: the gold labels (plain fine-tuning)
+  c.objective = "mse"  # mse (the thesis, on logits) or soft_ce (the teacher's probabilities at temperature)
+  c.temperature = 1.0
+  # Plus the teacher's intermediate layers, by a distillation objective of transfer/objectives.py
+  # (tinybert_layerwise: TinyBERT's embeddings, attention scores and hidden states at every layer of
+  # the uniform map; hidden_states; layer_to_layer), times `layers_weight`; empty: the logits alone.
+  c.layers = ""
+  c.layers_weight = 1.0
+  c.cache_dir = ""  # the teacher's logits and the augmented set; empty: <workdir>/cache
+  return c
+
+
+def _seq2seq_config() -> ml_collections.ConfigDict:
+  """Sequence-to-sequence tasks (tasks/seq2seq.py): max_seq_length is source + target."""
+  c = ml_collections.ConfigDict()
+  c.target_length = 48  # target tokens trained on and the longest output decoded, the end not counted
+  c.label_smoothing = 0.1
   # 0: every target token predicted in one pass from the token before it. > 0: UniLM's masked
   # targets (UniLM's 0.7): that share of the target tokens replaced by [MASK] and predicted, and
   # UniLM's decoding (models/heads.py Seq2SeqLM, tasks/seq2seq.py mask_targets). The paper configs
   # (`seq2seq_config`: qg, xsum, cnndm) set UniLM's 0.7, what the supplementary's tables trained.
-  c.seq2seq.mask_prob = 0.0
-  c.seq2seq.beam_size = 5  # 1: greedy
-  c.seq2seq.length_penalty = 1.0  # hypotheses scored by sum(log p) / length ** length_penalty
-  c.seq2seq.min_target_length = 0
-  c.seq2seq.no_repeat_ngram = 0  # > 0: block repeating n-grams of this size
-  c.seq2seq.qg_context = "paragraph"  # qg: the whole passage, or the sentence holding the answer
+  c.mask_prob = 0.0
+  c.beam_size = 5  # 1: greedy
+  c.length_penalty = 1.0  # hypotheses scored by sum(log p) / length ** length_penalty
+  c.min_target_length = 0
+  c.no_repeat_ngram = 0  # > 0: block repeating n-grams of this size
+  c.qg_context = "paragraph"  # qg: the whole passage, or the sentence holding the answer
   return c
 
 

@@ -8,120 +8,18 @@ Module names follow the Hugging Face layout so that the name mapping in `minilm_
 short table.
 """
 
-import dataclasses
-
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import dropout as dropout_bits
 from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
 from minilm_jax.models import layout
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelType:
-  """What differs between the BERT-family encoders we load (`EncoderConfig.model_type`)."""
-
-  positions_after_padding: bool  # RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0
-  hf_architecture: str  # the transformers class of the encoder alone
-  mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
-  task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
-
-
-MODEL_TYPES = {
-  "bert": ModelType(False, "BertModel", "bert", True),
-  "roberta": ModelType(True, "RobertaModel", "roberta", False),
-  "xlm-roberta": ModelType(True, "XLMRobertaModel", "roberta", False),
-}
-
-
-def exact_gelu(x):
-  """BERT's GELU, x * Phi(x), written with erf as PyTorch's BERT writes it, not with `nn.gelu`'s erfc:
-  XLA's GPU compiler splits erfc's long expansion from its argument and writes the argument,
-  [tokens, intermediate], to HBM and reads it back in every layer (3.3e10 of the 2.2e11 bytes the
-  6x384 step moved at 256 x 512); erf's expansion fuses whole. The two agree to float rounding (1 + erf
-  cancels below x = -5, where the value is under 1e-6)."""
-  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
-
-
-ACTIVATIONS = {
-  "gelu": exact_gelu,
-  "gelu_new": lambda x: nn.gelu(x, approximate=True),
-  "relu": nn.relu,
-}
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig:
-  """Architecture of one encoder. Field names are ours; `minilm_jax.models.hf` maps HF's names."""
-
-  vocab_size: int = 30522
-  hidden_size: int = 384
-  num_layers: int = 6
-  num_heads: int = 12
-  intermediate_size: int = 1536
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  layer_norm_eps: float = 1e-12
-  hidden_act: str = "gelu"
-  hidden_dropout: float = 0.1
-  attention_dropout: float = 0.1
-  model_type: str = "bert"
-  pad_token_id: int = 0
-  initializer_range: float = 0.02
-  dtype: str = "float32"
-
-  def __post_init__(self):
-    if self.model_type not in MODEL_TYPES:
-      raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
-    if self.hidden_size % self.num_heads:
-      raise UserError(
-        f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: "
-        f"choose a head count that divides it"
-      )
-    if self.hidden_act not in ACTIVATIONS:
-      raise UserError(f"unsupported hidden_act {self.hidden_act!r}: use one of {', '.join(ACTIVATIONS)}")
-    if self.dtype not in DTYPES:
-      raise UserError(f"unsupported dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def family(self) -> ModelType:
-    return MODEL_TYPES[self.model_type]
-
-  @property
-  def position_offset(self) -> int:
-    """RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0."""
-    return self.pad_token_id + 1 if self.family.positions_after_padding else 0
-
-  def check_length(self, length: int, field: str, model: str = "the model"):
-    """One line when sequences of `length` (the config's `field`) need more positions than `model` has."""
-    if length > self.max_position_embeddings:
-      raise UserError(f"{field}={length} exceeds {model}'s {self.max_position_embeddings} positions: lower it")
-
-  def replace(self, **changes) -> "EncoderConfig":
-    return dataclasses.replace(self, **changes)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: dict) -> "EncoderConfig":
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-      raise UserError(f"unknown encoder config fields {unknown}: known fields are {sorted(known)}")
-    return cls(**d)
+from minilm_jax.models.config import ACTIVATIONS, DTYPES, EncoderConfig
 
 
 @flax.struct.dataclass

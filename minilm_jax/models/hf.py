@@ -17,7 +17,8 @@ from flax import traverse_util
 
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
-from minilm_jax.models.encoder import MODEL_TYPES, EncoderConfig, abstract_params, init_params
+from minilm_jax.models.config import MODEL_TYPES
+from minilm_jax.models.encoder import EncoderConfig, abstract_params, init_params
 from minilm_jax.models.heads import MLM_WEIGHTS, head_kind
 
 log = logging.getLogger(__name__)

@@ -99,25 +99,13 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   teachers = find_teachers(teacher_runs, tasks) if objective.from_teacher else {}
   data_dirs = task_data_dirs(tasks, config.data_dir)
   train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
-  embedding_table = None
   if start is not None:
-    tokenizer = start.tokenizer
-  elif vectors:
-    tokenizer, embedding_table = _word_tokenizer(config.student, tasks, train_examples, config.seed)
-  elif joint and config.student.init:  # the Transformer reads the vocabulary its embeddings were trained on
-    tokenizer = runs.load_tokenizer_of(config.student.init, "student.init")
+    tokenizer, embedding_table, encoder_config, init_body = start.tokenizer, None, start.encoder_config, None
   else:
-    tokenizer = runs.load_tokenizer_of(teacher_runs[0])
+    tokenizer, embedding_table = _vocabulary(config.student, vectors, tasks, train_examples, teacher_runs, config.seed)
+    encoder_config, init_body = _transformer_body(config.student, teacher_runs) if joint else (None, None)
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
   augmenting = config.augment.enabled and objective.from_teacher
-  encoder_config, init_body = None, None
-  if start is not None:
-    encoder_config = start.encoder_config
-  elif joint:  # the Transformer starts from an encoder's first layers
-    body = runs.load_encoder(config.student.init or teacher_runs[0], "float32", "student.init")
-    # The student's own encoder (its first `num_layers` layers), as its record and export read it.
-    encoder_config = body.config.replace(num_layers=config.student.num_layers)
-    init_body = transformer_init(body.params, config.student.num_layers)
   heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
   model = make_student(config.student, heads, len(tokenizer), encoder_config)
 
@@ -133,18 +121,6 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
       return features
     logits = teacher_logits(teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, mesh, cache_dir)
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
-
-  def init_params(rng):
-    if start is not None:  # every parameter from the distilled student
-      return start.params
-    params = model.init(rng, dummy_batch(joint, tasks))["params"]
-    if init_body is not None:  # the Transformer starts from an encoder's first layers
-      params = {**params, "body": init_body}
-    if embedding_table is not None:  # the LSTMs start from the word vectors, in every channel
-      table = jnp.asarray(embedding_table)
-      body = {name: {"embedding": table} if "embedding" in name else p for name, p in params["body"].items()}
-      params = {**params, "body": body}
-    return params
 
   record = RunRecord(
     TASK_STUDENT,
@@ -166,12 +142,46 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     loss=partial(task_loss, config.objective, temperature=config.temperature),
     target=objective.column,
     training_rows=training_rows,
-    init_params=init_params,
+    init_params=partial(_init_params, model, dummy_batch(joint, tasks), start, init_body, embedding_table),
     optimizer=lambda num_steps: (task_optimizer(config.optimizer), lambda step: jnp.asarray(config.optimizer.lr)),
     record=record,
     summary={"tasks": [t.name for t in tasks], "student": kind, "objective": config.objective},
     desc=f"distill {config.tasks} -> {kind}",
   )
+
+
+def _init_params(model, dummy: dict, start, init_body, embedding_table, rng):
+  """The student's first parameters: every one from a distilled student (`start`), or fresh ones
+  with the Transformer's body from an encoder's first layers, or the LSTMs' embeddings from the
+  word vectors (in every channel)."""
+  if start is not None:
+    return start.params
+  params = model.init(rng, dummy)["params"]
+  if init_body is not None:
+    params = {**params, "body": init_body}
+  if embedding_table is not None:
+    table = jnp.asarray(embedding_table)
+    body = {name: {"embedding": table} if "embedding" in name else p for name, p in params["body"].items()}
+    params = {**params, "body": body}
+  return params
+
+
+def _vocabulary(student, vectors: bool, tasks, train_examples: dict, teacher_runs: list, seed: int):
+  """(tokenizer, word-vector table or None) of a new student (the `student` block): the words of
+  its vectors file, the encoder a Transformer starts from, or the first teacher's WordPiece."""
+  if vectors:
+    return _word_tokenizer(student, tasks, train_examples, seed)
+  if student_kind(student.kind).joint and student.init:  # the vocabulary its embeddings were trained on
+    return runs.load_tokenizer_of(student.init, "student.init"), None
+  return runs.load_tokenizer_of(teacher_runs[0]), None
+
+
+def _transformer_body(student, teacher_runs: list):
+  """(the student's own encoder config, its body's parameters) of a Transformer student: the
+  first `student.num_layers` layers of `student.init` (default: the first teacher's encoder)."""
+  body = runs.load_encoder(student.init or teacher_runs[0], "float32", "student.init")
+  # The student's own encoder (its first `num_layers` layers), as its record and export read it.
+  return body.config.replace(num_layers=student.num_layers), transformer_init(body.params, student.num_layers)
 
 
 def _student_of_run(config):

@@ -2,6 +2,7 @@
 prefetched onto the devices, progress bar, metrics, a stop at a non-finite update, periodic and
 SIGTERM checkpoints; and the checks every training program runs before it starts (`begin_run`)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -279,11 +280,7 @@ def train_loop(
   writer = MetricWriter(workdir, -1 if fresh else start)
   saved_start = False
   if start == 0 and evaluate is not None and fresh:
-    scores = evaluate(0, state)
-    writer.write(0, scores)
-    if checkpoints.ranks(scores) or num_steps == 0:
-      checkpoints.save(0, state, {"next_batch": next_batch}, record, scores)
-      saved_start = True
+    saved_start = _evaluate_start(state, next_batch, evaluate, writer, checkpoints, record, num_steps)
   if start >= num_steps:
     if not saved_start and checkpoints.latest_step() is None:
       # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
@@ -295,34 +292,26 @@ def train_loop(
   prefetcher = _Prefetcher(
     stream, next_batch, next_batch + max(num_steps - start, 0), partial(parallel.shard_batch, mesh=mesh)
   )
-  real_tokens, window_start, window_steps, eval_seconds, pending = 0, time.perf_counter(), 0, 0.0, []
+  window, pending = _Window(), []
   bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
   try:
     for step in range(start, num_steps):
       batch, tokens = prefetcher.next()
       state, metrics = step_fn(state, batch)
-      real_tokens += tokens
-      next_batch += 1
-      window_steps += 1
-      done = step + 1
+      next_batch, done = next_batch + 1, step + 1
+      window.steps, window.tokens = window.steps + 1, window.tokens + tokens
       pending.append((done, metrics))
       checkpoints.check()
       bar.update(1)
       extra = after_step(done, state) if after_step else {}
-      evaluated = time.perf_counter()
-      scores = evaluate(done, state) if evaluate else {}
-      if scores:  # the step time and throughput leave the evaluation out; it is logged on its own
-        evaluated = time.perf_counter() - evaluated
-        extra.update(scores, eval_time_s=evaluated)
-        eval_seconds += evaluated
+      scores = window.timed_evaluation(evaluate, done, state)
+      if scores:  # logged with its own time: the step time and throughput leave it out
+        extra.update(scores, eval_time_s=window.last_eval_seconds)
       if done % log_every == 0 or done == num_steps or extra:
         metrics = _check_finite(pending, checkpoints)
-        elapsed = time.perf_counter() - window_start - eval_seconds
-        writer.write(
-          done, {**metrics, **extra, "step_time_s": elapsed / window_steps, "tokens_per_s": real_tokens / elapsed}
-        )
+        writer.write(done, {**metrics, **extra, **window.rates()})
         bar.set_postfix(loss=f"{float(metrics['loss']):.4f}", lr=f"{float(metrics['lr']):.2e}")
-        real_tokens, window_start, window_steps, eval_seconds = 0, time.perf_counter(), 0, 0.0
+        window = _Window()
       if preemption.stop_at(done):
         _check_finite(pending, checkpoints)
         checkpoints.save(done, state, {"next_batch": next_batch}, record)
@@ -338,3 +327,40 @@ def train_loop(
     checkpoints.wait()
     writer.close()
   return state
+
+
+def _evaluate_start(state, next_batch: int, evaluate, writer, checkpoints, record, num_steps: int) -> bool:
+  """A fresh run's evaluators at step 0, logged; the start saved as step 0 when it ranks (or is the
+  whole run). Whether it was saved."""
+  scores = evaluate(0, state)
+  writer.write(0, scores)
+  if checkpoints.ranks(scores) or num_steps == 0:
+    checkpoints.save(0, state, {"next_batch": next_batch}, record, scores)
+    return True
+  return False
+
+
+@dataclasses.dataclass
+class _Window:
+  """The steps since the last log line: their count and real tokens, their wall time less the
+  evaluations run among them (an evaluation is logged with its own time, not in the step time)."""
+
+  start: float = dataclasses.field(default_factory=time.perf_counter)
+  steps: int = 0
+  tokens: int = 0
+  eval_seconds: float = 0.0
+  last_eval_seconds: float = 0.0
+
+  def timed_evaluation(self, evaluate, done: int, state) -> dict:
+    """`evaluate(done, state)`'s scores ({} when none is due, or no evaluators); the time of one
+    that scored is `last_eval_seconds`, and left out of the window's."""
+    began = time.perf_counter()
+    scores = evaluate(done, state) if evaluate else {}
+    if scores:
+      self.last_eval_seconds = time.perf_counter() - began
+      self.eval_seconds += self.last_eval_seconds
+    return scores
+
+  def rates(self) -> dict:
+    elapsed = time.perf_counter() - self.start - self.eval_seconds
+    return {"step_time_s": elapsed / self.steps, "tokens_per_s": self.tokens / elapsed}
