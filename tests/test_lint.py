@@ -56,6 +56,31 @@ def _modules() -> dict:
   return out
 
 
+def _first_cycle(graph) -> list:
+  """The first cycle of `graph` ({node: the nodes it points to}) found by a depth-first walk in
+  sorted order, as its nodes with the first repeated at the end; [] when there is none."""
+  state: dict = {}
+
+  def visit(node, trail):
+    if state.get(node) == "done":
+      return []
+    if state.get(node) == "open":
+      return trail[trail.index(node) :] + [node]
+    state[node] = "open"
+    for other in sorted(graph[node]):
+      found = visit(other, trail + [node])
+      if found:
+        return found
+    state[node] = "done"
+    return []
+
+  for node in sorted(graph):
+    found = visit(node, [])
+    if found:
+      return found
+  return []
+
+
 def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
   """The package's modules import each other at module level only, in an acyclic graph, and no
   library module imports a program (a module run with `python -m`, which calls `run_program`)."""
@@ -70,19 +95,8 @@ def test_import_graph_has_no_cycle_no_program_import_and_no_local_import():
       assert not graph[name] & programs, (
         f"library module {name} imports the program(s) {sorted(graph[name] & programs)}"
       )
-  state = {}
-
-  def visit(name, trail):
-    if state.get(name) == "done":
-      return
-    assert state.get(name) != "open", f"import cycle: {' -> '.join(trail + [name])}"
-    state[name] = "open"
-    for other in sorted(graph[name]):
-      visit(other, trail + [name])
-    state[name] = "done"
-
-  for name in sorted(graph):
-    visit(name, [])
+  cycle = _first_cycle(graph)
+  assert not cycle, f"import cycle: {' -> '.join(cycle)}"
   assert len(programs) >= 7 and "minilm_jax.distill.trainer" in graph
 
 
@@ -109,22 +123,10 @@ def _folder_graph() -> dict:
 def test_the_folders_import_each_other_in_no_loop():
   """Each sub-package of minilm_jax/ one node, each root module its own: no loop between them (a loop
   between two folders passes the module-level cycle check above and still ties them together)."""
-  graph, state = _folder_graph(), {}
-
-  def visit(node, trail):
-    if state.get(node) == "done":
-      return
-    if state.get(node) == "open":
-      loop = trail[trail.index(node) :] + [node]
-      arrows = [f"{a} -> {b} ({graph[a][b][0][0]} imports {graph[a][b][0][1]})" for a, b in zip(loop, loop[1:])]
-      raise AssertionError("folders import each other in a loop: " + "; ".join(arrows))
-    state[node] = "open"
-    for other in sorted(graph[node]):
-      visit(other, trail + [node])
-    state[node] = "done"
-
-  for node in sorted(graph):
-    visit(node, [])
+  graph = _folder_graph()
+  loop = _first_cycle(graph)
+  arrows = [f"{a} -> {b} ({graph[a][b][0][0]} imports {graph[a][b][0][1]})" for a, b in zip(loop, loop[1:])]
+  assert not loop, "folders import each other in a loop: " + "; ".join(arrows)
 
 
 def _documented_layers() -> list:
