@@ -24,6 +24,21 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def walk(module: str, argv: list) -> dict:
   """{(module file, function): calls} of the functions in the package that received a ConfigDict
   while `python -m <module> <argv>` ran here, in the order first reached."""
+
+  def run():
+    sys.argv = [module, *argv]
+    try:
+      runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+      if e.code not in (0, None):
+        raise
+
+  return walk_call(run)
+
+
+def walk_call(fn, *args) -> dict:
+  """The same stops while `fn(*args)` runs here (a program's builder, say: `build_finetuning(config,
+  workdir)`, whose walk the suite holds to a budget)."""
   stops: dict = collections.OrderedDict()
 
   def profile(frame, event, arg):
@@ -35,25 +50,26 @@ def walk(module: str, argv: list) -> dict:
       where = (os.path.relpath(code.co_filename, os.path.dirname(PACKAGE)), code.co_qualname)
       stops[where] = stops.get(where, 0) + 1
 
-  sys.argv = [module, *argv]
   threading.setprofile(profile)
   sys.setprofile(profile)
   try:
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-  except SystemExit as e:
-    if e.code not in (0, None):
-      raise
+    fn(*args)
   finally:
     sys.setprofile(None)
     threading.setprofile(None)  # type: ignore[arg-type]
   return stops
 
 
+def summary(stops: dict) -> tuple:
+  """(stops, modules) of a walk."""
+  return len(stops), len({path for path, _ in stops})
+
+
 def main():
   stops = walk(sys.argv[1], sys.argv[2:])
   for (path, function), calls in stops.items():
     print(f"{path}: {function} ({calls} call{'s' if calls > 1 else ''})")
-  print(f"{len(stops)} stops in {len({path for path, _ in stops})} modules")
+  print("{} stops in {} modules".format(*summary(stops)))
 
 
 if __name__ == "__main__":

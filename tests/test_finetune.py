@@ -521,3 +521,16 @@ def test_a_new_task_is_one_registry_entry(tiny_teacher, tmp_path, monkeypatch, s
   _, results = build_finetuning(finetune_config(tiny_teacher, "my_nli", str(tmp_path)), run_dir).run()
   assert set(results) == {"dev/accuracy"} and 0 <= results["dev/accuracy"] <= 1
   assert json.load(open(os.path.join(run_dir, "results.json")))["task"] == "my_nli"
+
+
+def test_a_plain_fine_tuning_run_hands_its_config_to_the_few_places_it_needs(tiny_teacher, sst2_dir, tmp_path):
+  """`build_finetuning`'s config (or a block of it) reaches at most 25 functions in 12 modules
+  (`tests/config_walk.py`, the dynamic walk), and none of the second stage's: without
+  `distill.teacher` no teacher is read and nothing is augmented."""
+  from config_walk import summary, walk_call
+
+  stops = walk_call(build_finetuning, finetune_config(tiny_teacher, "sst2", sst2_dir), str(tmp_path / "ft"))
+  functions, modules = summary(stops)
+  assert functions <= 25 and modules <= 12, list(stops)
+  second_stage = [f for path, f in stops if path.endswith("augment.py") or f in ("load_teacher", "teacher_features")]
+  assert not second_stage and ("finetuning/run.py", "build_finetuning") in stops

@@ -196,6 +196,20 @@ def test_distillation_and_finetuning_import_the_shared_wings_not_each_other():
         assert not [n for n in top if n == other or n.startswith(other + ".")], f"{name} imports {other}"
 
 
+def test_small_pieces():
+  """No function of the package over 80 lines and no package file over 500 (ruff's C901 holds each
+  function to a complexity of 12): a piece that outgrows them is split where its parts have names."""
+  long_functions, long_files = [], []
+  for name, path in sorted(_modules().items()):
+    source = open(path).read()
+    if source.count("\n") > 500:
+      long_files.append(f"{name} ({source.count(chr(10))} lines)")
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 80:
+        long_functions.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+  assert not long_functions and not long_files, long_functions + long_files
+
+
 def test_every_package_folder_is_a_package():
   """setup.py's find_packages installs only folders with an __init__.py."""
   folders = {os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)}

@@ -435,3 +435,14 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
       jax.tree.leaves((kept.params, kept.opt_state)), jax.tree.leaves((applied.params, applied.opt_state))
     ):
       np.testing.assert_array_equal(a, b)
+
+
+def test_a_distillation_hands_its_config_to_the_few_places_it_needs(tiny_teacher, tiny_corpus, tmp_path):
+  """`build_distillation`'s config (or a block of it) reaches at most 30 functions in 14 modules
+  (`tests/config_walk.py`, the dynamic walk)."""
+  from config_walk import summary, walk_call
+
+  stops = walk_call(build_distillation, tiny_config(tiny_teacher, tiny_corpus), str(tmp_path / "run"))
+  functions, modules = summary(stops)
+  assert functions <= 30 and modules <= 14, list(stops)
+  assert ("distill/trainer.py", "build_distillation") in stops

@@ -335,49 +335,49 @@ def run(
         n = batch_size or case_batch
         if n < 1 or length < 2:
           raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
-        batch = random_batch(n, length, teacher_config.vocab_size)
-        tokens = n * length
-        config = step_config(teacher_config, student_config, dtype, num_relation_heads, n, length)
-        ours = _OurStep(teacher_config, teacher_params, config)
-        seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
-        program = ours.train_program_seconds(batch, train_steps) if train_steps else None
-        del ours
-        flops = (
-          distill_flops_per_token(
-            teacher_config,
-            teacher_config.num_layers - 1,
-            student_config,
-            student_config.num_layers - 1,
-            length,
-            len(RELATIONS),
-          )
-          * tokens
-        )
-        peak = peak_flops()
-        row = {
-          "teacher": teacher_name,
-          "student": student_spec,
-          "batch": n,
-          "seq_len": length,
-          "dtype": dtype,
-          "ours_tokens_per_s": tokens / seconds,
-          "train_program_tokens_per_s": tokens / program if program else None,
-          "program_over_step": seconds / program if program else None,
-          "mfu": flops / seconds / peak if peak else None,
-          "ours_mem_gib": _gib(footprint),
-          "ours_device_peak_gib": _gib(device_peak),
-        }
-        for peer in PEERS:
-          if peer in peers:
-            peer_seconds, peer_peak = _torch_seconds(
-              teacher_config, student_config, batch, dtype, num_relation_heads, peer == "compile", repeats
-            )
-            row.update(
-              {
-                f"torch_{peer}_tokens_per_s": tokens / peer_seconds,
-                f"torch_{peer}_mem_gib": _gib(peer_peak),
-                f"ratio_vs_{peer}": peer_seconds / seconds,
-              }
-            )
-        rows.append(row)
+        pair = (teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads)
+        rows.append(_row(pair, n, length, dtype, repeats, train_steps, peers))
   return rows
+
+
+def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps: int, peers) -> dict:
+  """One (teacher, student) `pair`'s row at batch `n` x `length`: our step's tokens/s, memory and
+  utilisation, the train program's tokens/s, and each PyTorch peer's in the same process."""
+  teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads = pair
+  batch = random_batch(n, length, teacher_config.vocab_size)
+  tokens = n * length
+  config = step_config(teacher_config, student_config, dtype, num_relation_heads, n, length)
+  ours = _OurStep(teacher_config, teacher_params, config)
+  seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
+  program = ours.train_program_seconds(batch, train_steps) if train_steps else None
+  del ours
+  relations = len(RELATIONS)
+  per_token = distill_flops_per_token(
+    teacher_config, teacher_config.num_layers - 1, student_config, student_config.num_layers - 1, length, relations
+  )
+  peak = peak_flops()
+  row = {
+    "teacher": teacher_name,
+    "student": student_spec,
+    "batch": n,
+    "seq_len": length,
+    "dtype": dtype,
+    "ours_tokens_per_s": tokens / seconds,
+    "train_program_tokens_per_s": tokens / program if program else None,
+    "program_over_step": seconds / program if program else None,
+    "mfu": per_token * tokens / seconds / peak if peak else None,
+    "ours_mem_gib": _gib(footprint),
+    "ours_device_peak_gib": _gib(device_peak),
+  }
+  for peer in (p for p in PEERS if p in peers):
+    peer_seconds, peer_peak = _torch_seconds(
+      teacher_config, student_config, batch, dtype, num_relation_heads, peer == "compile", repeats
+    )
+    row.update(
+      {
+        f"torch_{peer}_tokens_per_s": tokens / peer_seconds,
+        f"torch_{peer}_mem_gib": _gib(peer_peak),
+        f"ratio_vs_{peer}": peer_seconds / seconds,
+      }
+    )
+  return row

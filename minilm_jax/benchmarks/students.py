@@ -45,8 +45,6 @@ two independent sampling errors when the models agree on most examples.
 """
 
 import dataclasses
-import functools
-import glob
 import hashlib
 import json
 import logging
@@ -61,6 +59,7 @@ import numpy as np
 
 from minilm_jax import runs
 from minilm_jax.benchmarks.student_scores import BASELINES, ModelScores, rank
+from minilm_jax.benchmarks.student_tasks import BenchTask, parse_tasks
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
 from minilm_jax.distill.config import base_config as distill_config
@@ -71,8 +70,7 @@ from minilm_jax.evaluation.evaluators import probe_correct
 from minilm_jax.evaluation.sentences import SentenceEncoder
 from minilm_jax.finetuning.config import base_config as finetune_config
 from minilm_jax.finetuning.run import build_finetuning
-from minilm_jax.tasks import custom, get_task, selection_metric
-from minilm_jax.tasks.glue import ClassificationTask
+from minilm_jax.tasks import selection_metric
 
 # One task per source of text: WordNet's definitions, Rotten Tomatoes snippets, tweets.
 DEFAULT_TASKS = ("wordnet_supersense", "vader_movies", "vader_tweets")
@@ -136,65 +134,6 @@ def _student(
   c.optimizer.warmup_steps = max(1, steps // 10)
   c.checkpoint.every, c.log_every = 10**9, max(1, steps // 10)
   return c
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchTask:
-  """One task of the suite: its name, its data (a folder or file; empty: the task's default) and,
-  for `custom`, the fine-tuning config's `data` fields."""
-
-  name: str
-  data_dir: str = ""
-  custom_data: Any = None
-
-  @property
-  def label(self) -> str:
-    return os.path.basename(self.data_dir.rstrip("/")) if self.name == "custom" else self.name
-
-  @functools.cached_property
-  def task(self):
-    """The task, built once: a custom task reads its training file for the class names."""
-    return custom.custom_task(self.custom_data) if self.name == "custom" else get_task(self.name)
-
-
-def parse_tasks(specs) -> list:
-  """`--tasks` entries: a task's name, `name=DATA` (its folder or file), or `custom=FOLDER` (the
-  user's `train` and `dev` files there, CSV, TSV, JSON Lines or Parquet, columns `text` and `label`)."""
-  tasks = []
-  for spec in specs:
-    name, _, data_dir = spec.partition("=")
-    if name == "custom":
-      tasks.append(BenchTask(name, data_dir, _custom_data(data_dir)))
-      continue
-    bench_task = BenchTask(name, data_dir)
-    task = bench_task.task
-    if not isinstance(task, ClassificationTask) or task.labels is None:
-      raise UserError(f"--tasks {name}: the suite fine-tunes and probes classification tasks")
-    tasks.append(bench_task)
-  for t in tasks:  # an unknown name or missing data is a one-line error now, not after the first distillation
-    t.task.load("dev", t.data_dir)
-  if not tasks:
-    raise UserError(
-      "--tasks names no task: e.g. --tasks wordnet_supersense,vader_movies=DIR/vaderSentiment-3.3.2.tar.gz"
-    )
-  return tasks
-
-
-_SUFFIXES = ".csv, .tsv, .jsonl or .parquet"
-
-
-def _custom_data(folder: str):
-  if not os.path.isdir(folder):
-    raise UserError(f"--tasks custom={folder}: give a folder holding train and dev files ({_SUFFIXES})")
-  found = {}
-  for split in ("train", "dev"):
-    paths = sorted(glob.glob(os.path.join(folder, f"{split}.*")))
-    if not paths:
-      raise UserError(f"--tasks custom={folder}: the folder has no {split} file ({split} with {_SUFFIXES})")
-    found[split] = paths[0]
-  data = finetune_config().data
-  data.train, data.dev = found["train"], found["dev"]
-  return data
 
 
 # Second stages: (the model of the suite they start from, distill.layers, augment.enabled), or that
@@ -392,75 +331,118 @@ def run(
   mesh = parallel.make_mesh() if mesh is None else mesh
   teacher_config = runs.encoder_config_of(teacher, what="--teacher")
   log = MeasurementLog(results)
-  finetuning = {"finetune_epochs": finetune_epochs, "finetune_lr": finetune_lr, "length": length}
-  scores = {}
   with tempfile.TemporaryDirectory() as tmp:
-    cache_dir = log.cache_dir(tmp)
-
-    def model_of(name: str, second: dict | None = None) -> _Model:
-      """A model of the suite (its first stage, for a second stage's `name`), keyed by its settings
-      and, for a second stage, by `second`'s."""
-      config = None
-      if name != "teacher":
-        config = _student(name, teacher, teacher_config, shape, steps, batch, length, corpus, relation_heads)
-      distilled = {"distill": None if config is None else config.to_dict(), "teacher": teacher}
-      key = {**distilled, **finetuning, **({"second_stage": second} if second else {})}
-      return _Model(name, teacher, config, log.model_dir(tmp, name, distilled), mesh, log, key)
-
-    teacher_model = model_of("teacher")
-
-    def teacher_run(t: BenchTask) -> str:
-      """The teacher fine-tuned on `t` with seed 0 (the teacher row's first seed), kept: the second
-      stages' teacher."""
-      path = log.model_dir(tmp, f"teacher_{t.label}", {**teacher_model.key, "task": f"{t.name}={t.data_dir}"})
-      if not os.path.isfile(os.path.join(path, "results.json")):
-        _finetune(teacher, t, 0, finetune_epochs, length, finetune_lr, mesh, path)
-      return path
-
-    def augmented_epochs(t: BenchTask) -> int:
-      """Epochs over the training set that take as many steps as the suite's epochs over its
-      augmented set (the thesis's augmentation at the fine-tuning config's defaults)."""
-      examples = t.task.load("train", t.data_dir)
-      settings = finetune_config().augment
-      settings.size_factor = size_factor
-      mask = runs.load_tokenizer_of(teacher).mask_token
-      rows = augment.augmented(examples, mask, settings, cache_dir, f"augment {t.label}")
-      return max(1, round(finetune_epochs * len(rows) / len(examples)))
-
-    for name in models:
-      spec = TWO_STAGE.get(name, {})
-      model = model_of(spec.get("first", name), {**spec, "size_factor": size_factor} if spec else None)
-      tokens = steps * batch * length if model.name in RECIPES else 0
-      scores[name] = ModelScores(name, "teacher" if name == "teacher" else student, tokens)
-      for t in bench_tasks:
-        epochs, distill = finetune_epochs, None
-        if "steps_of" in spec:
-          epochs = augmented_epochs(t)
-        elif spec:
-          distill = {
-            "distill.layers": spec["layers"],
-            "augment.enabled": spec["augment"],
-            "augment.size_factor": size_factor,
-            "distill.cache_dir": cache_dir,
-          }
-        if not spec:  # a second stage's first stage is probed in its own row
-          correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=mesh))["value"]
-          scores[name].probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
-        finetune = partial(_finetune, task=t, epochs=epochs, length=length, lr=finetune_lr, mesh=mesh)
-        entries = []
-        for seed in range(first_seed, first_seed + seeds):
-          measure = partial(finetune, seed=seed, workdir=f"{tmp}/{name}_{t.label}_{seed}")
-          if distill is not None:  # the teacher run fine-tuned only when a second stage is measured
-            measure = partial(_second_stage, finetune=measure, distill=distill, teacher_run=partial(teacher_run, t))
-          elif name == "teacher" and seed == 0:  # the run the second stages learn from
-            measure = partial(_teacher_score, teacher_run=partial(teacher_run, t), task=t)
-          entries.append(model.measured(t, seed, measure))
-        scores[name].finetuned[t.label] = [e["value"] for e in entries]
-        scores[name].finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
-        scores[name].distill_minutes = log.distill_minutes(model.key)
-        # each result as it is done: the suite is long
-        logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores[name].row([t.label])))
+    suite = _Suite(
+      teacher,
+      teacher_config,
+      student,
+      shape,
+      (steps, batch, length, corpus, relation_heads),
+      (finetune_epochs, finetune_lr),
+      range(first_seed, first_seed + seeds),
+      size_factor,
+      mesh,
+      log,
+      tmp,
+    )
+    scores = {name: suite.measure(name, bench_tasks) for name in models}
   return rank([scores[m] for m in models], [t.label for t in bench_tasks])
+
+
+@dataclasses.dataclass
+class _Suite:
+  """One `run`'s settings, shared by its models: the teacher, the student's shape, the distillation
+  (steps, batch, length, corpus, relation heads), the fine-tuning (epochs, lr), its seeds, the second
+  stages' augmentation, where it runs and what it has measured."""
+
+  teacher: str
+  teacher_config: Any
+  student: str
+  shape: tuple
+  distillation: tuple  # (steps, batch, length, corpus, relation heads)
+  finetuning: tuple  # (epochs, lr)
+  seeds: range
+  size_factor: int
+  mesh: Any
+  log: MeasurementLog
+  tmp: str
+
+  @property
+  def length(self) -> int:
+    return self.distillation[2]
+
+  def model(self, name: str, second: dict | None = None) -> _Model:
+    """A model of the suite (its first stage, for a second stage's `name`), keyed by its settings
+    and, for a second stage, by `second`'s."""
+    config = None
+    if name != "teacher":
+      config = _student(name, self.teacher, self.teacher_config, self.shape, *self.distillation)
+    distilled = {"distill": None if config is None else config.to_dict(), "teacher": self.teacher}
+    epochs, lr = self.finetuning
+    key = {**distilled, "finetune_epochs": epochs, "finetune_lr": lr, "length": self.length}
+    key.update({"second_stage": second} if second else {})
+    return _Model(name, self.teacher, config, self.log.model_dir(self.tmp, name, distilled), self.mesh, self.log, key)
+
+  def teacher_run(self, t: BenchTask) -> str:
+    """The teacher fine-tuned on `t` with seed 0 (the teacher row's first seed), kept: the second
+    stages' teacher."""
+    key = {**self.model("teacher").key, "task": f"{t.name}={t.data_dir}"}
+    path = self.log.model_dir(self.tmp, f"teacher_{t.label}", key)
+    if not os.path.isfile(os.path.join(path, "results.json")):
+      epochs, lr = self.finetuning
+      _finetune(self.teacher, t, 0, epochs, self.length, lr, self.mesh, path)
+    return path
+
+  def augmented_epochs(self, t: BenchTask) -> int:
+    """Epochs over the training set that take as many steps as the suite's epochs over its
+    augmented set (the thesis's augmentation at the fine-tuning config's defaults)."""
+    examples = t.task.load("train", t.data_dir)
+    settings = finetune_config().augment
+    settings.size_factor = self.size_factor
+    mask = runs.load_tokenizer_of(self.teacher).mask_token
+    rows = augment.augmented(examples, mask, settings, self.log.cache_dir(self.tmp), f"augment {t.label}")
+    return max(1, round(self.finetuning[0] * len(rows) / len(examples)))
+
+  def measure(self, name: str, tasks: list) -> ModelScores:
+    """The row `name`'s scores on every task: its frozen probe (a second stage's first stage is
+    probed in its own row) and its fine-tunings, each from the log when it holds it."""
+    spec = TWO_STAGE.get(name, {})
+    model = self.model(spec.get("first", name), {**spec, "size_factor": self.size_factor} if spec else None)
+    steps, batch, length = self.distillation[:3]
+    tokens = steps * batch * length if model.name in RECIPES else 0
+    scores = ModelScores(name, "teacher" if name == "teacher" else self.student, tokens)
+    for t in tasks:
+      # `+long`: on the gold labels for as many steps as its second stage's epochs over the augmented set
+      epochs = self.augmented_epochs(t) if "steps_of" in spec else self.finetuning[0]
+      if not spec:
+        correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=self.mesh))["value"]
+        scores.probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
+      entries = [model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed)) for seed in self.seeds]
+      scores.finetuned[t.label] = [e["value"] for e in entries]
+      scores.finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
+      scores.distill_minutes = self.log.distill_minutes(model.key)
+      # each result as it is done: the suite is long
+      logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
+    return scores
+
+  def _fine_tuning(self, name: str, spec: dict, t: BenchTask, epochs: int, seed: int) -> Callable[[str], float]:
+    """How row `name` is fine-tuned on `t` for `epochs` with `seed`, given its model's path: on the
+    gold labels, distilling the task's teacher run (a second stage, whose teacher is fine-tuned only
+    when one is measured), or, for the teacher's seed 0, read from that kept teacher run."""
+    lr = self.finetuning[1]
+    finetune = partial(_finetune, task=t, epochs=epochs, length=self.length, lr=lr, mesh=self.mesh)
+    measure = partial(finetune, seed=seed, workdir=f"{self.tmp}/{name}_{t.label}_{seed}")
+    if spec and "steps_of" not in spec:
+      distill = {
+        "distill.layers": spec["layers"],
+        "augment.enabled": spec["augment"],
+        "augment.size_factor": self.size_factor,
+        "distill.cache_dir": self.log.cache_dir(self.tmp),
+      }
+      return partial(_second_stage, finetune=measure, distill=distill, teacher_run=partial(self.teacher_run, t))
+    if name == "teacher" and seed == 0:  # the run the second stages learn from
+      return partial(_teacher_score, teacher_run=partial(self.teacher_run, t), task=t)
+    return measure
 
 
 def _second_stage(init: str, finetune: Callable, distill: dict, teacher_run: Callable[[], str]) -> float:

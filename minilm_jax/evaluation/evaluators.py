@@ -145,42 +145,8 @@ def check_specs(config, provides: tuple):
   """One line for the first evaluator (or `checkpoint.best`) the config gets wrong, before any work;
   `provides`: what the program has for the kinds that need it (`DISTILLATION_PROVIDES`, `FINETUNING_PROVIDES`)."""
   usable = sorted(kind for kind, k in KINDS.items() if not k.needs or k.needs in provides)
-  kinds = ", ".join(usable)
   for name, spec in config.evaluators.items():
-    if not isinstance(spec, ml_collections.ConfigDict) or "kind" not in spec:
-      raise UserError(f"evaluators.{name} has no kind: give it kind= one of {kinds}")
-    if spec.kind not in KINDS:
-      raise UserError(f"evaluators.{name}.kind={spec.kind!r} is unknown: choose one of {kinds}")
-    if spec.kind not in usable:
-      raise UserError(
-        f"evaluators.{name}.kind={spec.kind!r} needs {KINDS[spec.kind].needs}, which this program's runs do not "
-        f"have: choose one of {kinds}"
-      )
-    if not isinstance(spec.get("every"), int) or spec.every < 1:
-      raise UserError(f"evaluators.{name}.every={spec.get('every')!r}: evaluate every 1 or more steps")
-    if spec.kind == "heldout" and config.data.heldout_blocks < config.batch_size:
-      raise UserError(
-        f"evaluators.{name} (heldout) needs blocks held out of training: set data.heldout_blocks to at least "
-        f"one batch ({config.batch_size})"
-      )
-    fields = KINDS[spec.kind].fields
-    unknown = sorted(set(spec.keys()) - {"kind", "every"} - set(fields))
-    if unknown:
-      raise UserError(
-        f"evaluators.{name} has fields {unknown} that kind {spec.kind} does not read: "
-        f"it reads {', '.join(['every', *fields])}"
-      )
-    length = spec.get("max_seq_length", 0)
-    if not isinstance(length, int) or isinstance(length, bool) or length < 0 or length == 1:
-      raise UserError(
-        f"evaluators.{name}.max_seq_length={length!r}: give a length of at least 2 tokens, or 0 for data.max_seq_length"
-      )
-    for field in ("file", "train", "dev", "data", "data_dir"):
-      path = spec.get(field)
-      if not path or (field == "data" and path == "wordnet"):
-        continue
-      if not (os.path.isdir if field == "data_dir" else os.path.isfile)(path):
-        raise UserError(f"evaluators.{name}.{field}={path!r} does not exist: fix the path")
+    _check_spec(name, spec, usable, config)
   best = config.checkpoint.best
   if best:
     name, _, metric = best.partition("/")
@@ -192,6 +158,45 @@ def check_specs(config, provides: tuple):
     known = KINDS[config.evaluators[name].kind].metrics
     if not any(metric == m or (m.endswith("*") and metric.startswith(m[:-1])) for m in known):
       raise UserError(f"checkpoint.best={best!r}: evaluator {name} reports {', '.join(known)}")
+
+
+def _check_spec(name: str, spec, usable: list, config):
+  """One line for what evaluator `name`'s `spec` gets wrong: its kind (one of `usable`), how often,
+  its fields, its length, the files it names."""
+  kinds = ", ".join(usable)
+  if not isinstance(spec, ml_collections.ConfigDict) or "kind" not in spec:
+    raise UserError(f"evaluators.{name} has no kind: give it kind= one of {kinds}")
+  if spec.kind not in KINDS:
+    raise UserError(f"evaluators.{name}.kind={spec.kind!r} is unknown: choose one of {kinds}")
+  if spec.kind not in usable:
+    raise UserError(
+      f"evaluators.{name}.kind={spec.kind!r} needs {KINDS[spec.kind].needs}, which this program's runs do not "
+      f"have: choose one of {kinds}"
+    )
+  if not isinstance(spec.get("every"), int) or spec.every < 1:
+    raise UserError(f"evaluators.{name}.every={spec.get('every')!r}: evaluate every 1 or more steps")
+  if spec.kind == "heldout" and config.data.heldout_blocks < config.batch_size:
+    raise UserError(
+      f"evaluators.{name} (heldout) needs blocks held out of training: set data.heldout_blocks to at least "
+      f"one batch ({config.batch_size})"
+    )
+  fields = KINDS[spec.kind].fields
+  unknown = sorted(set(spec.keys()) - {"kind", "every"} - set(fields))
+  if unknown:
+    raise UserError(
+      f"evaluators.{name} has fields {unknown} that kind {spec.kind} does not read: "
+      f"it reads {', '.join(['every', *fields])}"
+    )
+  length = spec.get("max_seq_length", 0)
+  if not isinstance(length, int) or isinstance(length, bool) or length < 0 or length == 1:
+    raise UserError(
+      f"evaluators.{name}.max_seq_length={length!r}: give a length of at least 2 tokens, or 0 for data.max_seq_length"
+    )
+  for field in ("file", "train", "dev", "data", "data_dir"):
+    path = spec.get(field)
+    if path and not (field == "data" and path == "wordnet"):
+      if not (os.path.isdir if field == "data_dir" else os.path.isfile)(path):
+        raise UserError(f"evaluators.{name}.{field}={path!r} does not exist: fix the path")
 
 
 def check_lengths(config, positions: int):

@@ -23,13 +23,9 @@ def check_environment():
     )
 
 
-def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
-  """Runs an absl program: flag and config-override errors and UserErrors become one line on
-  stderr and exit code 2; so does full or read-only storage, with `kept_on_storage_error` saying
-  what the failure left in place."""
-  if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in sys.argv[1:]):
-    print(flags.FLAGS.main_module_help() or flags.FLAGS.get_help())
-    sys.exit(0)
+def _parse_flags() -> list:
+  """The command line's flags and config overrides parsed, or one line on stderr and exit 2 for
+  an unknown override, a malformed flag or a --config file that cannot be loaded."""
   try:
     argv = flags.FLAGS(sys.argv)
   except (KeyError, AttributeError) as e:
@@ -67,6 +63,17 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
         file=sys.stderr,
       )
       sys.exit(2)
+  return argv
+
+
+def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
+  """Runs an absl program: flag and config-override errors and UserErrors become one line on
+  stderr and exit code 2; so does full or read-only storage, with `kept_on_storage_error` saying
+  what the failure left in place."""
+  if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in sys.argv[1:]):
+    print(flags.FLAGS.main_module_help() or flags.FLAGS.get_help())
+    sys.exit(0)
+  argv = _parse_flags()
 
   def main_or_one_line(argv):
     if not flags.FLAGS["verbosity"].present:
