@@ -260,6 +260,31 @@ def output_lines(stderr: str) -> list:
   return [line for line in re.split(r"[\r\n]", stderr) if line.strip() and not re.search(r"\d+%\||\[\d+:\d+[<,]", line)]
 
 
+# The umask the writers' tests start their programs under (group may read, others nothing): every
+# file and folder a program writes follows the user's umask, neither safetensors' private 0600 nor a
+# fixed 0644.
+TEST_UMASK = 0o027
+
+
+def modes_not_from_the_umask(top: str) -> list:
+  """What under `top` (itself included; or the file `top`) a program started with TEST_UMASK wrote with another mode
+  than it gives (0o750 folders, 0o640 files): (path, mode) pairs."""
+  if os.path.isfile(top):
+    mode = os.stat(top).st_mode & 0o777
+    return [] if mode == 0o666 & ~TEST_UMASK else [(top, oct(mode))]
+  wrong = []
+  for root, folders, files in os.walk(top):
+    for path, want in [(root, 0o777)] * (root == top) + [(os.path.join(root, f), 0o777) for f in folders]:
+      mode = os.stat(path).st_mode & 0o777
+      if mode != want & ~TEST_UMASK:
+        wrong.append((path, oct(mode)))
+    for name in files:
+      mode = os.stat(os.path.join(root, name)).st_mode & 0o777
+      if mode != 0o666 & ~TEST_UMASK:
+        wrong.append((os.path.join(root, name), oct(mode)))
+  return wrong
+
+
 def read_metrics(workdir):
   """The last logged row of every step of a run's metrics.jsonl (a resumed run logs steps again)."""
   import json

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, SENTENCES, WORDNET_EXCERPT, tiny_config
+from conftest import ROOT, SENTENCES, TEST_UMASK, WORDNET_EXCERPT, modes_not_from_the_umask, tiny_config
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
@@ -168,9 +168,11 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     capture_output=True,
     text=True,
     cwd=ROOT,
+    umask=TEST_UMASK,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "2 parameters never received a gradient" in proc.stderr and "pooler/kernel" in proc.stderr
+  assert not modes_not_from_the_umask(out)  # 2_Dense/model.safetensors among them (safetensors' writer made it 0600)
   assert json.load(open(os.path.join(out, "modules.json")))[2:] == [
     {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
     {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
@@ -211,8 +213,10 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     capture_output=True,
     text=True,
     cwd=ROOT,
+    umask=TEST_UMASK,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert not modes_not_from_the_umask(str(results))
   report = json.load(open(results / "embeddings.json"))
   assert [r["model"] for r in report["rows"]] == [workdir, minilm_dir] and report["max_seq_length"] == 32
   student, teacher = report["rows"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from conftest import TEST_UMASK, modes_not_from_the_umask
 from minilm_jax.benchmarks import kernels as kernel_check
 from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
@@ -166,8 +167,10 @@ def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
     bench + ["--seq_len=32", "--batch=2", "--dtype=float32", "--repeats=1", f"--json={out}"],
     capture_output=True,
     text=True,
+    umask=TEST_UMASK,
   )
   assert ok.returncode == 0, ok.stderr[-2000:]
+  assert not modes_not_from_the_umask(str(out))  # a report, as every bench suite writes one
   assert "relation_kl  128x4x2  cpu" in ok.stdout and len(json.loads(out.read_text())) == 2
   for flag, message in (
     ("--tilings=64x4x2,big", "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"),

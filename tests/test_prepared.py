@@ -12,7 +12,16 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from conftest import DAMAGE, ROOT, damage_settings, damaged_bytes, read_metrics, tiny_config
+from conftest import (
+  DAMAGE,
+  ROOT,
+  TEST_UMASK,
+  damage_settings,
+  damaged_bytes,
+  modes_not_from_the_umask,
+  read_metrics,
+  tiny_config,
+)
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
@@ -44,8 +53,10 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
     capture_output=True,
     text=True,
     cwd=ROOT,
+    umask=TEST_UMASK,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert not modes_not_from_the_umask(out)
   again = subprocess.run(proc.args, env=env, capture_output=True, text=True, cwd=ROOT)  # never over a prepared one
   line = again.stderr.strip()
   assert again.returncode == 2 and "\n" not in line and f"--out {out} already holds 8 files" in line, line

@@ -101,6 +101,20 @@ def test_vocabulary_and_tokenizer(vector_files, tmp_path):
     ("noheader.bin", b"the \x00\x00\x00\x00", "line 1: expected the header 'count dim'"),
     ("cut.bin", b"2 1\nthe \x00\x00\x80\x3f\nof \x00\x00", "record 2: the file ends inside a vector"),
     ("few.bin", b"3 1\nthe \x00\x00\x80\x3f", "record 2: the file ends before the header's count"),
+    ("more.bin", b"1 1\nthe \x00\x00\x80\x3f\nof \x00\x00\x80\x3f", "record 2: the file goes on after the 1 vectors"),
+    (
+      "more.txt",
+      b"3 2\n" + b"".join(b"w%d 0.1 0.2\n" % i for i in range(40)),
+      "line 1: the header counts 3 vectors and the file holds 40",
+    ),
+    (
+      "fewer.txt",
+      b"500 2\n" + b"".join(b"w%d 0.1 0.2\n" % i for i in range(40)),
+      "line 1: the header counts 500 vectors and the file holds 40",
+    ),
+    ("late.txt", b"the 0.1 0.2\n" * 5 + b"of 0.1 x\n", "line 6 ('of'): a value that is not a number"),
+    ("space.txt", b"the 0.1 0.2\n 0.1 0.2\n", "line 2: the word '' is empty or holds a control character"),
+    ("bombin.txt", b"\xef\xbb\xbf2 1\nthe 0.1\nof 0.2 0.3\n", "line 3: 2 values where the file's vectors have 1"),
   ],
 )
 def test_damaged_vectors_files_are_one_line(tmp_path, name, content, message):
@@ -109,6 +123,18 @@ def test_damaged_vectors_files_are_one_line(tmp_path, name, content, message):
   with pytest.raises(UserError, match=re.escape(message)) as e:
     word_vectors.read_word_vectors(str(path), 0)
   assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_byte_order_mark_is_read_as_utf8_writes_it(tmp_path, vector_files):
+  """A BOM before GloVe's first word or word2vec's header is UTF-8's own mark, not part of the word
+  (the first word keeps its vector) nor a reason to refuse the header."""
+  vectors, files = vector_files
+  for name in ("text", "glove", "bin"):
+    path = tmp_path / f"bom_{os.path.basename(files[name])}"
+    path.write_bytes(b"\xef\xbb\xbf" + open(files[name], "rb").read())
+    read, _ = word_vectors.read_word_vectors(str(path), 0)
+    assert list(read) == WORDS, name
+    np.testing.assert_array_equal(read["the"], vectors["the"])
 
 
 def _student_config(vectors_path, **student):

@@ -18,6 +18,7 @@ a run saves and reloads it like any other.
 
 import itertools
 import os
+import unicodedata
 
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
@@ -27,6 +28,7 @@ from minilm_jax.errors import UserError
 
 PAD, UNK, MASK = "[PAD]", "[UNK]", "[MASK]"
 SPECIALS = (PAD, UNK, MASK)
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 _RANDOM_SCALE = 0.25  # Kim (2014): unknown words uniform in [-a, a], a chosen to match word2vec's variance
 
 
@@ -44,9 +46,12 @@ class _Reader:
     raise UserError(f"word vectors {self.path}, {where}: {what}; is it a {kind} file?")
 
   def records(self):
-    """The dimension, then (where, word, its vector's bytes or text values) per record."""
+    """The dimension, then (where, word, its vector's bytes or text values) per record; a header's
+    count of vectors is held against the records the file holds."""
     with open(self.path, "rb") as f:
       first = f.readline()
+      if first.startswith(_BOM):  # a legal way to write UTF-8 (Windows editors add it): not part of a word
+        first = first[len(_BOM) :]
       if not first.strip():
         self.fail("line 1", "the file is empty" if not first else "the first line is empty")
       header = first.split()
@@ -58,13 +63,19 @@ class _Reader:
         yield dim
         for i in range(count):
           yield self._binary_record(f, i + 1, dim)
+        if f.read(64).strip(b"\r\n"):
+          self.fail(f"record {count + 1}", f"the file goes on after the {count} vectors its header counts")
         return
       dim = int(header[1]) if is_header else len(header) - 1
       yield dim
       lines = f if is_header else itertools.chain([first], f)
+      count = 0
       for line_no, line in enumerate(lines, start=1 + is_header):
         if line.strip():
+          count += 1
           yield self._text_record(line, line_no, dim)
+      if is_header and count != int(header[0]):
+        self.fail("line 1", f"the header counts {int(header[0])} vectors and the file holds {count}")
 
   def _binary_record(self, f, number: int, dim: int):
     word = bytearray()
@@ -91,6 +102,8 @@ class _Reader:
       word = raw.decode("utf-8")
     except UnicodeDecodeError as e:
       self.fail(where, f"a word that is not UTF-8 (byte {raw[e.start : e.start + 1]!r})")
+    if not word or any(unicodedata.category(c) == "Cc" for c in word):
+      self.fail(where, f"the word {word!r} is empty or holds a control character")
     self.cased = self.cased or word != word.lower()
     return word
 
@@ -98,8 +111,8 @@ class _Reader:
     if self.binary:
       vector = np.frombuffer(values, dtype="<f4")
     else:
-      try:
-        vector = np.asarray([float(v) for v in values], np.float32)
+      try:  # numpy parses the byte strings (as Python's float would) at twice float()'s speed
+        vector = np.array(values, dtype=np.float64).astype(np.float32)
       except ValueError:
         self.fail(where, "a value that is not a number")
     if not np.all(np.isfinite(vector)):
@@ -118,10 +131,9 @@ def read_word_vectors(path: str, max_words: int, also: frozenset | set = frozens
     reader.fail("line 1", "the vectors have no values")
   vectors = {}
   for number, (where, word, values) in enumerate(records, start=1):
-    if word in vectors:
-      continue
-    if not max_words or number <= max_words or word in also:
-      vectors[word] = reader.vector(values, f"{where} ({word!r})")
+    vector = reader.vector(values, f"{where} ({word!r})")  # every record checked, kept or not
+    if word not in vectors and (not max_words or number <= max_words or word in also):
+      vectors[word] = vector
   if not vectors:
     reader.fail("line 2", "the file holds no vectors")
   return vectors, reader.cased

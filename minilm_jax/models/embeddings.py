@@ -15,9 +15,10 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from minilm_jax.errors import UserError
+from minilm_jax.models.hf import write_safetensors
 
 
 def _mean_of_real_tokens(hidden_BxLxD, mask_BxL):
@@ -155,10 +156,8 @@ def save_sentence_transformers(out_dir: str, pooling: Pooling, dense_kernel=None
         "activation_function": "torch.nn.modules.linear.Identity",
       },
     )
-    save_file(
-      {"linear.weight": np.ascontiguousarray(kernel.T)},
-      os.path.join(out_dir, "2_Dense", "model.safetensors"),
-      metadata={"format": "pt"},
+    write_safetensors(
+      os.path.join(out_dir, "2_Dense", "model.safetensors"), {"linear.weight": np.ascontiguousarray(kernel.T)}
     )
     modules.append(("Dense", "2_Dense"))
   if pooling.normalize:

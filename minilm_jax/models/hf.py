@@ -224,8 +224,6 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
   `head` (a head description, `models.heads.HEADS`), `params` are a task model's and the directory
   loads as the head's transformers class (BertForSequenceClassification, ...)."""
-  from safetensors.numpy import save
-
   if head is not None and not config.family.task_heads_export:
     raise UserError(
       f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
@@ -236,12 +234,20 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config_with_head(config, head), f, indent=2)
-  # Serialised here, written by Python: a full disk is then an OSError (the programs' one line),
-  # where safetensors' own writer raises its SafetensorError.
-  with open(os.path.join(out_dir, "model.safetensors"), "wb") as f:
-    f.write(save(to_hf_tensors(config, params, head), metadata={"format": "pt"}))
+  write_safetensors(os.path.join(out_dir, "model.safetensors"), to_hf_tensors(config, params, head))
   if tokenizer is not None:
     tokenizer.save_pretrained(out_dir)
+
+
+def write_safetensors(path: str, tensors: dict):
+  """`tensors` (numpy arrays by name) as a PyTorch-format safetensors file at `path`, serialised
+  here and written by Python: the file gets the user's umask (safetensors' own `save_file` makes it
+  0600, which another account, a server's, cannot read) and a full disk is an OSError (the
+  programs' one line), where safetensors' writer raises its SafetensorError."""
+  from safetensors.numpy import save
+
+  with open(path, "wb") as f:
+    f.write(save(tensors, metadata={"format": "pt"}))
 
 
 def load_tokenizer(model_dir: str):
