@@ -224,3 +224,37 @@ def test_an_sts_file_without_pairs_is_one_line(tiny_teacher, tiny_corpus, tmp_pa
   with pytest.raises(UserError, match=r"evaluators.sts.file=.* has 0 scored sentence pairs") as error:
     build_distillation(config, str(tmp_path / "run"))
   assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+  "task, best, reported",
+  [
+    ("sst2", "task/dev/accuracy", True),
+    ("mnli", "task/dev_mismatched/accuracy", True),
+    ("xnli", "task/test/accuracy_de", True),  # per language
+    ("squad2", "task/dev/best_f1", True),  # the official best threshold's
+    ("squad2", "task/dev/HasAns_exact", True),
+    ("mlqa", "task/dev/f1_de", True),
+    ("qg", "task/dev/rougeL", True),
+    ("sst2", "task/dev/f1", False),  # sst2 reports accuracy alone
+    ("mnli", "task/dev/accuracy", False),  # mnli's dev splits are dev_matched and dev_mismatched
+    ("squad2", "task/dev/accuracy", False),
+  ],
+)
+def test_checkpoint_best_of_the_task_evaluator_is_a_metric_the_task_reports(tmp_path, task, best, reported):
+  """The task evaluator reports whatever the run's task does, so `checkpoint.best` naming it is held
+  against the task in `build_finetuning`, before the model or data are read: a metric the task never
+  reports would train to the end and keep no best step."""
+  from minilm_jax.finetuning.config import base_config as finetune_base
+  from minilm_jax.finetuning.run import build_finetuning
+
+  c = finetune_base()
+  c.task, c.init = task, str(tmp_path / "no_model_read_before_the_check")
+  c.evaluators.task = evaluators.evaluator("task", 10)
+  c.checkpoint.best = best
+  if reported:
+    with pytest.raises(UserError, match="init"):  # past the check, at reading the model
+      build_finetuning(c, str(tmp_path / "run"))
+  else:
+    with pytest.raises(UserError, match=f"checkpoint.best='{best}': {task} reports .*: pick one of them"):
+      build_finetuning(c, str(tmp_path / "run"))

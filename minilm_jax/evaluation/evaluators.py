@@ -401,6 +401,21 @@ def task(name, spec, context: Context) -> Evaluator:
   return Evaluator(name, spec.every, context.task_evaluate)
 
 
+def check_task_metric(config, task):
+  """`checkpoint.best` naming a `task` evaluator (whose metrics only the run's task knows, so
+  `check_specs` takes any) refused in one line, before any work, unless it is one that the task
+  reports: `<split>/<metric>` with one of its dev splits and a metric of its own, or one of the
+  family a metric names (per language, HasAns/NoAns, the best threshold's: `f1_de`, `best_f1`)."""
+  name, _, metric = config.checkpoint.best.partition("/")
+  if name not in config.evaluators or config.evaluators[name].kind != "task":
+    return
+  split, _, score = metric.partition("/")
+  of_task = lambda m: score == m or score.startswith(m + "_") or score.endswith("_" + m) or f"_{m}_" in score
+  if split not in task.eval_splits or not any(of_task(m) for m in task.metrics):
+    reported = ", ".join(f"{s}/{m}" for s in task.eval_splits for m in task.metrics)
+    raise UserError(f"checkpoint.best={config.checkpoint.best!r}: {task.name} reports {reported}: pick one of them")
+
+
 def probe_correct(train_NxD, train_y, dev_MxD, dev_y) -> np.ndarray:
   """Which dev examples scikit-learn's logistic regression (default L2, lbfgs) fitted on frozen
   embeddings gets right (bool per example)."""

@@ -24,6 +24,7 @@ from minilm_jax.evaluation.evaluators import (
   best_direction,
   check_lengths,
   check_specs,
+  check_task_metric,
 )
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.evaluation.runs import write_predictions
@@ -184,6 +185,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   begin_run(config, workdir, finetuning_config.RANGES)
   check_specs(config, FINETUNING_PROVIDES)
   task = get_task(config.task, config)
+  check_task_metric(config, task)
   head = task.head(config)
   # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
   pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=head_kind(head).generates)
