@@ -396,6 +396,10 @@ def test_collectives_and_hbm_messages_are_read():
     "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory ... (27.68G) exceeds available HBM (15.75G)"
   )
   assert report.parse_hbm_oom(oom) == pytest.approx(27.68 * (1 << 30))
+  # A batch no chip holds (2,097,152 x 512 on a v5e) is counted in terabytes.
+  huge = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (6.77T) "
+  huge += "exceeds available HBM (15.75G)."
+  assert report.parse_hbm_oom(huge) == pytest.approx(6.77 * (1 << 40))
   call = (
     'custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[8,128,12,64]{3,2,1,0}, '
     'bf16[8,128,12,64]{3,2,1,0}}\n custom_call_target="__cudnn$fmhaSoftmaxBackward", '

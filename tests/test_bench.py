@@ -86,6 +86,13 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
     f"error: --json {out} already exists: name a new file (earlier results are never replaced)"
   )
   assert json.loads(out.read_text()) == written
+  # Into a folder that does not exist: refused before any work too (aot's --json, the same check, after
+  # a whole compile it once threw away).
+  missing = tmp_path / "no_such_folder" / "mem.json"
+  lost = subprocess.run([*proc.args[:-1], str(missing)], capture_output=True, text=True)
+  assert lost.returncode == 2 and lost.stderr.strip() == (
+    f"error: --json {missing}: its folder {missing.parent} does not exist: name a file in an existing folder"
+  )
 
 
 def test_analytic_flops_are_the_issues_formula():

@@ -299,6 +299,13 @@ def describe(row: dict) -> str:
   return text
 
 
+def _needed(peak_bytes: float) -> str:
+  """The memory a program over the chip needs, as the compiler said it (or that it did not say)."""
+  if math.isnan(peak_bytes):
+    return "more memory than the chip has (the compiler did not say how much)"
+  return f"{_gib(peak_bytes)} GiB"
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -334,7 +341,7 @@ def main(argv):
     write_json(_JSON.value, row)
   if not row["fits"] and not _FIND_BATCH.value:
     raise UserError(
-      f"{program.name} needs {_gib(row['peak_bytes_per_device'])} GiB per device at "
+      f"{program.name} needs {_needed(row['peak_bytes_per_device'])} per device at "
       f"{program.batch_field}={program.global_batch}, and {target.name}'s {chip} has "
       f"{_gib(target.usable_memory_bytes)} GiB{' usable' if target.chip.platform == 'cuda' else ''}: "
       f"{_fix(program)}"

@@ -230,12 +230,12 @@ def cudnn_attention_flops(hlo_text: str) -> float:
 
 def parse_hbm_oom(message: str):
   """The bytes a TPU program needed, from the compiler's CompileTimeHbmOom message, or None."""
-  found = re.search(r"\(([\d.]+)([GMK])\) exceeds available HBM", message) or re.search(
-    r"[Uu]sed ([\d.]+)([GMK]) of [\d.]+[GMK] hbm", message
+  found = re.search(r"\(([\d.]+)([TGMK])\) exceeds available HBM", message) or re.search(
+    r"[Uu]sed ([\d.]+)([TGMK]) of [\d.]+[TGMK] hbm", message
   )
   if not found:
     return None
-  return float(found.group(1)) * {"G": 1 << 30, "M": 1 << 20, "K": 1 << 10}[found.group(2)]
+  return float(found.group(1)) * {"T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10}[found.group(2)]
 
 
 # XLA's live-range dump: "  Live ranges at 123 (peak):" then "    <instruction>{<index>}: <n> bytes (cumulative: ...)".

@@ -55,10 +55,15 @@ def check_new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwr
 
 
 def check_new_file(path: str, flag: str):
-  """Refuses, in one line and before any work, a results file that exists: results are kept, never
-  replaced by a later run."""
+  """Refuses, in one line and before any work, a results file that exists (results are kept, never
+  replaced by a later run) or that could not be written where it is named: its folder missing, or a
+  file."""
   if os.path.exists(path):
     raise UserError(f"{flag} {path} already exists: name a new file (earlier results are never replaced)")
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder):
+    what = "is a file" if os.path.exists(folder) else "does not exist"
+    raise UserError(f"{flag} {path}: its folder {folder} {what}: name a file in an existing folder")
 
 
 def write_json(path: str, value):
