@@ -495,7 +495,8 @@ def _quiet(c):
 
 def test_distilling_settings_contradicting_the_run_are_one_line(tmp_path, teachers, tiny_teacher, minilm_dir):
   """Augmentation or layers without a teacher, a teacher of another task, the gold-label objective
-  with a teacher, layers of another width: each a one-line error before any compute."""
+  with a teacher, layers of another width, layers no objective names: each a one-line error before
+  any compute."""
   task = "wordnet_supersense"
   cases = []
   c = _finetune_config(tiny_teacher, task)
@@ -508,6 +509,8 @@ def test_distilling_settings_contradicting_the_run_are_one_line(tmp_path, teache
   cases.append((_distilling_config(tiny_teacher, teachers[task], objective="hard"), "leave distill.teacher empty"))
   c = _distilling_config(minilm_dir, teachers[task], layers="tinybert_layerwise")
   cases.append((c, "learnt maps between widths are not kept"))
+  c = _distilling_config(tiny_teacher, teachers[task], layers="nosuch")  # named as the user named it
+  cases.append((c, "distill.layers='nosuch' is no distillation objective: use one of .*tinybert_layerwise"))
   for i, (config, message) in enumerate(cases):
     with pytest.raises(UserError, match=message):
       build_finetuning(config, str(tmp_path / str(i)))

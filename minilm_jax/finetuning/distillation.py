@@ -30,7 +30,7 @@ from minilm_jax.models.encoder import Encoder, EncoderConfig
 from minilm_jax.models.heads import MODEL_INPUTS, apply_model
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.transfer.logits import TaskObjective, check_objective
-from minilm_jax.transfer.objectives import Objective, Outputs, loss_config, make_objective
+from minilm_jax.transfer.objectives import REGISTRY, Objective, Outputs, loss_config, make_objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,11 @@ def load_teacher(
   (`encoder_config`, `tokenizer`, read from `init`)."""
   if not isinstance(task, ClassificationTask):
     raise UserError(f"distill.teacher distils classification and regression tasks; {task.name} is not one")
+  if distill.layers and distill.layers not in REGISTRY:
+    raise UserError(
+      f"distill.layers={distill.layers!r} is no distillation objective: use one of {', '.join(REGISTRY)}, "
+      "or '' for the teacher's logits alone"
+    )
   objective = check_objective(distill.objective, num_labels, task.name)
   if not objective.from_teacher:
     raise UserError(f"distill.objective={distill.objective} trains on the gold labels: leave distill.teacher empty")
