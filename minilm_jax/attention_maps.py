@@ -33,7 +33,9 @@ def main(argv):
     ("student", _STUDENT.value, _STUDENT_LAYER.value),
   ):
     config, params, tokenizer = runs.load_encoder(path or "", what=f"--{title}")[:3]
-    ids = tokenizer([_SENTENCE.value], return_tensors="np")
+    # verbose=False: a sentence past the tokenizer's own maximum is this program's one-line error
+    # below, not transformers' warning before it.
+    ids = tokenizer([_SENTENCE.value], return_tensors="np", verbose=False)
     tokens = tokenizer.convert_ids_to_tokens(ids["input_ids"][0])
     if len(tokens) > config.max_position_embeddings:
       raise UserError(
