@@ -470,6 +470,63 @@ def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teache
   assert "checkpoint" not in line and sorted(os.listdir(small_disk)) == ["filler"]
 
 
+def _fill(disk: str):
+  """Fills `disk` to its last byte: any write there fails."""
+  with open(os.path.join(disk, "filler"), "wb") as f:
+    try:
+      while True:
+        f.write(b"\0" * 65536)
+        f.flush()
+    except OSError:
+      pass
+
+
+@pytest.mark.parametrize("writer", ["prepare_data", "evaluate", "bench"])
+def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(writer, tiny_teacher, tiny_corpus, small_disk):
+  """A prepared corpus (numpy's writes cut short, without an errno), an evaluation's results, a
+  benchmark's report, written onto a full disk: the one line a full disk is for checkpoints, and
+  nothing half-written left beside the filler."""
+  from conftest import WORDNET_EXCERPT
+
+  out = os.path.join(small_disk, "out")
+  _fill(small_disk)
+  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
+  args = {
+    "prepare_data": ["--config", os.path.join(ROOT, "tests", "tiny_config.py"), "--out", out],
+    "evaluate": [
+      "--embeddings",
+      tiny_teacher,
+      "--wordnet_dir",
+      WORDNET_EXCERPT,
+      "--max_seq_length",
+      "32",
+      "--out",
+      out,
+    ],
+    "bench": ["kernels", "--seq_len=32", "--batch=2", "--repeats=1", f"--json={out}.json"],
+  }[writer]
+  proc = subprocess.run(
+    [sys.executable, "-m", f"minilm_jax.{writer}", *args], env=env, capture_output=True, text=True, cwd=ROOT
+  )
+  lines = output_lines(proc.stderr)  # progress bars left out
+  assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+  assert "free space there" in lines[0] and ("No space left on device" in lines[0] or "cut short" in lines[0])
+  assert os.listdir(small_disk) == ["filler"]
+
+
+def test_a_write_numpy_cuts_short_is_the_one_line_of_a_full_disk():
+  """numpy reports a write the disk cut short without an errno ("6400 requested and 2016 written"):
+  a program says what it means in the one line of a full disk, not a traceback."""
+  program = (
+    "from minilm_jax.training.program import run_program\n"
+    "def main(argv):\n"
+    "  raise OSError('6400 requested and 2016 written')\n"
+    "run_program(main)\n"
+  )
+  proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT)
+  _one_line_error(proc, "a write was cut short (2016 of 6400 bytes written: is the disk full?)", "free space there")
+
+
 def test_task_files_that_are_not_text_or_not_utf8_are_one_line_errors(tmp_path):
   """SQuAD JSON in another encoding, seq2seq line and JSON Lines files that are not text: one line naming the file."""
   from minilm_jax.tasks import get_task

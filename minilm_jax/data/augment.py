@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
+from minilm_jax.data.files import written_whole
 from minilm_jax.errors import UserError
 
 KEEP, MASK, REPLACE = 0, 1, 2
@@ -190,8 +191,6 @@ def augmented(examples: datasets.Dataset, mask_token: str, settings, cache_dir: 
     return datasets.Dataset.from_parquet(path)
   rows = augment(examples, load_pos_tagger(), mask_token, **fields, desc=desc)
   os.makedirs(cache_dir, exist_ok=True)
-  # renamed when complete: an interrupted write never looks cached (and hosts never share a name)
-  pending = f"{path}.{os.getpid()}.partial"
-  rows.to_parquet(pending)
-  os.replace(pending, path)
+  with written_whole(path) as pending:  # an interrupted write never looks cached
+    rows.to_parquet(pending)
   return rows

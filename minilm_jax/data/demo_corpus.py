@@ -20,6 +20,7 @@ import sys
 import sysconfig
 
 from minilm_jax.data import wordnet_db
+from minilm_jax.data.files import written_whole
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 # Paragraphs that are mostly prose: code examples, tables and argument lists are left out.
@@ -102,13 +103,6 @@ def _documents_text(documents: list) -> str:
 
 def _write_text(path: str, text: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"  # one per process: several hosts may write at once
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-  except OSError as e:  # a full disk: leave no partial file, and name the file in the error
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise OSError(e.errno, e.strerror, path) from None
-  os.replace(tmp, path)  # atomic: an interrupted write never leaves a half corpus behind
+  with written_whole(path) as pending, open(pending, "w", encoding="utf-8") as f:
+    f.write(text)
   return path

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from minilm_jax import runs
+from minilm_jax.data.files import written_whole
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor, task_forward
 from minilm_jax.models import sharding
@@ -84,7 +85,6 @@ def teacher_logits(
   logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
   if jax.process_index() == 0:
     os.makedirs(cache_dir, exist_ok=True)
-    pending = f"{path}.partial.npy"  # renamed when complete: an interrupted write never looks cached
-    np.save(pending, logits)
-    os.replace(pending, path)
+    with written_whole(path) as pending:  # an interrupted write never looks cached
+      np.save(pending, logits)
   return logits

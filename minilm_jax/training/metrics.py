@@ -5,6 +5,8 @@ import os
 
 import jax
 
+from minilm_jax.data.files import written_whole
+
 
 class MetricWriter:
   """Appends to a run's metrics. A run resumed at `start_step` first drops what an interrupted
@@ -46,6 +48,5 @@ def _drop_rows_after(path: str, step: int):
     lines = f.readlines()
   kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
   if len(kept) != len(lines):
-    with open(path + ".tmp", "w") as f:
+    with written_whole(path) as pending, open(pending, "w") as f:
       f.writelines(kept)
-    os.replace(path + ".tmp", path)

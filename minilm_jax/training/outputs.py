@@ -12,6 +12,7 @@ import shutil
 import tempfile
 
 from minilm_jax import __version__
+from minilm_jax.data.files import written_whole
 from minilm_jax.errors import UserError
 
 # Written last into every result directory these programs finish: what `--overwrite` may replace.
@@ -69,9 +70,8 @@ def check_new_file(path: str, flag: str):
 def write_json(path: str, value):
   """`value` as indented JSON at `path`, written to a temporary name then renamed: an interrupted
   write leaves the earlier file (or none), never half of one."""
-  with open(path + ".tmp", "w") as f:
+  with written_whole(path) as pending, open(pending, "w") as f:
     f.write(json.dumps(value, indent=2) + "\n")
-  os.replace(path + ".tmp", path)
 
 
 def _staging_prefix(path: str) -> str:

@@ -9,7 +9,7 @@ from absl import app, flags, logging
 
 import minilm_jax
 from minilm_jax.devices.distributed import maybe_initialize
-from minilm_jax.errors import PREEMPTED_EXIT_CODE, STORAGE_ERRNOS, Preempted, UserError
+from minilm_jax.errors import PREEMPTED_EXIT_CODE, Preempted, UserError, storage_failure
 from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
 
 
@@ -88,11 +88,12 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     except OSError as e:
-      if e.errno not in STORAGE_ERRNOS:
+      failure = storage_failure(e)
+      if failure is None:
         raise
       where = f" writing {e.filename}" if e.filename else ""
       print(
-        f"error: {e.strerror or e}{where}: free space there (or make it writable) and rerun the same command; "
+        f"error: {failure}{where}: free space there (or make it writable) and rerun the same command; "
         f"{kept_on_storage_error}",
         file=sys.stderr,
       )

@@ -1,0 +1,25 @@
+"""Files written whole: into a pending name beside their place, renamed into it once complete, so
+that an interrupted or failed write (a kill, a full disk) never leaves a half file where a reader,
+or a cache, would take it for a whole one."""
+
+import contextlib
+import os
+
+
+@contextlib.contextmanager
+def written_whole(path: str):
+  """Yields the pending name to write `path`'s content to (in the same folder, with `path`'s
+  extension, which numpy's and pyarrow's writers keep; one per process, as several hosts may write
+  one cache); renames it to `path` when the block ends. On an error the pending file is removed and
+  a storage error names `path` (a write that numpy cut short carries no name of its own)."""
+  stem, extension = os.path.splitext(path)
+  pending = f"{stem}.{os.getpid()}.partial{extension}"
+  try:
+    yield pending
+  except BaseException as e:
+    with contextlib.suppress(OSError):
+      os.remove(pending)
+    if isinstance(e, OSError) and not e.filename:
+      raise OSError(e.errno, e.strerror or str(e), path) from None
+    raise
+  os.replace(pending, path)
