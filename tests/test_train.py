@@ -18,6 +18,7 @@ from conftest import (
   WORDNET_EXCERPT,
   count_checkpoint_openings,
   load_config_module,
+  output_lines,
   read_metrics,
   tiny_config,
   train_command,
@@ -105,13 +106,45 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   proc.wait()
   interrupted_at = runs.RunCheckpoints(killed, read_only=True).latest_step()
   assert interrupted_at is not None and interrupted_at < 30
-  subprocess.run(train_command(killed, *steps), env=env, check=True, capture_output=True)
+  rerun = subprocess.run(train_command(killed, *steps), env=env, check=True, capture_output=True, text=True)
+  # The killed run's lock (its record left in the workdir, its flock gone with the process) is taken over.
+  assert f"taking over the lock of train (pid {proc.pid} on " in rerun.stderr
+  assert not os.path.exists(os.path.join(killed, "run.lock"))  # let go when the run ended
 
   a, b = read_metrics(straight), read_metrics(killed)
   assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 31))
   # Same batches in the same order: every step's loss is the uninterrupted run's.
   np.testing.assert_allclose([m["loss"] for m in b], [m["loss"] for m in a], rtol=1e-5)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), _final_params(straight), _final_params(killed))
+
+
+def test_a_second_program_on_a_running_workdir_is_refused_and_the_first_ends_as_alone(
+  tiny_teacher, tiny_corpus, tmp_path
+):
+  """Two `train` programs on one workdir (a requeued job, a launch script's typo): the second exits 2
+  with one line naming the first, before any work, and the first ends as a run alone does. The
+  first is held still (SIGSTOP) while the second starts, so that it is surely running then."""
+  env = _env(tiny_teacher, tiny_corpus)
+  steps = ["--config.num_steps=12", "--config.checkpoint.every=4"]
+  alone = str(tmp_path / "alone")
+  subprocess.run(train_command(alone, *steps), env=env, check=True, capture_output=True)
+  workdir = str(tmp_path / "shared")
+  first = subprocess.Popen(train_command(workdir, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, first)
+  first.send_signal(signal.SIGSTOP)
+  try:
+    second = subprocess.run(train_command(workdir, *steps), env=env, capture_output=True, text=True, timeout=300)
+  finally:
+    first.send_signal(signal.SIGCONT)
+  lines = output_lines(second.stderr)
+  assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+  assert lines[0].startswith(f"error: --workdir {workdir} is in use by train (pid {first.pid} on "), lines[0]
+  assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+  a, b = read_metrics(alone), read_metrics(workdir)
+  assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 13))
+  np.testing.assert_allclose([m["loss"] for m in b], [m["loss"] for m in a], rtol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), _final_params(alone), _final_params(workdir))
 
 
 def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):

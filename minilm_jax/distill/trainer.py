@@ -31,6 +31,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.runs import lock
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.training.loop import begin_run, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import (
@@ -271,6 +272,7 @@ class Distillation:
       if jax.process_index() == 0:  # the one that wrote metrics.jsonl
         sizes = {"teacher": parameter_count(self.teacher_params), "student": parameter_count(state.params)}
         print("\n" + evaluators.summary(self.config, self.workdir, speed, sizes), flush=True)  # below the bars
+    lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 
 
@@ -287,6 +289,7 @@ def _heldout_record(heldout) -> dict | None:
   return {"blocks": len(heldout), "first_block": heldout.start}
 
 
+@lock.released_on_error
 def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
   the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,

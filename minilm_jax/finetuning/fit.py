@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from minilm_jax import runs
 from minilm_jax.devices.distributed import host_scalars
-from minilm_jax.runs import RunCheckpoints, RunRecord
+from minilm_jax.runs import RunCheckpoints, RunRecord, lock
 from minilm_jax.training.loop import train_loop
 
 
@@ -100,6 +100,7 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str, evaluate=None):
     results.update(run.evaluate(state.params))
   if jax.process_index() == 0:
     write_results(run.workdir, summary, int(host_scalars(state.step)), results, per_epoch, run.selection_metric)
+  lock.release(run.workdir)  # its last write done: the workdir is free for the next program
   return state, results
 
 

@@ -29,6 +29,7 @@ from minilm_jax.finetuning.fit import fit
 from minilm_jax.finetuning.steps import make_train_step
 from minilm_jax.models import sharding
 from minilm_jax.models.students import refined_teacher
+from minilm_jax.runs import lock
 from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.inputs import dummy_batch, model_inputs, parse_tasks, task_data_dirs, task_features
@@ -172,6 +173,7 @@ def assemble_multitask_run(
   )
 
 
+@lock.released_on_error
 def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
   """The multi-task refined teacher (thesis section 4.1.1, after MT-DNN): a pre-trained encoder
   shared by every task, one linear output layer per task on the pooled `[CLS]`, trained on the sum

@@ -48,6 +48,7 @@ from minilm_jax.models.heads import (
   masked_targets,
   task_model,
 )
+from minilm_jax.runs import lock
 from minilm_jax.runs.record import FINETUNING, RunRecord
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets
@@ -179,6 +180,7 @@ class FineTuning:
     return fit(self, step_fn, summary={"task": self.task.name}, desc=f"finetune {self.task.name}", evaluate=evaluate)
 
 
+@lock.released_on_error
 def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   """Reads the task and the pre-trained encoder, validates `config` against them and the mesh, and
   returns the run's parts: every error a config can cause surfaces here, before any compute."""

@@ -30,6 +30,7 @@ from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import make_student, student_kind
+from minilm_jax.runs import lock
 from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
@@ -70,6 +71,7 @@ class _Start:
   params: dict  # its body and a head per task of the new run
 
 
+@lock.released_on_error
 def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   """A task (or multi-task) distillation run's parts, built and validated before any compute;
   `run()` trains and evaluates. The student's vocabulary is the first teacher's tokenizer

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from minilm_jax.devices import parallel
 from minilm_jax.devices.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import Preempted, UserError
+from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
 from minilm_jax.runs.record import RunRecord
 from minilm_jax.training.metrics import MetricWriter
@@ -130,8 +131,9 @@ def check_contradictions(config, pairs=()):
 def begin_run(config, workdir: str, ranges: dict, contradictions=()):
   """Checks shared by every training program before anything is loaded or written: a workdir to
   write to, fields in `ranges` (the program's config module's `RANGES`), no two fields that
-  contradict (`check_contradictions`, with the program's `contradictions`), and (with several
-  processes) that every process was started with the same config."""
+  contradict (`check_contradictions`, with the program's `contradictions`), (with several
+  processes) that every process was started with the same config, and that no other program runs
+  on the workdir (`runs.lock`: from here until the run's last write, it is this run's)."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
   if os.path.isfile(workdir):
@@ -139,6 +141,8 @@ def begin_run(config, workdir: str, ranges: dict, contradictions=()):
   check_ranges(config, ranges)
   check_contradictions(config, contradictions)
   check_same_config(config_json(config))
+  if jax.process_index() == 0:  # for every process of the run: they share the workdir
+    lock.hold(workdir)
   _check_resumable(config, workdir)
 
 

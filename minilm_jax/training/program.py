@@ -10,6 +10,7 @@ from absl import app, flags, logging
 import minilm_jax
 from minilm_jax.devices.distributed import maybe_initialize
 from minilm_jax.errors import PREEMPTED_EXIT_CODE, Preempted, UserError, storage_failure
+from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import quiet_orbax_failure_reports
 
 
@@ -102,4 +103,7 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       print(f"preempted: {e}", file=sys.stderr)
       sys.exit(PREEMPTED_EXIT_CODE)
 
-  app.run(main_or_one_line, argv=argv)
+  try:
+    app.run(main_or_one_line, argv=argv)
+  finally:
+    lock.release_all()  # before the interpreter's exit handlers: a held workdir is free when the program ends
