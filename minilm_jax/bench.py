@@ -6,7 +6,8 @@ a warm-up (compilation) call; every comparison is a ratio against a reference ru
 
   bench distill --case paper --dtype bfloat16          # BERT-base shape -> 6x384 and 6x768, batch 256, lengths 128/512
   bench distill --teacher 12x768 --student 6x384 --batch 64 --seq_len 128,512 --peers eager
-  bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16 --repeats 20   # the fused kernels against XLA's path
+  bench distill --case paper --dtype bfloat16 --seq_len 512 --student 6x384 --profile profiles   # where the time goes
+  bench kernels --dtype bfloat16   # the fused kernels against XLA's path at the paper's batch 256 x 128 and x 512
   bench inference --batch 32 --seq_len 128
   bench student_speed --batch 512 --batches 132 --teacher 24x1024   # thesis table 3.2's protocol on SST-2
 """
@@ -77,6 +78,11 @@ _TILINGS = flags.DEFINE_list(
   [],
   "kernels: tilings to time, each BLOCKxWARPSxSTAGES (e.g. 64x4x2); default: the platform's (platform.TILINGS).",
 )
+_PROFILE = flags.DEFINE_string(
+  "profile",
+  "",
+  "distill: also profile each row's step (jax.profiler, a few steps) into this folder and print where its time goes.",
+)
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
 _TRAIN_STEPS = flags.DEFINE_integer(
   "train_steps",
@@ -141,10 +147,11 @@ SUITES = {
     _seq_lens(),
     _PEERS.value,
     _TRAIN_STEPS.value,
+    _PROFILE.value,
   ),
   "kernels": lambda: kernels.run(
     _seq_lens() or [128, 512],
-    _BATCH.value or 32,
+    _BATCH.value or 256,  # the paper's
     _DTYPE.value,
     _REPEATS.value if _REPEATS.present else 20,
     kernels.parse_tilings(_TILINGS.value),
@@ -184,7 +191,7 @@ SUITES = {
 # The flags each suite reads (--json: every suite); one given to a suite that does not read it is
 # refused rather than ignored.
 SUITE_FLAGS = {
-  "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps"},
+  "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps", "profile"},
   "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings"},
   "inference": {"batches", "dtype", "batch", "seq_len"},
   "memory": set(),

@@ -1,6 +1,7 @@
 """Benchmark correctness (never timings): the PyTorch reference computes our loss, the teacher's
 unused layers cost nothing, and the program writes the rows it prints."""
 
+import glob
 import json
 import os
 import subprocess
@@ -277,7 +278,14 @@ def test_bench_data_rows(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))
   assert row["length"] == 128 and row["blocks"] >= 256
-  for key in ("prepare_tokens_per_s", "on_the_fly_blocks_per_s", "prepared_blocks_per_s", "prepared_x_h100_demand"):
+  for key in (
+    "prepare_tokens_per_s",
+    "on_the_fly_blocks_per_s",
+    "prepared_blocks_per_s",
+    "prepared_x_h100_demand",
+    "prepared_to_device_tokens_per_s",  # through the program's prefetch thread onto the mesh
+    "prepared_to_device_x_step_goal",
+  ):
     assert row[key] > 0
   assert 0.1 < row["GB_per_billion_tokens"] < 10
 
@@ -509,3 +517,64 @@ def test_each_device_kind_finds_its_chip_in_the_one_table():
   ):
     assert timing.chip_of(kind) is CHIPS[chip], kind
   assert timing.chip_of("cpu") is None and timing.peak_flops() is None  # this host's CPU
+
+
+def test_bench_distill_profiles_where_the_step_time_goes(tmp_path):
+  """`bench distill --profile` on a CPU trace: for each profiled step every part of the step gets a
+  row; the teacher, the student's forward and backward, the relations and the optimizer each took
+  time; the parts that ran get their analytic TFLOP/s; the idle time is what no operation covered.
+  The table is written beside the trace, and a second profile into the same folder is refused."""
+  from minilm_jax.benchmarks import profile
+
+  out = tmp_path / "profiles"
+  distill.run("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out))
+  table = json.loads((out / "2x32_32" / "parts.json").read_text())
+  assert [r["part"] for r in table] == list(profile.PARTS) * distill.PROFILED_STEPS
+  assert {r["step"] for r in table} == set(range(distill.PROFILED_STEPS))
+  for step in range(distill.PROFILED_STEPS):
+    part = {r["part"]: r for r in table if r["step"] == step}
+    for name in ("teacher forward", "student dense forward", "student dense backward", "relation KL forward"):
+      assert part[name]["ms"] > 0 and part[name]["TFLOP/s"] > 0 and part[name]["GB/s"] > 0, part[name]
+    assert part["optimizer update"]["ms"] > 0 and 0 <= part["idle"]["share"] < 1
+  assert glob.glob(str(out / "2x32_32" / "plugins" / "profile" / "*" / "*.trace.json.gz"))
+  with pytest.raises(UserError, match="--profile .* already holds"):
+    distill.run("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out))
+
+
+def test_the_profile_parts_follow_the_name_stack_and_the_kernels():
+  """A GPU's kernels named as ours, the transformations JAX writes into each instruction's name
+  stack, and a step's idle time from a trace's device events (their `hlo_op`)."""
+  from minilm_jax.benchmarks import profile
+  from minilm_jax.kernels import attention, relation_kl
+
+  assert profile.part_of("jit(step)/teacher/Encoder/layer_3/attention/dot_general") == "teacher forward"
+  assert profile.part_of("jit(step)/jvp(Encoder)/layer_0/intermediate/dot_general") == "student dense forward"
+  assert profile.part_of("jit(step)/transpose(jvp(Encoder))/layer_0/output/dot_general") == "student dense backward"
+  assert profile.part_of("jit(step)/optimizer/mul") == "optimizer update"
+  assert profile.part_of("jit(step)/transpose(jvp(jit(log_softmax)))/sub") == "relation KL backward"
+  assert profile.part_of("jit(step)/threefry2x32") == "other"
+  call = 'custom-call(...), custom_call_target="__gpu$xla.gpu.triton", backend_config={"name":"%s"}'
+  for kernel, part in ((attention, "attention kernel"), (relation_kl, "relation KL")):
+    assert profile.part_of("jit(step)/jvp(Encoder)/x", call % kernel.FORWARD) == f"{part} forward"
+    assert profile.part_of("jit(step)/transpose(jvp(Encoder))/x", call % kernel.BACKWARD) == f"{part} backward"
+  hlo = (
+    '  %fusion.1 = bf16[8,128]{1,0} fusion(bf16[8,64]{1,0} %p), metadata={op_name="jit(step)/teacher/Encoder/dot"}\n'
+    '  %fusion.2 = f32[4]{0} fusion(f32[4]{0} %q), metadata={op_name="jit(step)/optimizer/add"}\n'
+  )
+  assert profile.instructions(hlo) == {"fusion.1": ("teacher forward", 3072), "fusion.2": ("optimizer update", 32)}
+  device = {"ph": "X", "pid": 2, "tid": 7}
+  trace = {
+    "traceEvents": [
+      {"ph": "X", "pid": 1, "tid": 1, "name": profile.STEP, "ts": 0.0, "dur": 100.0},
+      {**device, "name": "loop_fusion_kernel", "ts": 10.0, "dur": 30.0, "args": {"hlo_op": "fusion.1"}},
+      {**device, "name": "loop_fusion_kernel_2", "ts": 30.0, "dur": 20.0, "args": {"hlo_op": "fusion.2"}},
+      {**device, "name": "memcpy", "ts": 60.0, "dur": 5.0, "args": {}},
+    ]
+  }
+  part = {r["part"]: r for r in profile.step_table(trace, hlo, {"teacher forward": 3e6})}
+  assert part["teacher forward"]["ms"] == pytest.approx(0.03) and part["teacher forward"]["TFLOP/s"] == pytest.approx(
+    0.1
+  )
+  assert part["teacher forward"]["GB/s"] == pytest.approx(3072 / 30e-6 / 1e9)
+  assert part["optimizer update"]["ms"] == pytest.approx(0.02)
+  assert part["idle"]["ms"] == pytest.approx(0.06)  # 100 us less the 10..50 the two operations covered

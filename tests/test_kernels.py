@@ -19,6 +19,7 @@ from flax import traverse_util
 
 from conftest import TEST_UMASK, modes_not_from_the_umask
 from minilm_jax.benchmarks import kernels as kernel_check
+from minilm_jax.devices import parallel
 from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
@@ -219,6 +220,13 @@ def test_the_kernels_compile_for_h100_and_tpu(target):
   text = jax.jit(grads).lower(student, student, student, teacher, teacher, mask).compile().as_text()
   for name in (attention.FORWARD, attention.BACKWARD, relation_kl.FORWARD, relation_kl.BACKWARD):
     assert name in text, name
+  if platform == "cuda":
+    # `bench kernels`' reference on GPUs: cuDNN's attention without dropout, forward and backward,
+    # the padding as lengths, at the students' heads of 32 (the teacher only ever runs it forward).
+    program = jax.jit(parallel.traced_on_mesh(jax.value_and_grad(kernel_check.cudnn_loss, (0, 1, 2)), mesh))
+    heads = jax.ShapeDtypeStruct((2, 12, 384, 32), jnp.bfloat16, sharding=whole)
+    compiled = program.lower(heads, heads, heads, mask).compile().as_text()
+    assert "__cudnn$fmhaSoftmax" in compiled and "__cudnn$fmhaSoftmaxBackward" in compiled
 
 
 def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp_path):
@@ -238,14 +246,14 @@ def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp
   )
   calls = log.read_text().splitlines()
   assert proc.returncode == 1  # the stand-in failed the length-128 runs
-  assert calls[0].startswith("-m minilm_jax.bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16")
+  assert calls[0].startswith("-m minilm_jax.bench kernels --seq_len 128,512 --batch 256 --dtype bfloat16")
   assert [c.split("--student ")[1].split(" --dtype")[0] for c in calls[1:]] == [
     "6x384 --seq_len 512",
     "6x384 --seq_len 128",
     "6x768 --seq_len 512",
     "6x768 --seq_len 128",
   ]
-  assert all(f"--json {tmp_path}/out/distill_" in c for c in calls[1:])
+  assert all(f"--json {tmp_path}/out/distill_" in c and f"--profile {tmp_path}/out/profile_" in c for c in calls[1:])
 
 
 def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_everything(monkeypatch):

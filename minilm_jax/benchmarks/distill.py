@@ -28,6 +28,7 @@ import datasets
 import jax
 import numpy as np
 
+from minilm_jax.benchmarks import profile
 from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.devices.timing import block, median_seconds, peak_flops
@@ -37,9 +38,11 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, init_params
-from minilm_jax.models.flops import distill_flops_per_token, parse_shape
+from minilm_jax.models.flops import distill_flops_per_token, distill_step_flops_by_part, parse_shape
+from minilm_jax.reports.tables import format_table
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.training.loop import train_loop
+from minilm_jax.training.outputs import check_new_directory, write_json
 from minilm_jax.training.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
@@ -54,6 +57,7 @@ PEERS = ("eager", "compile")
 OPTIMIZER = adamw_config(lr=1e-4, clip_norm=0.0)
 OPTIMIZER.warmup_steps = 10
 RELATIONS = ("qk", "vv")
+PROFILED_STEPS = 3
 
 
 def load_teacher(spec: str):
@@ -137,6 +141,20 @@ class _OurStep:
       block(metrics)
 
     return median_seconds(run, repeats), footprint, device_peak_bytes()
+
+  def profile(self, batch, steps: int, directory: str, flops: dict) -> list:
+    """`steps` steps under `jax.profiler`, each in its own annotation, the trace kept in `directory`:
+    where each step's time goes (`profile.step_table`)."""
+    batch = parallel.shard_batch(batch, self.mesh)
+    compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
+    self.state, metrics = self(self.state, batch)  # compiled and warm before the trace starts
+    block(metrics)
+    with jax.profiler.trace(directory):
+      for number in range(steps):
+        with jax.profiler.StepTraceAnnotation(profile.STEP, step_num=number):
+          self.state, metrics = self(self.state, batch)
+          block(metrics)
+    return profile.step_table(profile.read_trace(directory), compiled.as_text(), flops)
 
   def train_program_seconds(self, batch, steps: int):
     """Seconds per step of the training loop from a fresh state over `2 * steps` steps, timed on
@@ -301,12 +319,17 @@ def run(
   seq_lens=None,
   peers=PEERS,
   train_steps: int = 5,
+  profile_dir: str = "",
 ):
   """One row per (teacher, student, length) of `case`, each override replacing the case's value.
   The relations have the teacher's head count (12 for the paper's shapes) where it divides the
-  student's width."""
+  student's width. With `profile_dir`, each row's step is also profiled (`profile.PROFILED_STEPS`
+  steps, their traces in `<profile_dir>/<student>_<length>/`), its table printed and written there
+  as `parts.json`."""
   if case not in CASES:
     raise UserError(f"unknown distill case {case!r}: choose one of {', '.join(CASES)}")
+  if profile_dir:  # a profile is a result: never written over or into an earlier one
+    check_new_directory(profile_dir, "--profile", overwrite=False, overwritable=False)
   unknown = sorted(set(peers) - set(PEERS))
   if unknown:
     raise UserError(f"unknown PyTorch peers {unknown}: choose from {', '.join(PEERS)}")
@@ -336,13 +359,15 @@ def run(
         if n < 1 or length < 2:
           raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
         pair = (teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads)
-        rows.append(_row(pair, n, length, dtype, repeats, train_steps, peers))
+        where = os.path.join(profile_dir, f"{student_spec}_{length}") if profile_dir else ""
+        rows.append(_row(pair, n, length, dtype, repeats, train_steps, peers, where))
   return rows
 
 
-def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps: int, peers) -> dict:
+def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps: int, peers, profile_dir: str) -> dict:
   """One (teacher, student) `pair`'s row at batch `n` x `length`: our step's tokens/s, memory and
-  utilisation, the train program's tokens/s, and each PyTorch peer's in the same process."""
+  utilisation, the train program's tokens/s, and each PyTorch peer's in the same process; with
+  `profile_dir`, the step's profile (printed, and kept there)."""
   teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads = pair
   batch = random_batch(n, length, teacher_config.vocab_size)
   tokens = n * length
@@ -350,6 +375,14 @@ def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps
   ours = _OurStep(teacher_config, teacher_params, config)
   seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
   program = ours.train_program_seconds(batch, train_steps) if train_steps else None
+  if profile_dir:
+    parts = distill_step_flops_by_part(
+      teacher_config, teacher_config.num_layers - 1, student_config, student_config.num_layers - 1, n, length
+    )
+    table = ours.profile(batch, PROFILED_STEPS, profile_dir, parts)
+    print(f"where the step's time goes: {teacher_name} -> {student_spec}, batch {n} x {length}, {dtype}")
+    print(format_table(table), flush=True)
+    write_json(os.path.join(profile_dir, "parts.json"), table)
   del ours
   relations = len(RELATIONS)
   per_token = distill_flops_per_token(

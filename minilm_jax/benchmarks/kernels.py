@@ -4,10 +4,14 @@ Each kernel, compiled for this process's default backend (Triton on GPUs, Mosaic
 interpreted on CPUs), is held to the explicit XLA path it replaces at the paper's head shapes
 (student 12 heads of 32, teacher relations 12 heads of 64) with padded examples and the paper's
 attention dropout: the loss and the gradients as relative errors (the largest absolute difference
-over the largest absolute value), and both programs' forward+backward time. A chip the tests never
-ran on (a new GPU generation, a new jax) is checked before a run trusts it.
+over the largest absolute value), and both programs' forward+backward time, with the TFLOP/s of
+their matrix products (`matmul_flops`), the kernel's share of the chip's bfloat16 peak and, for the
+attention on GPUs, cuDNN's fused attention without dropout (the teacher's path) as what a tuned
+kernel reaches. A chip the tests never ran on (a new GPU generation, a new jax) is checked before a
+run trusts it.
 
-  python -m minilm_jax.bench kernels --seq_len 128,512 --batch 32 --dtype bfloat16 --repeats 20
+  python -m minilm_jax.bench kernels --dtype bfloat16     # the paper's batch 256 x 128 and x 512
+  python -m minilm_jax.bench kernels --seq_len 32 --batch 2  # a CPU, interpreted (float32)
   python -m minilm_jax.bench kernels --seq_len 512 --tilings 32x4x2,64x4x2,64x8x3,128x8x2   # tune a new chip
 
 `--tilings` times other blocks, warps and pipeline stages than the platform's (`platform.TILINGS`,
@@ -20,10 +24,11 @@ TF32; bfloat16: 3e-2), so scripts can stop on it.
 import jax
 import jax.numpy as jnp
 
-from minilm_jax.devices.timing import median_seconds
+from minilm_jax.devices.timing import median_seconds, peak_flops
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
+from minilm_jax.models.encoder import fused_attention, fused_attention_implementation
 from minilm_jax.transfer import losses
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 3e-2}
@@ -85,6 +90,32 @@ def _programs(platform, tiling, student, teacher, mask):
   ]
 
 
+def matmul_flops(kernel: str, batch: int, length: int) -> int:
+  """FLOPs of the matrix products in one forward+backward call of `kernel` at the paper's heads:
+  attention (its products 4 B H L^2 K forward, 10 B H L^2 K backward with the probabilities
+  recomputed), or one relation KL (the teacher's and the student's logits forward, the student's
+  two gradient products backward)."""
+  square = batch * HEADS * length * length
+  if kernel == "attention":
+    return 14 * square * STUDENT_DIM
+  return 2 * square * TEACHER_DIM + 2 * square * STUDENT_DIM + 4 * square * STUDENT_DIM
+
+
+def cudnn_loss(q, k, v, mask):
+  """A loss through the teacher's attention path (`encoder.fused_attention`: cuDNN's fused kernel on
+  GPUs in half precision, without dropout, the padding as lengths) at the student's heads."""
+  context = fused_attention(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), mask, STUDENT_DIM)
+  return jnp.sum(context.astype(jnp.float32))
+
+
+def _cudnn_reference(student, mask, repeats) -> float | None:
+  """Seconds of `cudnn_loss`'s forward+backward: what a tuned kernel reaches on this chip; None where
+  the path is not cuDNN's (CPUs, TPUs, float32)."""
+  if fused_attention_implementation(student[0].dtype, STUDENT_DIM) != "cudnn":
+    return None
+  return _timed(jax.jit(jax.value_and_grad(cudnn_loss, (0, 1, 2))), (*student, mask), repeats)[2]
+
+
 def _timed(program, args, repeats):
   """(loss, gradients, median seconds) of a jitted value-and-gradient program."""
   loss, grads = program(*args)
@@ -104,6 +135,7 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
       if not all(attention.supported(length, d, platform, tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
         raise UserError(f"--seq_len {length}: the kernels take multiples of their block or powers of two from 16")
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
+    cudnn_seconds = _cudnn_reference(student, mask, repeats)
     explicit_runs = {}
     for tiling in tilings:
       for name, fused, explicit, differentiated, constants in _programs(platform, tiling, student, teacher, mask):
@@ -127,9 +159,24 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
             "fused_ms": 1e3 * fused_seconds,
             "explicit_ms": 1e3 * seconds,
             "speedup": seconds / fused_seconds,
+            **_rates(name, batch, length, fused_seconds, seconds, cudnn_seconds if name == "attention" else None),
           }
         )
   return rows
+
+
+def _rates(kernel: str, batch: int, length: int, fused: float, explicit: float, cudnn: float | None) -> dict:
+  """The matrix products' TFLOP/s of the fused kernel, the explicit path and (attention, on GPUs)
+  cuDNN's kernel without dropout, and the fused kernel's share of the chip's bf16 peak (None where
+  the table has no peak: CPUs)."""
+  flops, peak = matmul_flops(kernel, batch, length), peak_flops()
+  return {
+    "fused_tflops": flops / fused / 1e12,
+    "explicit_tflops": flops / explicit / 1e12,
+    "fused_peak_share": flops / fused / peak if peak else None,
+    "cudnn_no_dropout_ms": 1e3 * cudnn if cudnn else None,
+    "cudnn_no_dropout_tflops": flops / cudnn / 1e12 if cudnn else None,
+  }
 
 
 def parse_tilings(specs) -> list:

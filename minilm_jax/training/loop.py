@@ -184,7 +184,7 @@ def _check_resumable(config, workdir: str):
     )
 
 
-class _Prefetcher:
+class Prefetcher:
   """Reads, collates and places the next batches on the devices in a background thread, up to
   `depth` steps ahead, so that the host's work overlaps the device's step instead of preceding it.
   Batches come out in stream order; an exception in the thread is raised by `next()`."""
@@ -268,7 +268,7 @@ def train_loop(
   evaluate=None,
 ):
   """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `num_steps`, the batches
-  read from `stream` and placed on `mesh` ahead of time (`_Prefetcher`).
+  read from `stream` and placed on `mesh` ahead of time (`Prefetcher`).
 
   Nothing is read back from the devices between log steps: the step skips a non-finite update on
   the device (`train_state.guarded_update`), and the loop checks those flags at every log step,
@@ -293,7 +293,7 @@ def train_loop(
     writer.close()
     return state
   preemption = _Preemption()
-  prefetcher = _Prefetcher(
+  prefetcher = Prefetcher(
     stream, next_batch, next_batch + max(num_steps - start, 0), partial(parallel.shard_batch, mesh=mesh)
   )
   window, pending = _Window(), []
