@@ -141,9 +141,9 @@ def begin_run(config, workdir: str, ranges: dict, contradictions=()):
   check_ranges(config, ranges)
   check_contradictions(config, contradictions)
   check_same_config(config_json(config))
+  _check_resumable(config, workdir)  # read-only: a refused resume leaves the workdir as it was
   if jax.process_index() == 0:  # for every process of the run: they share the workdir
     lock.hold(workdir)
-  _check_resumable(config, workdir)
 
 
 # What may change when a run is resumed: its length, logging, checkpointing and device layout.
