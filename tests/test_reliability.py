@@ -812,3 +812,23 @@ def test_a_workdir_on_a_shared_file_system_is_leased_by_its_heartbeat(tmp_path, 
   assert held["pid"] == os.getpid() and held["host"] != "elsewhere"
   lock.release(str(workdir))
   assert os.listdir(workdir) == []  # let go: the record removed, the workdir (made by the user) kept
+
+
+def test_a_cache_whose_write_fails_short_leaves_no_half_file(tmp_path):
+  """Caches (teacher logits, augmented sets), corpora, reports and metrics rewrites are written under
+  a pending name and renamed once whole: a write the disk cuts short (numpy's OSError without an
+  errno) leaves neither the pending file nor a file at the cache's name, and names the cache."""
+  import numpy as np
+
+  from minilm_jax.data.files import written_whole
+  from minilm_jax.errors import storage_failure
+
+  path = str(tmp_path / "sst2-teacher-0123.npy")
+  with pytest.raises(OSError) as failed, written_whole(path) as pending:
+    np.save(pending, np.zeros(4))
+    raise OSError("6400 requested and 2016 written")
+  assert os.listdir(tmp_path) == [] and failed.value.filename == path
+  assert storage_failure(failed.value) == "a write was cut short (2016 of 6400 bytes written: is the disk full?)"
+  with written_whole(path) as pending:
+    np.save(pending, np.ones(4))
+  assert os.listdir(tmp_path) == ["sst2-teacher-0123.npy"] and np.load(path).tolist() == [1.0] * 4

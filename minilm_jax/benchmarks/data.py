@@ -94,7 +94,7 @@ def run(lengths=(128, 512), batches: int = 20, num_proc: int = 2) -> list:
         row[f"{name}_blocks_per_s"] = round(rate)
         # Lengths the step was not measured at have no demand to compare with.
         row[f"{name}_x_h100_demand"] = round(rate / H100_DEMAND[length], 1) if length in H100_DEMAND else None
-      fed = _fed_tokens_per_second(stream, min(batches, len(blocks) // BATCH), length)
+      fed = _fed_tokens_per_second(stream, batches, length)  # epochs on: the stream reshuffles as a run's does
       row["prepared_to_device_tokens_per_s"] = round(fed)
       goal = STEP_GOAL_TOKENS_PER_S.get(length)
       row["prepared_to_device_x_step_goal"] = round(fed / goal, 1) if goal else None
