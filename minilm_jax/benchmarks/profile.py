@@ -91,11 +91,11 @@ def part_of(op_name: str, line: str = "") -> str:
     return "teacher forward"
   if "/optimizer/" in scope or scope.endswith("/optimizer"):
     return "optimizer update"
-  backward = "transpose(" in scope
+  transposed = "transpose(" in scope  # JAX's name for a backward pass
   if "Encoder" in scope and "jvp(" in scope:
-    return "student dense backward" if backward else "student dense forward"
+    return "student dense backward" if transposed else "student dense forward"
   if "jvp(" in scope:  # the loss outside the encoders: the relations (explicit where no kernel takes them)
-    return "relation KL backward" if backward else "relation KL forward"
+    return "relation KL backward" if transposed else "relation KL forward"
   return "other"
 
 
@@ -119,7 +119,8 @@ def step_table(trace: dict, hlo_text: str, flops: dict) -> list:
   for number, window in enumerate(steps):
     start, end = window["ts"], window["ts"] + window["dur"]
     inside = [(ts, dur, name) for ts, dur, name in ops if start <= ts and ts + dur <= end]
-    busy, moved = collections.defaultdict(float), collections.defaultdict(int)
+    busy: dict = collections.defaultdict(float)
+    moved: dict = collections.defaultdict(int)
     for _, dur, name in inside:
       part, size = known[name]
       busy[part] += dur

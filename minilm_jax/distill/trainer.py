@@ -324,10 +324,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
     config.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
     step = build_step(config, teacher_config, mesh, masking, step.objective.pooling)
-  heldout_stream, heldout_step = None, None
-  if heldout is not None:
-    heldout_stream = BatchStream(heldout, config.batch_size, config.seed, collate, *process, "held-out blocks")
-    heldout_step = make_heldout_step(step.teacher, step.student, step.objective, mesh, config.seed)
+  heldout_stream, heldout_step = _heldout_evaluation(heldout, config.batch_size, config.seed, collate, step, mesh)
   context = evaluators.Context(
     mesh,
     tokenizer,
@@ -350,8 +347,18 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   checkpoints = runs.RunCheckpoints(
     workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
   )
-  fresh_etd = config.student.init == "etd" and checkpoints.latest_step() is None
-  student_params = _etd_student(config, workdir, teacher, step.student.config) if fresh_etd else None
+  student_params = None
+  if config.student.init == "etd" and checkpoints.latest_step() is None:
+    student_params = etd.initial_student_params(
+      config.etd,
+      teacher_config,
+      jax.device_get(teacher_params),
+      mlm_head,
+      step.student.config,
+      lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
+      tokenizer,
+      config.data.max_seq_length,
+    )
   return Distillation(
     config,
     workdir,
@@ -368,18 +375,14 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   )
 
 
-def _etd_student(config, workdir: str, teacher, student_config):
-  """ETD's start: the student's parameters extracted from the `teacher` (`runs.load_encoder`'s)."""
-  return etd.initial_student_params(
-    config.etd,
-    teacher.config,
-    jax.device_get(teacher.params),
-    teacher.mlm_head,
-    student_config,
-    lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
-    teacher.tokenizer,
-    config.data.max_seq_length,
-  )
+def _heldout_evaluation(heldout, batch_size: int, seed: int, collate, step, mesh) -> tuple:
+  """(batch stream, jitted loss step) of the corpus's held-out blocks for the `heldout` evaluator,
+  (None, None) without them: every process reads its part, in the same order every evaluation."""
+  if heldout is None:
+    return None, None
+  process = (jax.process_index(), jax.process_count())
+  stream = BatchStream(heldout, batch_size, seed, collate, *process, "held-out blocks")
+  return stream, make_heldout_step(step.teacher, step.student, step.objective, mesh, seed)
 
 
 def parameter_count(params) -> int:

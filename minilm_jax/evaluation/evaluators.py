@@ -113,8 +113,9 @@ class Context:
   _student_encoders: dict = dataclasses.field(default_factory=dict)
   _teacher_encoders: dict = dataclasses.field(default_factory=dict)
 
-  def length(self, spec) -> int:
-    return spec.max_seq_length or self.max_seq_length
+  def length(self, asked: int) -> int:
+    """An evaluator's `max_seq_length` (`asked`), or the run's where it asks for none (0)."""
+    return asked or self.max_seq_length
 
   def student_encoder(self, length: int) -> SentenceEncoder:
     if length not in self._student_encoders:
@@ -141,9 +142,25 @@ def evaluator(kind: str, every: int, **fields) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"kind": kind, "every": every, **KINDS[kind].fields, **fields})
 
 
-def check_specs(config, provides: tuple):
+def _check_task_metric(config, task):
+  """`checkpoint.best` naming a `task` evaluator (whose metrics only the run's task knows, so the
+  kind's table takes any) held against what the task reports: `<split>/<metric>` with one of its
+  dev splits and a metric of its own, or one of the family a metric names (per language,
+  HasAns/NoAns, the best threshold's: `f1_de`, `best_f1`)."""
+  name, _, metric = config.checkpoint.best.partition("/")
+  if config.evaluators[name].kind != "task":
+    return
+  split, _, score = metric.partition("/")
+  of_task = lambda m: score == m or score.startswith(m + "_") or score.endswith("_" + m) or f"_{m}_" in score
+  if split not in task.eval_splits or not any(of_task(m) for m in task.metrics):
+    reported = ", ".join(f"{s}/{m}" for s in task.eval_splits for m in task.metrics)
+    raise UserError(f"checkpoint.best={config.checkpoint.best!r}: {task.name} reports {reported}: pick one of them")
+
+
+def check_specs(config, provides: tuple, task=None):
   """One line for the first evaluator (or `checkpoint.best`) the config gets wrong, before any work;
-  `provides`: what the program has for the kinds that need it (`DISTILLATION_PROVIDES`, `FINETUNING_PROVIDES`)."""
+  `provides`: what the program has for the kinds that need it (`DISTILLATION_PROVIDES`,
+  `FINETUNING_PROVIDES`); `task`: a fine-tuning run's, whose metrics its `task` evaluator reports."""
   usable = sorted(kind for kind, k in KINDS.items() if not k.needs or k.needs in provides)
   for name, spec in config.evaluators.items():
     _check_spec(name, spec, usable, config)
@@ -158,6 +175,8 @@ def check_specs(config, provides: tuple):
     known = KINDS[config.evaluators[name].kind].metrics
     if not any(metric == m or (m.endswith("*") and metric.startswith(m[:-1])) for m in known):
       raise UserError(f"checkpoint.best={best!r}: evaluator {name} reports {', '.join(known)}")
+    if task is not None:
+      _check_task_metric(config, task)
 
 
 def _check_spec(name: str, spec, usable: list, config):
@@ -292,7 +311,7 @@ def heldout(name, spec, context: Context) -> Evaluator:
 def _embedding_evaluator(name, spec, context: Context, texts: list, score) -> Evaluator:
   """An evaluator of embeddings: `score(embed)` with `embed(texts) -> [N, D]`, for the student and
   for the teacher; `texts` are every sentence it embeds (the speed measurement's)."""
-  length = context.length(spec)
+  length = context.length(spec.max_seq_length)
   student_encoder, teacher_encoder = context.student_encoder(length), context.teacher_encoder(length)
   teacher = None
   if teacher_encoder is not None:
@@ -399,21 +418,6 @@ def probe(name, spec, context: Context) -> Evaluator:
 def task(name, spec, context: Context) -> Evaluator:
   assert context.task_evaluate is not None, "check_specs refuses a task evaluator outside a fine-tuning run"
   return Evaluator(name, spec.every, context.task_evaluate)
-
-
-def check_task_metric(config, task):
-  """`checkpoint.best` naming a `task` evaluator (whose metrics only the run's task knows, so
-  `check_specs` takes any) refused in one line, before any work, unless it is one that the task
-  reports: `<split>/<metric>` with one of its dev splits and a metric of its own, or one of the
-  family a metric names (per language, HasAns/NoAns, the best threshold's: `f1_de`, `best_f1`)."""
-  name, _, metric = config.checkpoint.best.partition("/")
-  if name not in config.evaluators or config.evaluators[name].kind != "task":
-    return
-  split, _, score = metric.partition("/")
-  of_task = lambda m: score == m or score.startswith(m + "_") or score.endswith("_" + m) or f"_{m}_" in score
-  if split not in task.eval_splits or not any(of_task(m) for m in task.metrics):
-    reported = ", ".join(f"{s}/{m}" for s in task.eval_splits for m in task.metrics)
-    raise UserError(f"checkpoint.best={config.checkpoint.best!r}: {task.name} reports {reported}: pick one of them")
 
 
 def probe_correct(train_NxD, train_y, dev_MxD, dev_y) -> np.ndarray:

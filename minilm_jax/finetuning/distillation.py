@@ -53,16 +53,6 @@ class TaskTeacher:
     return () if self.layers is None else (self.params,)
 
 
-def refuse_teacher_settings(distill, augment, task_name: str):
-  """A plain fine-tuning run (no `distill.teacher`) refuses the settings only a teacher gives a use."""
-  for given, field in ((augment.enabled, "augment.enabled"), (distill.layers, "distill.layers")):
-    if given:
-      raise UserError(
-        f"{field} needs distill.teacher (the augmented examples and the layers are a fine-tuned "
-        f"teacher's to label): set --config.distill.teacher=<a fine-tuning run of {task_name}>"
-      )
-
-
 def load_teacher(
   distill, task, num_labels: int, encoder_config: EncoderConfig, tokenizer, init: str, mesh
 ) -> TaskTeacher:

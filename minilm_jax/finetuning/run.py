@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
 from minilm_jax.devices import parallel
+from minilm_jax.errors import UserError
 from minilm_jax.evaluation.evaluators import (
   FINETUNING_PROVIDES,
   Context,
@@ -24,7 +25,6 @@ from minilm_jax.evaluation.evaluators import (
   best_direction,
   check_lengths,
   check_specs,
-  check_task_metric,
 )
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
 from minilm_jax.evaluation.runs import write_predictions
@@ -33,7 +33,6 @@ from minilm_jax.finetuning.distillation import (
   TaskTeacher,
   distillation_loss,
   load_teacher,
-  refuse_teacher_settings,
   teacher_features,
 )
 from minilm_jax.finetuning.fit import fit
@@ -185,9 +184,8 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   """Reads the task and the pre-trained encoder, validates `config` against them and the mesh, and
   returns the run's parts: every error a config can cause surfaces here, before any compute."""
   begin_run(config, workdir, finetuning_config.RANGES)
-  check_specs(config, FINETUNING_PROVIDES)
   task = get_task(config.task, config)
-  check_task_metric(config, task)
+  check_specs(config, FINETUNING_PROVIDES, task)
   head = task.head(config)
   # A sequence-to-sequence model starts from init's masked-LM head, when it has one.
   pretrained = runs.load_encoder(config.init, config.dtype, "init", mlm_head=head_kind(head).generates)
@@ -208,7 +206,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     teacher, train_features = _second_stage(config, task, head, encoder_config, tokenizer, mesh, workdir)
     columns = (*task.train_columns, teacher.logits.column)
   else:
-    refuse_teacher_settings(config.distill, config.augment, task.name)
+    _refuse_teacher_settings(config.distill, config.augment, task.name)
     teacher, train_features, columns = None, task.prepare("train", config, tokenizer)[0], task.train_columns
   stream = BatchStream(
     train_features.select_columns(columns),
@@ -246,6 +244,16 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     task_evaluate=run.evaluate,
   )
   return dataclasses.replace(run, evaluators=Evaluators(config, context))
+
+
+def _refuse_teacher_settings(distill, augment, task_name: str):
+  """A plain fine-tuning run (no `distill.teacher`) refuses the settings only a teacher gives a use."""
+  for given, field in ((augment.enabled, "augment.enabled"), (distill.layers, "distill.layers")):
+    if given:
+      raise UserError(
+        f"{field} needs distill.teacher (the augmented examples and the layers are a fine-tuned "
+        f"teacher's to label): set --config.distill.teacher=<a fine-tuning run of {task_name}>"
+      )
 
 
 def _second_stage(config, task, head: dict, encoder_config: EncoderConfig, tokenizer, mesh, workdir: str):

@@ -146,11 +146,11 @@ def released_on_error(build):
   when it made it."""
 
   @functools.wraps(build)
-  def wrapper(config, workdir: str, *args, **kwargs):
+  def wrapper(*args, **kwargs):  # (config, workdir, ...): the config only passes through
     try:
-      return build(config, workdir, *args, **kwargs)
+      return build(*args, **kwargs)
     except BaseException:
-      release(workdir)
+      release(kwargs["workdir"] if "workdir" in kwargs else args[1])
       raise
 
   return wrapper
