@@ -159,16 +159,51 @@ def minilm(minilm_dir):
   return Encoder(loaded.config), loaded.params, hf.load_tokenizer(minilm_dir)
 
 
-def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrides):
-  """A 2-layer, 32-wide random BERT with the real all-MiniLM-L6-v2 tokenizer, as a Hugging Face directory."""
+# The test teacher's vocabulary: WordPiece pieces learnt from the text the suite reads (the WordNet
+# excerpt's glosses and examples, the demo corpus's prose), a tenth of BERT's 30,522. The tiny
+# students' steps spent their time in the embedding table (AdamW updates every row every step);
+# parity with the real teacher keeps all-MiniLM-L6-v2 and its tokenizer (`minilm_dir`).
+TEST_VOCAB_SIZE = 3000
+
+
+@pytest.fixture(scope="session")
+def test_tokenizer(tmp_path_factory, tiny_corpus):
+  """A BERT WordPiece tokenizer (uncased, BERT's special tokens, [PAD] 0) trained with `tokenizers`
+  on the shipped texts, saved as a Hugging Face tokenizer folder."""
+  import transformers
+  from tokenizers import BertWordPieceTokenizer
+
+  from minilm_jax.data import wordnet_db
+
+  glosses = tmp_path_factory.mktemp("vocab") / "texts.txt"
+  texts = [t for s in wordnet_db.read_synsets(WORDNET_EXCERPT) for t in (s.definition, *s.examples, *s.words)]
+  # Every letter of the scripts the multilingual tests write (lower-cased, accents stripped), at the
+  # start of a word and inside one, so that their words are pieces of their own script, not [UNK].
+  for first, last in (("а", "я"), ("α", "ω")):
+    letters = "".join(chr(c) for c in range(ord(first), ord(last) + 1))
+    texts += [letters, letters[::-1]] * 3
+  glosses.write_text("\n".join(texts) + "\n")
+  trainer = BertWordPieceTokenizer(lowercase=True)
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  trainer.train([str(glosses), tiny_corpus], vocab_size=TEST_VOCAB_SIZE, special_tokens=specials, show_progress=False)
+  folder = glosses.parent / "tokenizer"
+  folder.mkdir()
+  trainer.save_model(str(folder))
+  transformers.BertTokenizerFast(str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(str(folder))
+  return str(folder)
+
+
+def _tiny_bert(tmp_path_factory, tokenizer_dir, name, model_class, **config_overrides):
+  """A 2-layer, 32-wide random BERT with the test vocabulary (`test_tokenizer`), as a Hugging Face directory."""
   import torch
   import transformers
 
   from minilm_jax.models import hf
 
+  tokenizer = hf.load_tokenizer(tokenizer_dir)
   torch.manual_seed(0)
   config = transformers.BertConfig(
-    vocab_size=30522,
+    vocab_size=len(tokenizer),
     hidden_size=32,
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -178,20 +213,20 @@ def _tiny_bert(tmp_path_factory, minilm_dir, name, model_class, **config_overrid
   )
   path = str(tmp_path_factory.mktemp(name))
   getattr(transformers, model_class)(config).save_pretrained(path)
-  hf.load_tokenizer(minilm_dir).save_pretrained(path)
+  tokenizer.save_pretrained(path)
   return path
 
 
 @pytest.fixture(scope="session")
-def tiny_teacher(tmp_path_factory, minilm_dir):
+def tiny_teacher(tmp_path_factory, test_tokenizer):
   """An encoder-only tiny BERT; initializer_range 0.5 gives peaked attention, a teacher worth mimicking."""
-  return _tiny_bert(tmp_path_factory, minilm_dir, "tiny_teacher", "BertModel", initializer_range=0.5)
+  return _tiny_bert(tmp_path_factory, test_tokenizer, "tiny_teacher", "BertModel", initializer_range=0.5)
 
 
 @pytest.fixture(scope="session")
-def tiny_mlm_teacher(tmp_path_factory, minilm_dir):
+def tiny_mlm_teacher(tmp_path_factory, test_tokenizer):
   """A tiny BERT saved with its masked-LM head (BertForMaskedLM), for ETD-Impt and MLM soft labels."""
-  return _tiny_bert(tmp_path_factory, minilm_dir, "tiny_mlm_teacher", "BertForMaskedLM")
+  return _tiny_bert(tmp_path_factory, test_tokenizer, "tiny_mlm_teacher", "BertForMaskedLM")
 
 
 @pytest.fixture(scope="session")
@@ -238,6 +273,7 @@ def tiny_config(teacher, corpus, **overrides):
 
   c = base_config()
   c.teacher.path = teacher
+  c.student.vocab_size = _vocab_size(teacher)
   c.student.num_layers, c.student.hidden_size, c.student.num_heads, c.student.intermediate_size = 2, 16, 4, 32
   c.student.dropout = 0.0
   c.loss.num_relation_heads = 4
@@ -251,6 +287,13 @@ def tiny_config(teacher, corpus, **overrides):
   c.checkpoint.every = 1
   c.log_every = 1
   return apply_overrides(c, overrides)
+
+
+def _vocab_size(teacher: str) -> int:
+  """The teacher's vocabulary, the student's (the test vocabulary's, or BERT's for the real teacher)."""
+  from minilm_jax import runs
+
+  return runs.encoder_config_of(teacher).vocab_size if os.path.exists(teacher) else 30522
 
 
 def apply_overrides(config, overrides: dict):

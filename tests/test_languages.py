@@ -45,7 +45,9 @@ def corpus(tmp_path_factory):
 
 
 def _config(tiny_teacher, corpus, **overrides):
-  return tiny_config(tiny_teacher, corpus, **{"data.languages": "en,ru,el", **overrides})
+  # Blocks of 64 tokens: the test vocabulary spells Russian and Greek words letter by letter, and a
+  # sentence longer than a block would be cut into a block of digits alone.
+  return tiny_config(tiny_teacher, corpus, **{"data.languages": "en,ru,el", "data.max_seq_length": 64, **overrides})
 
 
 def _script(tokenizer, ids) -> set:
@@ -136,7 +138,8 @@ def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(blocks
   env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
   config_file = os.path.join(ROOT, "tests", "tiny_config.py")
   command = [sys.executable, "-m", "minilm_jax.prepare_data", "--config", config_file, "--out", out]
-  proc = subprocess.run([*command, "--config.data.languages=en,ru,el"], env=env, capture_output=True, text=True)
+  overrides = ["--config.data.languages=en,ru,el", "--config.data.max_seq_length=64"]  # as `_config`
+  proc = subprocess.run([*command, *overrides], env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-2000:]
   manifest = json.load(open(os.path.join(out, "manifest.json")))
   assert manifest["languages"] == dict(zip(loaded.languages, map(int, loaded.counts)))

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import tiny_config
+from conftest import TEST_VOCAB_SIZE, tiny_config
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step
 from minilm_jax.errors import UserError
@@ -255,7 +255,7 @@ def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_ml
   state = build_distillation(
     tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}), str(tmp_path / "kd")
   ).run()
-  assert state.params["mlm_head"]["bias"].shape == (30522,)
+  assert state.params["mlm_head"]["bias"].shape == (TEST_VOCAB_SIZE,)  # the teacher's vocabulary
   rows = [__import__("json").loads(l) for l in open(tmp_path / "kd" / "metrics.jsonl")]
   assert all(np.isfinite(r["loss_mlm_kd"]) and r["loss_mlm_kd"] > 0 for r in rows)
   with pytest.raises(UserError, match="needs the teacher's masked-LM head"):

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import datasets
 import pytest
@@ -22,6 +23,7 @@ import minilm_jax
 from conftest import (
   DAMAGE,
   ROOT,
+  TEST_VOCAB_SIZE,
   apply_overrides,
   damage_settings,
   damaged_bytes,
@@ -289,7 +291,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
     PYTHONPATH=os.path.join(root, "tests"),
     XLA_FLAGS=xla_flags(1),
   )
-  proc = subprocess.run(
+  proc = subprocess.Popen(
     [
       sys.executable,
       "-m",
@@ -298,23 +300,32 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
       os.path.join(root, "tests", "tiny_config.py"),
       "--workdir",
       workdir,
-      "--config.num_steps=40",
+      "--config.num_steps=200",
       "--config.checkpoint.every=2",
       "--config.checkpoint.keep=5",
     ],
     env=env,
-    capture_output=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
     text=True,
-    timeout=600,
   )
-  lines = output_lines(proc.stderr)  # one line, not Orbax's threads' tracebacks
-  assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+  # Once a checkpoint is saved, the disk fills up but for room for the metrics' lines: a later save
+  # finds no space (the test vocabulary's checkpoints are too small to fill the disk by themselves).
+  checkpoints = os.path.join(workdir, "checkpoints")
+  deadline = time.time() + 300
+  while not (os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))):
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:] if proc.poll() else "timeout"
+    time.sleep(0.05)
+  _fill(small_disk, leave=64 * 1024)
+  _, stderr = proc.communicate(timeout=600)
+  lines = output_lines(stderr)  # one line, not Orbax's threads' tracebacks
+  assert proc.returncode == 2 and len(lines) == 1, stderr[-3000:]
   assert lines[0].startswith("error: saving a checkpoint in") and "No space left on device" in lines[0]
   assert not glob.glob(os.path.join(workdir, "checkpoints", "*tmp*"))  # the partial save is removed
   from minilm_jax import runs
 
   steps = list(runs.RunCheckpoints(workdir, read_only=True).manager.all_steps())
-  assert steps and max(steps) < 40
+  assert steps and max(steps) < 200
 
 
 def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
@@ -331,6 +342,7 @@ def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
       "--workdir",
       os.path.join(small_disk, "w"),
       f"--config.teacher.path={tiny_teacher}",
+      f"--config.student.vocab_size={TEST_VOCAB_SIZE}",
       "--config.student.hidden_size=16",
       "--config.student.num_heads=4",
       "--config.loss.num_relation_heads=4",
@@ -463,22 +475,24 @@ def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teache
 
   run = str(tmp_path / "run")
   runs.write_run_from_hf(tiny_teacher, run)
-  with open(os.path.join(small_disk, "filler"), "wb") as f:
-    f.write(b"\0" * (3 * 2**20))  # the tiny teacher's export needs about 4.6 MiB of the 3 left
+  _fill(small_disk)  # the tiny teacher's export needs more than the nothing left
   out = os.path.join(small_disk, "export")
   line = _one_line_error(_export(run, out), "No space left on device", "nothing was written to --out")
   assert "checkpoint" not in line and sorted(os.listdir(small_disk)) == ["filler"]
 
 
-def _fill(disk: str):
-  """Fills `disk` to its last byte: any write there fails."""
-  with open(os.path.join(disk, "filler"), "wb") as f:
+def _fill(disk: str, leave: int = 0):
+  """Fills `disk` to its last byte (any write there fails), or to `leave` bytes of it."""
+  path = os.path.join(disk, "filler")
+  with open(path, "wb") as f:
     try:
       while True:
         f.write(b"\0" * 65536)
         f.flush()
     except OSError:
       pass
+  if leave:
+    os.truncate(path, max(0, os.path.getsize(path) - leave))
 
 
 @pytest.mark.parametrize("writer", ["prepare_data", "evaluate", "bench"])

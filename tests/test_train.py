@@ -177,8 +177,8 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
     tiny_config(tiny_teacher, tiny_corpus, **{"student.num_layers": 2, "loss.embedding_weight": 1.0}), assistant
   ).run()
   assistant_params = _final_params(assistant)
-  opened = count_checkpoint_openings(monkeypatch)
   config = tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8})
+  opened = count_checkpoint_openings(monkeypatch)
   for name, length in (("short", 16), ("long", 32)):
     config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
   student = build_distillation(config, str(tmp_path / "student"))

@@ -117,6 +117,7 @@ def _student(
   c = distill_config()
   c.teacher.path, c.data.corpus, c.dtype = teacher, corpus, "float32"
   c.student.num_layers, c.student.hidden_size = shape
+  c.student.model_type, c.student.vocab_size = teacher_config.model_type, teacher_config.vocab_size
   # The teacher's heads and feed-forward ratio: ETD keeps every head and narrows each block alike.
   c.student.num_heads = teacher_config.num_heads
   c.student.intermediate_size = shape[1] * teacher_config.intermediate_size // teacher_config.hidden_size
