@@ -146,13 +146,14 @@ class _OurStep:
     """`steps` steps under `jax.profiler`, each in its own annotation, the trace kept in `directory`:
     where each step's time goes (`profile.step_table`)."""
     batch = parallel.shard_batch(batch, self.mesh)
+    # Run as the executable whose instructions the trace names: one compile, not a second one by `jit`.
     compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
-    self.state, metrics = self(self.state, batch)  # compiled and warm before the trace starts
+    self.state, metrics = compiled(self.state, batch, self.teacher_params, self.rng)  # warm before the trace
     block(metrics)
     with jax.profiler.trace(directory):
       for number in range(steps):
         with jax.profiler.StepTraceAnnotation(profile.STEP, step_num=number):
-          self.state, metrics = self(self.state, batch)
+          self.state, metrics = compiled(self.state, batch, self.teacher_params, self.rng)
           block(metrics)
     return profile.step_table(profile.read_trace(directory), compiled.as_text(), flops)
 

@@ -29,6 +29,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
 from minilm_jax.models.encoder import fused_attention, fused_attention_implementation
+from minilm_jax.models.flops import attention_kernel_flops, relation_kl_flops
 from minilm_jax.transfer import losses
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 3e-2}
@@ -91,14 +92,12 @@ def _programs(platform, tiling, student, teacher, mask):
 
 
 def matmul_flops(kernel: str, batch: int, length: int) -> int:
-  """FLOPs of the matrix products in one forward+backward call of `kernel` at the paper's heads:
-  attention (its products 4 B H L^2 K forward, 10 B H L^2 K backward with the probabilities
-  recomputed), or one relation KL (the teacher's and the student's logits forward, the student's
-  two gradient products backward)."""
-  square = batch * HEADS * length * length
+  """FLOPs of the matrix products in one forward+backward call of `kernel` at the paper's heads
+  (`models.flops`): one layer's attention at the student's, or one relation KL between the
+  teacher's and the student's."""
   if kernel == "attention":
-    return 14 * square * STUDENT_DIM
-  return 2 * square * TEACHER_DIM + 2 * square * STUDENT_DIM + 4 * square * STUDENT_DIM
+    return sum(attention_kernel_flops(batch, length, HEADS * STUDENT_DIM))
+  return sum(relation_kl_flops(batch, length, HEADS * TEACHER_DIM, HEADS * STUDENT_DIM))
 
 
 def cudnn_loss(q, k, v, mask):

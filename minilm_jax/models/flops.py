@@ -44,6 +44,21 @@ def distill_flops_per_token(
   return share(teacher, teacher_layer) + 3 * share(student, student_layer)
 
 
+def attention_kernel_flops(batch: int, length: int, width: int) -> tuple:
+  """(forward, backward) FLOPs of one layer's attention products over heads of total `width`: the
+  scores and the weighted sum forward (4 B L^2 d), the backward pass with the probabilities
+  recomputed (10 B L^2 d)."""
+  square = batch * length * length
+  return 4 * square * width, 10 * square * width
+
+
+def relation_kl_flops(batch: int, length: int, teacher_width: int, student_width: int) -> tuple:
+  """(forward, backward) FLOPs of one relation KL: the teacher's and the student's relation logits
+  (2 B L^2 d each) forward, the student's two gradient products (twice its forward) backward."""
+  logits = 2 * batch * length * length
+  return logits * (teacher_width + student_width), 2 * logits * student_width
+
+
 def distill_step_flops_by_part(
   teacher, teacher_layer: int, student, student_layer: int, batch: int, length: int, num_relations: int = 2
 ) -> dict:
@@ -51,20 +66,20 @@ def distill_step_flops_by_part(
   (`benchmarks.profile.PARTS`), counting what the step computes (as `distill_flops_per_token`):
   the teacher's layers below the one the loss reads in full and that layer's Q/K/V; the student's
   projections and feed-forward blocks the same way, their backward pass twice the forward; its
-  attention in the layers below the read one (forward 4 B L^2 d, backward with the probabilities
-  recomputed 10 B L^2 d); the relations' logits, the teacher's and the student's (2 B L^2 d each),
-  and the student's backward through them (twice its forward)."""
+  attention in the layers below the read one (`attention_kernel_flops`); the relations
+  (`relation_kl_flops`)."""
   tokens = batch * length
   t_d, s_d = teacher.hidden_size, student.hidden_size
   student_dense = tokens * (student_layer * (8 * s_d * s_d + 4 * s_d * student.intermediate_size) + 6 * s_d * s_d)
-  logits = 2 * batch * length * length
+  attention_forward, attention_backward = attention_kernel_flops(batch, length, s_d)
+  relation_forward, relation_backward = relation_kl_flops(batch, length, t_d, s_d)
   return {
     "teacher forward": tokens
     * (teacher_layer * layer_flops_per_token(t_d, teacher.intermediate_size, length) + 6 * t_d * t_d),
     "student dense forward": student_dense,
     "student dense backward": 2 * student_dense,
-    "attention kernel forward": student_layer * 4 * batch * length * length * s_d,
-    "attention kernel backward": student_layer * 10 * batch * length * length * s_d,
-    "relation KL forward": num_relations * logits * (t_d + s_d),
-    "relation KL backward": num_relations * 2 * logits * s_d,
+    "attention kernel forward": student_layer * attention_forward,
+    "attention kernel backward": student_layer * attention_backward,
+    "relation KL forward": num_relations * relation_forward,
+    "relation KL backward": num_relations * relation_backward,
   }
