@@ -36,11 +36,11 @@ def _final_params(workdir):
   return runs.read_run(workdir).params
 
 
-def test_data_parallel_step_equals_single_device(tiny_teacher, tiny_corpus, tmp_path):
+def test_data_parallel_step_equals_single_device(tiny_teacher_bert_vocab, tiny_corpus, tmp_path):
   """8 devices (batch split 8 ways, explicit gradient mean) against 1 device, 3 steps. Adam hides a
   constant gradient scale in the update, so the gradient norms are compared too: they catch a
   gradient summed over devices instead of averaged."""
-  config = tiny_config(tiny_teacher, tiny_corpus)
+  config = tiny_config(tiny_teacher_bert_vocab, tiny_corpus)
   results = {}
   for n in (1, 8):
     workdir = str(tmp_path / f"devices{n}")
