@@ -348,14 +348,14 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
     students.run(tiny_teacher, "1x32", models=("bogus",))
   with pytest.raises(UserError, match="vader_tweets read vaderSentiment's source package|VADER tasks read"):
     students.run(tiny_teacher, "1x32", tasks=("vader_tweets",), models=("teacher",))
-  with pytest.raises(UserError, match="--tasks squad1: the suite fine-tunes and probes classification tasks"):
+  with pytest.raises(UserError, match="--tasks squad1: the suite fine-tunes classification and regression tasks"):
     students.run(tiny_teacher, "1x32", tasks=("squad1",), models=("teacher",))
 
 
 def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took(tmp_path):
   """A second stage measured after the `+long` row, whose run distilled their common first stage,
   finds the student distilled in moments: its row reports the time the `+long` row's run logged."""
-  from minilm_jax.benchmarks.students import MeasurementLog
+  from minilm_jax.benchmarks.student_log import MeasurementLog
 
   distilled = {"distill": {"num_steps": 500}, "teacher": "all-MiniLM-L6-v2"}
   finetuning = {"finetune_epochs": 3, "finetune_lr": 1e-4, "length": 64}
@@ -371,25 +371,48 @@ def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took
 @pytest.mark.slow
 def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
   """A second stage (the teacher's logits and layers on the augmented set, from the evenly spaced
-  layers) and a first stage fine-tuned for the second stage's steps: both scored and ranked against
-  the teacher, whose seed-0 fine-tuning is the kept teacher run; the augmented set and the
-  teacher's logits are cached beside the models, and a rerun measures nothing again."""
+  layers), one learning three teachers (the teacher fine-tuned with seeds 0, 1, 2) with the score
+  of their mean logits, and a first stage fine-tuned for the second stage's steps: all scored and
+  ranked against the teacher, whose seed-0 fine-tuning is the kept teacher run; the augmented set
+  and each teacher's logits are cached beside the models, and a rerun measures nothing again."""
+  from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
+  from minilm_jax.tasks import get_task
 
-  models = ("teacher", "uniform_layers", "uniform_layers+task_kd", "embedding_etd_lr5e4+long")
+  several = ("teacher_ensemble3", "embedding_etd_lr5e4+task_kd_teachers3")
+  models = ("teacher", "uniform_layers", "uniform_layers+task_kd", "embedding_etd_lr5e4+long", *several)
   results = tmp_path / "measured.jsonl"
   tasks = (f"wordnet_supersense={WORDNET_EXCERPT}",)
   suite = _tiny_students_suite(tiny_teacher, tiny_corpus, results, tasks=tasks, seeds=1, models=models, size_factor=2)
   rows = suite()
   measured = results.read_text().splitlines()
-  assert len(measured) == 2 * 2 + 2  # the first stages' probe and seed, the second stages' seed
+  # the first stages' probe and seed, the second stages' seed, the ensemble's score
+  assert len(measured) == 2 * 2 + 2 + 2
   assert suite() == rows and results.read_text().splitlines() == measured
   kept = sorted(os.listdir(tmp_path / "measured_models"))
-  assert [k for k in kept if k.startswith("teacher_wordnet_supersense_")], kept
+  teacher_runs = [
+    os.path.join(tmp_path, "measured_models", k) for k in kept if k.startswith("teacher_wordnet_supersense")
+  ]
+  assert len(teacher_runs) == 3, kept  # seeds 0, 1, 2: kept for the second stage that learns them
   cached = sorted(os.listdir(tmp_path / "measured_models" / "cache"))
-  assert [os.path.splitext(c)[1] for c in cached] == [".parquet", ".npy"], cached
+  # the augmented set, each teacher's logits on it and on the dev set (the ensemble's)
+  assert sorted(os.path.splitext(c)[1] for c in cached) == [".npy"] * 6 + [".parquet"], cached
   by_model = {r["model"]: r for r in rows}
   for name in models:
-    assert 0.0 <= by_model[name]["wordnet_supersense/ft"] <= 1.0 and by_model[name]["ft_min"] > 0
+    assert 0.0 <= by_model[name]["wordnet_supersense/ft"] <= 1.0
+  assert all(by_model[name]["ft_min"] > 0 for name in models if name not in several[:1])
+  # The ensemble's score: the three teachers' mean logits on the dev set, scored here with numpy.
+  task = get_task("wordnet_supersense")
+  dev = task.load("dev", WORDNET_EXCERPT)
+  mesh = parallel.make_mesh(2)
+  mean = np.mean(
+    [
+      teacher_logits(find_teachers([r], [task])[task.name], task, dev, 32, 64, mesh, str(tmp_path))
+      for r in teacher_runs
+    ],
+    axis=0,
+  )
+  ensemble = np.mean(mean.argmax(-1) == np.asarray(dev["label"]))
+  assert by_model["teacher_ensemble3"]["wordnet_supersense/ft"] == pytest.approx(ensemble, abs=1e-4)
   assert "ft_gap_closed" in by_model["uniform_layers+task_kd"] and "wordnet_supersense/probe" not in by_model[models[2]]
   # The longer one-stage row trains as many epochs as the augmented set is times the training set.
   long_runs = [json.loads(line) for line in measured if "steps_of" in line]
@@ -397,7 +420,9 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
 
 
 def test_bench_students_through_the_program(tiny_teacher, tmp_path):
-  """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh."""
+  """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh, on
+  tasks of each kind the default runs: one sentence (probed too), sentence pairs and a regression
+  (fine-tuned alone: a probe's examples are right or wrong)."""
   out = tmp_path / "students.json"
   proc = subprocess.run(
     [
@@ -410,7 +435,7 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path):
       "--models",
       "teacher",
       "--tasks",
-      f"vader_tweets={VADER_EXCERPT}",
+      f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_EXCERPT},vader_movies_rating={VADER_EXCERPT}",
       "--seeds",
       "1",
       "--seq_len",
@@ -424,6 +449,8 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))
   assert row["model"] == "teacher" and 0 <= row["vader_tweets/probe"] <= 1 and row["vader_tweets/ft_std"] == 0
+  assert 0 <= row["wordnet_examples/ft"] <= 1 and -1 <= row["vader_movies_rating/ft"] <= 1  # accuracy, Pearson
+  assert row["wordnet_examples/probe"] is None and row["vader_movies_rating/probe"] is None
   assert row["ft_within_noise_of"] == "unknown (one seed)"
   assert row["probe_within_noise_of"] == "-"  # a probe has no seeds: its claim needs none
   assert "teacher" in proc.stdout and "vader_tweets/ft" in proc.stdout

@@ -486,6 +486,81 @@ def test_a_distilling_grid_with_seeds_augments_and_labels_once(tmp_path, teacher
   assert cached == [".npy", ".parquet"]
 
 
+def _custom_teacher(tmp_path, init, name: str, labels: tuple) -> str:
+  """A teacher fine-tuned for one epoch on a small CSV task of the given class names."""
+  import csv
+
+  for split in ("train", "dev"):
+    with open(tmp_path / f"{name}_{split}.csv", "w", newline="") as f:
+      writer = csv.writer(f)
+      writer.writerow(["text", "label"])
+      writer.writerows([f"line {i} says {labels[i % 2]}", labels[i % 2]] for i in range(32))
+  c = _finetune_config(init, "custom")
+  c.data.train, c.data.dev = str(tmp_path / f"{name}_train.csv"), str(tmp_path / f"{name}_dev.csv")
+  c.data_dir = ""
+  build_finetuning(c, str(tmp_path / name)).run()
+  return str(tmp_path / name)
+
+
+def test_several_teachers_are_learnt_as_the_mean_of_their_logits(
+  tmp_path, teachers, tiny_teacher, tiny_teacher_bert_vocab
+):
+  """`distill.teacher` a comma list (the teacher fine-tuned with two seeds): the targets are the
+  mean of each teacher's own logits, the layers are the first teacher's; teachers of another task,
+  of other labels or of another vocabulary, and one named twice, are one line each."""
+  task = get_task("wordnet_supersense")
+  seed_1 = str(tmp_path / "teacher_seed_1")
+  c = _finetune_config(tiny_teacher, task.name)
+  c.seed = 1
+  build_finetuning(c, seed_1).run()
+  both = f"{teachers[task.name]},{seed_1}"
+  run = build_finetuning(_distilling_config(tiny_teacher, both, layers="tinybert_layerwise"), str(tmp_path / "kd"))
+  examples = task.load("train", WORDNET_EXCERPT)
+  each = [
+    teacher_logits(
+      find_teachers([t], [task])[task.name], task, examples, 32, 128, run.mesh, str(tmp_path / "kd" / "cache")
+    )
+    for t in (teachers[task.name], seed_1)
+  ]
+  assert np.abs(each[0] - each[1]).max() > 1e-2  # two teachers that differ
+  np.testing.assert_allclose(np.asarray(run.stream.rows["teacher_logits"]), np.mean(each, axis=0), rtol=1e-6)
+  assert [r.path for r in run.teacher.runs] == [teachers[task.name], seed_1]
+  first = runs.read_run(teachers[task.name]).params["encoder"]
+  np.testing.assert_array_equal(
+    np.asarray(run.teacher.params["embeddings"]["word_embeddings"]["embedding"]),
+    np.asarray(first["embeddings"]["word_embeddings"]["embedding"]),
+  )
+  cases = [
+    (
+      f"{teachers[task.name]},{teachers['wordnet_examples']}",
+      "task wordnet_supersense has no teacher: none of teacher=",
+    ),
+    (f"{seed_1},{seed_1}", "names a run twice"),
+  ]
+  for i, (teacher, message) in enumerate(cases):
+    with pytest.raises(UserError, match=message):
+      build_finetuning(_distilling_config(tiny_teacher, teacher), str(tmp_path / f"bad_{i}"))
+  # Other labels, another vocabulary: teachers of the user's own task.
+  yes_no = _custom_teacher(tmp_path, tiny_teacher, "yes_no", ("no", "yes"))
+  cases = [
+    (
+      _custom_teacher(tmp_path, tiny_teacher, "yes_maybe", ("maybe", "yes")),
+      "predicts \\['maybe', 'yes'\\] for custom",
+    ),
+    (_custom_teacher(tmp_path, tiny_teacher_bert_vocab, "yes_no_bert", ("no", "yes")), "has another vocabulary"),
+  ]
+  student = _finetune_config(tiny_teacher, "custom")
+  student.data.train, student.data.dev, student.data_dir = (
+    str(tmp_path / "yes_no_train.csv"),
+    str(tmp_path / "yes_no_dev.csv"),
+    "",
+  )
+  for i, (other, message) in enumerate(cases):
+    student.distill.teacher = f"{yes_no},{other}"
+    with pytest.raises(UserError, match=message):
+      build_finetuning(student, str(tmp_path / f"custom_bad_{i}"))
+
+
 def _quiet(c):
   """`c` with dropout off."""
   q = c.copy_and_resolve_references()

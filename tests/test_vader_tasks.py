@@ -53,6 +53,29 @@ def test_labels_are_the_sign_of_the_mean_rating_and_the_splits_partition_the_fil
     assert 0.1 < len(splits["dev"]) / len(expected) < 0.35
 
 
+def test_the_rating_task_scores_every_snippet_by_its_raters_mean(tmp_path):
+  """`vader_movies_rating`: every movie snippet, the neutral ones too, labelled by its raters' mean
+  (numpy's reading of the file), in the classification task's document splits; Pearson and Spearman."""
+  ids, ratings, texts = np.loadtxt(
+    os.path.join(FILES, "movieReviewSnippets_GroundTruth.txt"),
+    dtype=str,
+    delimiter="\t",
+    comments=None,
+    encoding="utf-8",
+  ).T
+  task = get_task("vader_movies_rating")
+  assert task.labels is None and task.metrics == ("pearson", "spearman") and task.head()["num_labels"] == 1
+  for data_dir in (EXCERPT, _sdist(tmp_path)):
+    splits = {split: task.load(split, data_dir) for split in ("train", "dev")}
+    seen = sorted((text, label) for split in splits.values() for text, label in zip(split["text_a"], split["label"]))
+    assert seen == sorted(zip(texts, ratings.astype(float)))  # every snippet once, with its mean rating
+    assert any(abs(label) < vader.NEUTRAL_BAND for _, label in seen)
+    # The same document splits as the sentiment task: its dev sentences are the rating task's dev
+    # sentences outside the neutral band.
+    classified = set(get_task("vader_movies").load("dev", data_dir)["text_a"])
+    assert classified == {t for t, label in zip(splits["dev"]["text_a"], splits["dev"]["label"]) if abs(label) >= 0.5}
+
+
 def test_a_documents_sentences_stay_in_one_split():
   """Amazon's ids are review_sentence: a review's sentences are never split between train and dev."""
   task = get_task("vader_amazon")

@@ -35,6 +35,10 @@ thesis does (`finetuning/distillation.py`):
 - `embedding_etd_lr5e4+long`: the first stage fine-tuned on the gold labels for as many steps as
   its second stage takes (as many epochs as the augmented set is times the training set): what more
   steps alone give.
+- `embedding_etd_lr5e4+task_kd_teachers3`: the second stage learning three teachers at once, the
+  teacher fine-tuned with seeds 0, 1 and 2 (the teacher row's own runs, kept), their logits averaged
+  and their layers' term from the first; `teacher_ensemble3`: what it learns, those three teachers'
+  mean logits scored on the dev set.
 
 Noise: two models are within noise when their means over tasks differ by less than twice the
 standard error of the difference. Fine-tuned, that error comes from the seeds (each model's standard
@@ -45,7 +49,6 @@ two independent sampling errors when the models agree on most examples.
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -58,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from minilm_jax import runs
+from minilm_jax.benchmarks.student_log import MeasurementLog
 from minilm_jax.benchmarks.student_scores import BASELINES, ModelScores, rank
 from minilm_jax.benchmarks.student_tasks import BenchTask, parse_tasks
 from minilm_jax.data import augment
@@ -70,10 +74,13 @@ from minilm_jax.evaluation.evaluators import probe_correct
 from minilm_jax.evaluation.sentences import SentenceEncoder
 from minilm_jax.finetuning.config import base_config as finetune_config
 from minilm_jax.finetuning.run import build_finetuning
+from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.tasks import selection_metric
 
-# One task per source of text: WordNet's definitions, Rotten Tomatoes snippets, tweets.
-DEFAULT_TASKS = ("wordnet_supersense", "vader_movies", "vader_tweets")
+# One task per source of text (WordNet's definitions, Rotten Tomatoes snippets, tweets), then a task
+# of sentence pairs (a definition and an example sentence: is the word used in this sense?) and a
+# regression (the snippets' mean human rating, Pearson and Spearman).
+DEFAULT_TASKS = ("wordnet_supersense", "vader_movies", "vader_tweets", "wordnet_examples", "vader_movies_rating")
 RECIPES: dict[str, dict[str, Any]] = {
   "minilm_random": {"init": "random", "lr": 1e-3},
   "minilm_etd": {"init": "etd"},
@@ -149,7 +156,17 @@ TWO_STAGE: dict[str, dict[str, Any]] = {
   },
   "uniform_layers+task_kd": {"first": "uniform_layers", "layers": "tinybert_layerwise", "augment": True},
   "embedding_etd_lr5e4+long": {"first": "embedding_etd_lr5e4", "steps_of": "embedding_etd_lr5e4+task_kd"},
+  # The teacher's fine-tunings with seeds 0, 1 and 2 as one teacher: their logits averaged.
+  "embedding_etd_lr5e4+task_kd_teachers3": {
+    "first": "embedding_etd_lr5e4",
+    "layers": "tinybert_layerwise",
+    "augment": True,
+    "teachers": 3,
+  },
 }
+# Rows that score the mean logits of the teacher's first fine-tunings (seeds 0 on): what the second
+# stages with as many teachers learn.
+ENSEMBLES = {"teacher_ensemble3": 3}
 
 
 def _finetune(
@@ -183,8 +200,8 @@ def _finetune(
 def _probe(init: str, task: BenchTask, length: int, mesh) -> str | None:
   """Which dev examples a logistic-regression probe of `init`'s frozen sentence embeddings gets
   right, as a string of 0s and 1s (one per example, in the dev set's order); None for a
-  sentence-pair task."""
-  if len(task.task.text_columns) != 1:
+  sentence-pair task or a regression (no example is right or wrong)."""
+  if len(task.task.text_columns) != 1 or task.task.labels is None:
     return None
   encoder = SentenceEncoder.load(init, mesh, 64, length)
   train, dev = task.task.load("train", task.data_dir), task.task.load("dev", task.data_dir)
@@ -193,67 +210,6 @@ def _probe(init: str, task: BenchTask, length: int, mesh) -> str | None:
     embed(train["text_a"], "train"), np.asarray(train["label"]), embed(dev["text_a"], "dev"), np.asarray(dev["label"])
   )
   return "".join("1" if right else "0" for right in correct)
-
-
-def _distilled(model_key: dict) -> dict:
-  """What a model's distillation depends on (`model_of`'s `distilled`): its key without the
-  fine-tuning and second-stage settings."""
-  return {k: model_key[k] for k in ("distill", "teacher")}
-
-
-class MeasurementLog:
-  """Measurements (which dev examples a probe gets right, a fine-tuning seed's score) by what determines
-  them, kept in a JSON Lines file when given one: a suite of hours that stops resumes from it."""
-
-  def __init__(self, path: str):
-    self.path, self.entries = path, dict[str, dict]()
-    if path and os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-          try:
-            entry = json.loads(line)
-            self.entries[entry["key"]] = entry
-          except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{number} is not a line this suite wrote: pass another --results file") from None
-
-  @staticmethod
-  def _key(key) -> str:
-    return json.dumps(key, sort_keys=True)
-
-  def model_dir(self, tmp: str, name: str, distilled: dict) -> str:
-    """Where a model is distilled (named by its distillation settings): beside the log when there
-    is one (a rerun finds it done, and its later seeds need no distillation again), else in `tmp`."""
-    if not self.path:
-      return os.path.join(tmp, name)
-    digest = hashlib.sha256(self._key(distilled).encode()).hexdigest()[:12]
-    return os.path.join(f"{os.path.splitext(self.path)[0]}_models", f"{name}_{digest}")
-
-  def cache_dir(self, tmp: str) -> str:
-    """Where the second stages' teacher logits and augmented sets are cached: beside the models."""
-    return os.path.join(f"{os.path.splitext(self.path)[0]}_models" if self.path else tmp, "cache")
-
-  def __contains__(self, key) -> bool:
-    return self._key(key) in self.entries
-
-  def __getitem__(self, key) -> dict:
-    return self.entries[self._key(key)]
-
-  def distill_minutes(self, model_key) -> float:
-    """How long the model's distillation took: the longest time logged with any measurement of the
-    same distilled model (the run that distilled it logs the whole time; a later run finds it
-    distilled and takes moments), whichever row measured it: a second stage's first stage may
-    have been distilled by the `+long` row's run, or the reverse."""
-    model = self._key(_distilled(model_key))
-    times = [e["distill_minutes"] for k, e in self.entries.items() if self._key(_distilled(json.loads(k)[0])) == model]
-    return max(times, default=0.0)
-
-  def add(self, key, value, distill_minutes: float, minutes: float | None = None):
-    """`minutes`: how long the measurement took (a fine-tuning's)."""
-    entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes, "minutes": minutes}
-    self.entries[entry["key"]] = entry
-    if self.path:
-      with open(self.path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry) + "\n")
 
 
 @dataclasses.dataclass
@@ -324,7 +280,7 @@ def run(
     shape = tuple(int(n) for n in student.split("x"))
   except ValueError:
     raise UserError(f"--student {student}: give layers x width, e.g. 3x384") from None
-  known = BASELINES + tuple(RECIPES) + tuple(TWO_STAGE)
+  known = BASELINES + tuple(RECIPES) + tuple(TWO_STAGE) + tuple(ENSEMBLES)
   unknown = [m for m in models if m not in known]
   if unknown:
     raise UserError(f"unknown students {unknown}: choose from {', '.join(known)}")
@@ -384,15 +340,20 @@ class _Suite:
     key.update({"second_stage": second} if second else {})
     return _Model(name, self.teacher, config, self.log.model_dir(self.tmp, name, distilled), self.mesh, self.log, key)
 
-  def teacher_run(self, t: BenchTask) -> str:
-    """The teacher fine-tuned on `t` with seed 0 (the teacher row's first seed), kept: the second
-    stages' teacher."""
+  def teacher_run(self, t: BenchTask, seed: int = 0) -> str:
+    """The teacher fine-tuned on `t` with `seed` (the teacher row's), kept: the second stages learn
+    from the runs of the first seeds."""
     key = {**self.model("teacher").key, "task": f"{t.name}={t.data_dir}"}
-    path = self.log.model_dir(self.tmp, f"teacher_{t.label}", key)
+    key.update({"seed": seed} if seed else {})  # seed 0's key is the one logs before several teachers hold
+    path = self.log.model_dir(self.tmp, f"teacher_{t.label}" + (f"_seed{seed}" if seed else ""), key)
     if not os.path.isfile(os.path.join(path, "results.json")):
       epochs, lr = self.finetuning
-      _finetune(self.teacher, t, 0, epochs, self.length, lr, self.mesh, path)
+      _finetune(self.teacher, t, seed, epochs, self.length, lr, self.mesh, path)
     return path
+
+  def teacher_runs(self, t: BenchTask, count: int) -> str:
+    """`distill.teacher` for the teacher runs of seeds 0 to `count` - 1: a comma list."""
+    return ",".join(self.teacher_run(t, seed) for seed in range(count))
 
   def augmented_epochs(self, t: BenchTask) -> int:
     """Epochs over the training set that take as many steps as the suite's epochs over its
@@ -407,6 +368,8 @@ class _Suite:
   def measure(self, name: str, tasks: list) -> ModelScores:
     """The row `name`'s scores on every task: its frozen probe (a second stage's first stage is
     probed in its own row) and its fine-tunings, each from the log when it holds it."""
+    if name in ENSEMBLES:
+      return self._ensemble(name, tasks)
     spec = TWO_STAGE.get(name, {})
     model = self.model(spec.get("first", name), {**spec, "size_factor": self.size_factor} if spec else None)
     steps, batch, length = self.distillation[:3]
@@ -426,6 +389,21 @@ class _Suite:
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
     return scores
 
+  def _ensemble(self, name: str, tasks: list) -> ModelScores:
+    """Row `name` of ENSEMBLES: the dev score of the mean logits of the teacher's first runs, one
+    value a task (the runs are the teacher row's seeds: nothing here is random)."""
+    model, scores = self.model("teacher"), ModelScores(name, "teacher", 0)
+    teacher_runs = partial(self.teacher_runs, count=ENSEMBLES[name])
+    for t in tasks:
+      score = partial(
+        _ensemble_score, teacher_runs=partial(teacher_runs, t), task=t, length=self.length, mesh=self.mesh
+      )
+      scores.finetuned[t.label] = [
+        model.measured(t, name, partial(score, cache_dir=self.log.cache_dir(self.tmp)))["value"]
+      ]
+      logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
+    return scores
+
   def _fine_tuning(self, name: str, spec: dict, t: BenchTask, epochs: int, seed: int) -> Callable[[str], float]:
     """How row `name` is fine-tuned on `t` for `epochs` with `seed`, given its model's path: on the
     gold labels, distilling the task's teacher run (a second stage, whose teacher is fine-tuned only
@@ -440,14 +418,16 @@ class _Suite:
         "augment.size_factor": self.size_factor,
         "distill.cache_dir": self.log.cache_dir(self.tmp),
       }
-      return partial(_second_stage, finetune=measure, distill=distill, teacher_run=partial(self.teacher_run, t))
-    if name == "teacher" and seed == 0:  # the run the second stages learn from
-      return partial(_teacher_score, teacher_run=partial(self.teacher_run, t), task=t)
+      teacher_runs = partial(self.teacher_runs, t, spec.get("teachers", 1))
+      return partial(_second_stage, finetune=measure, distill=distill, teacher_run=teacher_runs)
+    if name == "teacher":  # the runs the second stages learn from, kept
+      return partial(_teacher_score, teacher_run=partial(self.teacher_run, t, seed), task=t)
     return measure
 
 
 def _second_stage(init: str, finetune: Callable, distill: dict, teacher_run: Callable[[], str]) -> float:
-  """`finetune(init)` distilling the teacher run `teacher_run()` with the `distill` settings."""
+  """`finetune(init)` distilling the teacher run (or comma list of runs) `teacher_run()` with the
+  `distill` settings."""
   return finetune(init, distill={**distill, "distill.teacher": teacher_run()})
 
 
@@ -455,3 +435,14 @@ def _teacher_score(init: str, teacher_run: Callable[[], str], task: BenchTask) -
   """The last epoch's dev score of the kept teacher run (its results.json)."""
   with open(os.path.join(teacher_run(), "results.json")) as f:
     return json.load(f)[selection_metric(task.task)]
+
+
+def _ensemble_score(init: str, teacher_runs: Callable[[], str], task: BenchTask, length: int, mesh, cache_dir: str):
+  """The dev score (the task's first metric) of the mean logits of the runs `teacher_runs()` (a comma
+  list), each run's logits cached as the second stages' are."""
+  dev = task.task.load("dev", task.data_dir)
+  logits = [
+    teacher_logits(find_teachers([path], [task.task])[task.task.name], task.task, dev, length, 64, mesh, cache_dir)
+    for path in teacher_runs().split(",")
+  ]
+  return task.task.score(task.task.predict(np.mean(logits, axis=0)), dev)[task.task.metrics[0]]

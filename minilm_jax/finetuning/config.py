@@ -100,7 +100,9 @@ def _distill_config() -> ml_collections.ConfigDict:
   logits instead of the gold labels, on the training set augmented as the thesis does: the second
   stage after a general distillation (TinyBERT's two stages; finetuning/distillation.py)."""
   c = ml_collections.ConfigDict()
-  c.teacher = ""  # a fine-tuning run of the same task; empty: the gold labels (plain fine-tuning)
+  # A fine-tuning run of the same task, or a comma list of them (their logits averaged, e.g. one per
+  # seed); empty: the gold labels (plain fine-tuning).
+  c.teacher = ""
   c.objective = "mse"  # mse (the thesis, on logits) or soft_ce (the teacher's probabilities at temperature)
   c.temperature = 1.0
   # Plus the teacher's intermediate layers, by a distillation objective of transfer/objectives.py

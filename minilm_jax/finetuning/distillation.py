@@ -6,10 +6,12 @@ a fine-tuned teacher of the same task instead of the gold labels.
   `augment.enabled` (masking and POS-guided replacement, `data/augment.py`), computed once and
   cached (`teachers.teacher_logits`); the loss is task distillation's `distill.objective` (logit
   MSE, the thesis's, or the teacher's probabilities at a temperature, `transfer/logits.py`).
+  Several teachers (`distill.teacher` a comma list of runs of the task, e.g. one fine-tuning per
+  seed): the mean of their logits, each teacher's cached on its own.
 - Optionally the teacher's intermediate layers too (`distill.layers`, a distillation objective of
   `transfer/objectives.py`: `tinybert_layerwise` is TinyBERT's task stage, its embeddings, attention
-  scores and hidden states at every layer of the uniform map), from the teacher's encoder run on the
-  same batch inside the step, times `distill.layers_weight`.
+  scores and hidden states at every layer of the uniform map), from the (first) teacher's encoder
+  run on the same batch inside the step, times `distill.layers_weight`.
 
 Everything else is the fine-tuning run's own: the head, the optimiser and its schedule, the epochs
 (over the augmented set), the evaluation, the record: `evaluate`, `convert`, `--grid` and seeds work
@@ -35,10 +37,11 @@ from minilm_jax.transfer.objectives import REGISTRY, Objective, Outputs, loss_co
 
 @dataclasses.dataclass(frozen=True)
 class TaskTeacher:
-  """What a distilling fine-tuning run learns from: the teacher run, the objective on its logits and,
-  with `distill.layers`, the objective on its layers with its encoder and parameters (on the mesh)."""
+  """What a distilling fine-tuning run learns from: the teacher runs (their logits averaged), the
+  objective on the logits and, with `distill.layers`, the objective on the first run's layers with
+  its encoder and parameters (on the mesh)."""
 
-  run: TeacherRun
+  runs: tuple[TeacherRun, ...]
   logits: TaskObjective
   temperature: float
   layers: Objective | None = None
@@ -68,9 +71,10 @@ def load_teacher(
   objective = check_objective(distill.objective, num_labels, task.name)
   if not objective.from_teacher:
     raise UserError(f"distill.objective={distill.objective} trains on the gold labels: leave distill.teacher empty")
-  teacher = find_teachers([distill.teacher], [task])[task.name]
+  teachers = _teacher_runs(distill.teacher, task)
   if not distill.layers:
-    return TaskTeacher(teacher, objective, distill.temperature)
+    return TaskTeacher(teachers, objective, distill.temperature)
+  teacher = teachers[0]
   teacher_config, params, teacher_tokenizer = runs.read_run(teacher.path, teacher.step, mesh=mesh)[:3]
   if teacher_config.hidden_size != encoder_config.hidden_size:
     raise UserError(
@@ -80,7 +84,7 @@ def load_teacher(
     )
   if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
     raise UserError(
-      f"distill.layers={distill.layers} runs the teacher on the student's tokens, but {distill.teacher} has another "
+      f"distill.layers={distill.layers} runs the teacher on the student's tokens, but {teacher.path} has another "
       f"vocabulary than {init}: distil the logits alone (distill.layers='')"
     )
   loss = loss_config()
@@ -91,7 +95,33 @@ def load_teacher(
   if layers.needs.mlm_head:  # (learnt maps between widths are refused above: the widths are equal)
     raise UserError(f"distill.layers={distill.layers} needs masked-LM heads, which fine-tuned runs do not keep")
   encoder = Encoder(teacher_config)
-  return TaskTeacher(teacher, objective, distill.temperature, layers, distill.layers_weight, encoder, params["encoder"])
+  return TaskTeacher(
+    teachers, objective, distill.temperature, layers, distill.layers_weight, encoder, params["encoder"]
+  )
+
+
+def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
+  """The runs of `distill.teacher` (one, or a comma list), each a teacher of `task` with the first
+  one's labels and vocabulary: their logits are averaged, so they must mean the same classes of the
+  same texts."""
+  paths = [p.strip() for p in teacher.split(",") if p.strip()]
+  if len(set(paths)) != len(paths):
+    raise UserError(f"distill.teacher={teacher} names a run twice: list each teacher once")
+  found = [find_teachers([path], [task])[task.name] for path in paths]
+  first = found[0]
+  for other in found[1:]:
+    theirs, ours = other.record.task_outputs(task.name), first.record.task_outputs(task.name)
+    if theirs != ours:
+      raise UserError(
+        f"distill.teacher: {other.path} predicts {theirs} for {task.name} but {first.path} {ours}: average "
+        "teachers of one label set"
+      )
+    if runs.load_tokenizer_of(other.path).get_vocab() != runs.load_tokenizer_of(first.path).get_vocab():
+      raise UserError(
+        f"distill.teacher: {other.path} has another vocabulary than {first.path}: average teachers "
+        "fine-tuned from one model (e.g. one per seed)"
+      )
+  return tuple(found)
 
 
 def teacher_features(
@@ -106,11 +136,13 @@ def teacher_features(
   mesh,
 ) -> datasets.Dataset:
   """The training `examples` (augmented as the config's `augment` block says, when enabled) as the
-  task's features plus the teacher's logits (`teacher_logits`); both cached in `cache_dir`."""
+  task's features plus the teachers' mean logits (`teacher_logits`); all cached in `cache_dir`."""
   if augment.enabled:
     examples = augment_examples(examples, tokenizer.mask_token, augment, cache_dir, f"augment {task.name}")
   features = task.features(examples, tokenizer, max_len)
-  logits = teacher_logits(teacher.run, task, examples, max_len, batch_size, mesh, cache_dir)
+  logits = np.mean(
+    [teacher_logits(run, task, examples, max_len, batch_size, mesh, cache_dir) for run in teacher.runs], axis=0
+  )
   return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
 

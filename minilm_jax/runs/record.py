@@ -92,6 +92,13 @@ class RunRecord:
   def objective(self) -> str | None:
     return self.config.get("loss", {}).get("objective")
 
+  def task_outputs(self, task: str) -> list | int:
+    """What its output layer for `task` predicts: the class names of a fine-tuning run's head, else
+    the number of outputs (a regression's head, a refined teacher's head for the task)."""
+    if self.head is not None:
+      return list(self.head["labels"]) if self.head.get("labels") else self.head.get("num_labels", 1)
+    return dict(self.heads).get(task, 0)
+
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     out["encoder"] = None if self.encoder is None else self.encoder.to_dict()

@@ -9,7 +9,9 @@ mean): `vader_movies` (10,605 Rotten Tomatoes snippets, Pang & Lee's sentence po
 `vader_tweets` (4,200 tweets), `vader_amazon` (3,708 sentences of product reviews) and `vader_nyt`
 (5,190 sentences of New York Times editorials). The task: is the sentence negative or positive?
 Sentences whose raters' mean lies within 0.5 of neutral are left out (their label is the raters'
-disagreement, not the sentence's sentiment).
+disagreement, not the sentence's sentiment). `vader_movies_rating` is a regression on the same
+snippets: every sentence, neutral ones included, scored by its raters' mean (-4 to +4), measured by
+Pearson's and Spearman's correlations.
 
 Splits are fixed by a hash of the document (a review's or an editorial's sentences stay together)
 and sized as the WordNet tasks, for the thesis's small-data setting: up to 2,000 training and 1,000
@@ -84,10 +86,12 @@ def split_of(document: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class VaderTask(ClassificationTask):
+  source: str = ""  # the ratings' file, `<source>_GroundTruth.txt`
+
   def load(self, split: str, data_dir: str = "", language: str = "") -> datasets.Dataset:
     if split not in _SIZES:
       raise UserError(f"{self.name} has the splits {sorted(_SIZES)}, not {split!r}")
-    source = _SOURCES[self.name]
+    source, regression = self.source, self.labels is None
     raw = read_ground_truth(data_dir, source)
     try:
       lines = raw.decode("utf-8").splitlines()
@@ -105,11 +109,11 @@ class VaderTask(ClassificationTask):
           f"{source}_GroundTruth.txt:{number} in {data_dir} is not 'id<TAB>mean rating<TAB>sentence' "
           f"({line[:60]!r}): {_HOW}"
         ) from None
-      if abs(score) < NEUTRAL_BAND or split_of(sentence_id.split("_")[0]) != split:
+      if (abs(score) < NEUTRAL_BAND and not regression) or split_of(sentence_id.split("_")[0]) != split:
         continue
       rows["text_a"].append(text)
       rows["text_b"].append(None)
-      rows["label"].append(int(score > 0))
+      rows["label"].append(score if regression else int(score > 0))
       rows["idx"].append(number)
       rows["group"].append("")
     if not rows["label"]:
@@ -117,7 +121,20 @@ class VaderTask(ClassificationTask):
     return fixed_subset(rows, split, _SIZES[split])
 
 
-TASKS = {
-  name: VaderTask(name, ("sentence",), "", ("negative", "positive"), ("accuracy", "f1"), ("", ""), ())
-  for name in _SOURCES
+_CLASSIFICATION = {
+  name: VaderTask(name, ("sentence",), "", ("negative", "positive"), ("accuracy", "f1"), ("", ""), (), source=source)
+  for name, source in _SOURCES.items()
 }
+_REGRESSION = {
+  "vader_movies_rating": VaderTask(
+    "vader_movies_rating",
+    ("sentence",),
+    "",
+    None,
+    ("pearson", "spearman"),
+    ("", ""),
+    (),
+    source=_SOURCES["vader_movies"],
+  )
+}
+TASKS = {**_CLASSIFICATION, **_REGRESSION}
