@@ -42,7 +42,11 @@ _STEPS = flags.DEFINE_integer(
   lower_bound=1,
 )
 _EPOCHS = flags.DEFINE_integer(
-  "epochs", 3, "task_distill: epochs of the augmented student (the others get as many steps).", lower_bound=1
+  "epochs",
+  3,
+  "task_distill: epochs of the augmented student (the others get as many steps); students: epochs of every "
+  "fine-tuning (a second stage's over its augmented set).",
+  lower_bound=1,
 )
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
 _CASE = flags.DEFINE_string(
@@ -173,6 +177,7 @@ SUITES = {
     tasks=_TASKS.value,
     seeds=_SEEDS.value,
     first_seed=_FIRST_SEED.value,
+    finetune_epochs=_EPOCHS.value,
     corpus=_CORPUS.value,
     results=_RESULTS.value,
     models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
@@ -208,6 +213,7 @@ SUITE_FLAGS = {
     "tasks",
     "seeds",
     "first_seed",
+    "epochs",
     "corpus",
     "results",
     "models",

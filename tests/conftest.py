@@ -41,7 +41,13 @@ def xla_flags(devices: int) -> str:
   return f"{COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}"
 
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)
+# This process and xdist's workers get 8 fake devices (`jax_num_cpu_devices`, set in-process by
+# `pytest_configure`, so that neither a program nor a config file that imports this file inherits
+# it); the programs the tests start in processes of their own get 2 through XLA_FLAGS unless a test
+# gives them more (`xla_flags`): a program's mesh spans every device, and on 2 cores 8 replicas of a
+# tiny step cost 4 times the work of 2.
+TEST_DEVICES, PROGRAM_DEVICES = 8, 2
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " " + xla_flags(PROGRAM_DEVICES)
 # The tests run on CPUs. With the `aot` extra installed, jax would otherwise also try to start
 # libtpu's TPU backend (and fail, loudly) in every process.
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -100,6 +106,7 @@ def pytest_configure(config):
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_num_cpu_devices", TEST_DEVICES)
   jax.devices()
 
 
@@ -294,7 +301,8 @@ def tiny_config(teacher, corpus, **overrides):
   c.dtype = "float32"
   c.optimizer.warmup_steps = 1
   c.optimizer.lr = 1e-3
-  c.checkpoint.every = 1
+  # Saved at the last step alone (the base config's interval): a checkpoint a step costs 0.2-0.3 s
+  # each (30 steps: 8-10 s against 1.6); the tests of resuming ask for their interval.
   c.log_every = 1
   return apply_overrides(c, overrides)
 

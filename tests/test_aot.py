@@ -94,6 +94,7 @@ REQUIRED_FIELDS = (
 )
 
 
+@pytest.mark.slow
 def test_distillation_step_compiles_for_tpu_and_h100(train_reports):
   for target, (row, stdout) in train_reports.items():
     assert all(row.get(k) is not None for k in REQUIRED_FIELDS), row
@@ -204,6 +205,7 @@ def test_matrix_products_are_counted_from_the_hlo():
   assert report.matmul_flops(padded) == 2 * (32 * 512 * 384) * 384
 
 
+@pytest.mark.slow
 def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):
   glue = os.path.join(ROOT, "configs", "finetune", "glue.py")
   common = ["--config", glue, f"--config.init={tiny_teacher}", "--config.max_seq_length=32"]
@@ -223,6 +225,7 @@ def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):
   assert row["tokens_per_step"] == 16 * 32 and row["global_batch"] == 16
 
 
+@pytest.mark.slow
 def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fits(tmp_path):
   """On one H100 (a GPU compile does not check capacity: the program compares the compiled peak
   with the memory JAX would preallocate). A TPU compile near its capacity takes minutes on 2 cores;

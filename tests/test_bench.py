@@ -69,6 +69,7 @@ def test_teacher_layers_above_the_distilled_one_cost_nothing():
   assert _step_flops(deep, teacher_layer=5) > 1.5 * reading_layer_1
 
 
+@pytest.mark.slow
 def test_bench_memory_writes_the_rows_it_prints(tmp_path):
   rows = memory.run(batch_size=2, query_chunk=16, seq_lens=(64,))
   assert set(rows[0]) >= {"seq_len", "full_bytes", "chunked_bytes"} and rows[0]["chunked_bytes"] < rows[0]["full_bytes"]
@@ -132,12 +133,14 @@ def test_bench_distill_paper_case_at_tiny_sizes():
     assert row["mfu"] is None and timing.peak_flops() is None  # CPU
 
 
+@pytest.mark.slow
 def test_bench_inference_averages_its_batches():
   rows = inference.run(num_batches=2, batch_size=2, seq_len=16)
   assert [r["arch"] for r in rows] == ["12x768", "6x768", "12x384", "6x384", "4x384", "3x384"]
   assert rows[0]["flop_ratio"] == 1.0 and rows[-1]["flop_ratio"] > 10 and all(r["seconds"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_bench_student_speed_rows_at_a_tiny_size():
   """The thesis's tables 3.2 and 4.4 as `bench student_speed` builds them, at a tiny teacher and
   batch (the README's command is parsed by tests/test_readme_commands.py); the shapes' parameter
@@ -176,6 +179,7 @@ def test_bench_student_speed_rows_at_a_tiny_size():
   assert "BERT-PKD" in by_name[("MKD-Transformer (3x768: BERT-PKD's shape)", "pairs")]["thesis"]
 
 
+@pytest.mark.slow
 def test_bench_generate_rows_at_a_tiny_size():
   rows = generation.run("2x96", batch=2, source_length=8, target_length=4, repeats=1)
   assert [(r["decoder"].split(",")[0], r["beams"]) for r in rows] == [
@@ -241,6 +245,7 @@ def test_bench_etd_rows_and_etd_starts_below_random(tiny_corpus):
   assert all({"init", "loss_at_start"} <= set(r) for r in rows)
 
 
+@pytest.mark.slow
 def test_bench_task_distill_rows(tiny_teacher):
   """The suite's code path on a tiny teacher: a teacher row and the three students, with `model` and `score`."""
   from minilm_jax.benchmarks import task_distill
@@ -267,6 +272,7 @@ def test_bench_task_distill_rows(tiny_teacher):
   assert abs(rows[1]["steps"] - rows[2]["steps"]) <= 0.1 * rows[2]["steps"] and rows[2]["steps"] == rows[3]["steps"]
 
 
+@pytest.mark.slow
 def test_bench_data_rows(tmp_path):
   """The data suite through the program, at one length: every rate measured, both streams."""
   out = tmp_path / "data.json"
@@ -419,6 +425,7 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   assert len(long_runs) == 1
 
 
+@pytest.mark.slow
 def test_bench_students_through_the_program(tiny_teacher, tmp_path):
   """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh, on
   tasks of each kind the default runs: one sentence (probed too), sentence pairs and a regression
@@ -437,6 +444,8 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path):
       "--tasks",
       f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_EXCERPT},vader_movies_rating={VADER_EXCERPT}",
       "--seeds",
+      "1",
+      "--epochs",
       "1",
       "--seq_len",
       "16",
@@ -546,6 +555,7 @@ def test_each_device_kind_finds_its_chip_in_the_one_table():
   assert timing.chip_of("cpu") is None and timing.peak_flops() is None  # this host's CPU
 
 
+@pytest.mark.slow
 def test_bench_distill_profiles_where_the_step_time_goes(tmp_path):
   """`bench distill --profile` on a CPU trace: for each profiled step every part of the step gets a
   row; the teacher, the student's forward and backward, the relations and the optimizer each took

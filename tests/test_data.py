@@ -142,6 +142,7 @@ def test_multi_task_stream_merges_and_shuffles_every_tasks_batches_each_epoch():
   assert list(resumed.batch(13)["row"]) == list(tasks.batch(13)["row"])
 
 
+@pytest.mark.slow
 def test_the_demo_corpus_is_harvested_once_per_machine_and_copied(tmp_path, monkeypatch):
   """Every run directory gets the same corpus; the standard library is parsed for the first only,
   and a cache folder that cannot be written only means harvesting into the run's own file."""

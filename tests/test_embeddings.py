@@ -137,6 +137,7 @@ def test_wordnet_retrieval_pairs_definitions_with_their_own_examples():
   )
 
 
+@pytest.mark.slow
 def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(minilm_dir, tiny_corpus, tmp_path):
   """The real all-MiniLM-L6-v2 (mean pooling, normalised) teaches a 2x16 student the embeddings plus
   the relations; the export (with its 16 -> 384 Dense map) loads in sentence-transformers and

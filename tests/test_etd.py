@@ -126,6 +126,7 @@ def test_etd_rand_is_reproducible_from_its_seed():
   assert not np.array_equal(a["hidden"], c["hidden"])
 
 
+@pytest.mark.slow
 def test_taylor_scores_equal_finite_differences(teacher_params):
   """I = sum over sentences x of |sum_t a_t * dL(x)/da_t| (ETD equations 5-8), L(x) the sentence's
   own masked-LM loss, with dL(x)/da_t estimated by central differences under a perturbation of one

@@ -94,6 +94,7 @@ def _rows(workdir):
   return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
+@pytest.mark.slow
 def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, tiny_corpus, tmp_path, capsys):
   from sklearn.linear_model import LogisticRegression
 

@@ -57,6 +57,7 @@ def finetune_config(init, task, data_dir, **overrides):
   return apply_overrides(c, overrides)
 
 
+@pytest.mark.slow
 def test_finetuning_evaluators_log_the_task_and_a_probe_and_keep_the_best_step(tiny_teacher, tmp_path):
   """A fine-tuning run's evaluators (the evaluator registry, as distillation's): its task's dev
   metrics and a probe of its encoder's sentence embeddings at step 0 and every 20 steps, logged as
@@ -87,6 +88,7 @@ def test_finetuning_evaluators_log_the_task_and_a_probe_and_keep_the_best_step(t
     build_finetuning(c, str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
   """data 4 x model 2 on 8 fake devices against 1 device, 3 steps, dropout on (partitionable RNG)."""
   config = finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1)
@@ -245,6 +247,7 @@ def _convert(*args):
   return subprocess.run([sys.executable, "-m", "minilm_jax.convert", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir):
   run_dir, out = str(tmp_path / "run"), str(tmp_path / "hf")
   assert _convert("--from-hf", minilm_dir, "--out", run_dir).returncode == 0
@@ -322,6 +325,7 @@ def test_cli_errors_are_one_line(tmp_path):
   assert proc.returncode == 2 and "error: unknown task 'nope'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_grid_is_one_batch_job_with_the_best_marked(tiny_teacher, sst2_dir, tmp_path):
   from minilm_jax.finetuning.grid import run_grid
 
@@ -387,6 +391,7 @@ def test_xnli_scores_overall_and_per_language(tmp_path, minilm):
   assert len(features[0]["input_ids"]) == 16 and features[0]["token_type_ids"][-1] in (0, 1)
 
 
+@pytest.mark.slow
 def test_xnli_trains_on_mnli_format_and_reports_dev_and_test_per_language(tmp_path, tiny_teacher):
   """The paper's recipe: MNLI-format English training rows (no language column), model selection
   on XNLI dev, accuracy per language and their average on XNLI's labelled test set."""
@@ -427,6 +432,7 @@ def test_xnli_trains_on_mnli_format_and_reports_dev_and_test_per_language(tmp_pa
   assert rows[1]["accuracy"] == pytest.approx(results["test/accuracy"]) and "accuracy_zh" in rows[1]
 
 
+@pytest.mark.slow
 def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(tmp_path, tiny_teacher):
   """The user's own data defined in the config alone; the exported transformers classifier names
   and predicts the same classes as our evaluation."""
@@ -470,6 +476,7 @@ def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(
     build_finetuning(config, str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 def test_attention_maps_png(tmp_path, tiny_teacher):
   out = tmp_path / "maps.png"
 
@@ -484,6 +491,7 @@ def test_attention_maps_png(tmp_path, tiny_teacher):
   assert proc.returncode == 2 and "has 4 heads" in proc.stderr
 
 
+@pytest.mark.slow
 def test_evaluating_every_checkpoint_of_a_run(tiny_teacher, sst2_dir, tmp_path):
   """--all_steps: one row per kept checkpoint, each scored with its own parameters."""
   run_dir = str(tmp_path / "steps")

@@ -158,6 +158,7 @@ def test_the_chip_check_holds_both_kernels_to_the_explicit_path_in_every_tiling(
     assert r["fused_ms"] > 0 and r["explicit_ms"] > 0
 
 
+@pytest.mark.slow
 def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
   """Exit 0 with its rows, exit 2 with one line for bad input (a malformed tiling; bfloat16 on a CPU,
   whose XLA cannot run the explicit path's bfloat16 products), and exit 1 only for a kernel beyond
@@ -256,6 +257,7 @@ def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp
   assert all(f"--json {tmp_path}/out/distill_" in c and f"--profile {tmp_path}/out/profile_" in c for c in calls[1:])
 
 
+@pytest.mark.slow
 def test_the_encoder_trained_as_on_an_accelerator_equals_the_encoder_that_keeps_everything(monkeypatch):
   """Training on an accelerator each layer is rematerialised (`encoder._RematerialisedLayer`: its
   backward pass keeps Q, K, V, the kernel's output and log-sum-exp, the layer norms' inputs and the

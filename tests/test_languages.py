@@ -130,6 +130,7 @@ def test_held_out_blocks_are_every_languages_last_in_their_shares():
   assert list(sampling_probabilities([5, 0], 0.3)) == [1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(blocks, tiny_teacher, corpus, tmp_path):
   """`prepare_data` over the languages (the program, as the docs run it), the same rows and batches
   as tokenising on the fly; a run on it with held-out blocks from every language."""

@@ -83,6 +83,7 @@ def one_process_run(tiny_teacher, tiny_corpus, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_two_processes_of_four_devices_equal_one_process_of_eight(one_process_run, tiny_teacher, tiny_corpus, tmp_path):
   workdir = str(tmp_path / "two_processes")
   proc = _launch(["NUM_PROCESSES=2", "CPU_DEVICES=4", f"PORT={_free_port()}"], workdir, _env(tiny_teacher, tiny_corpus))
@@ -110,6 +111,7 @@ def test_each_process_reads_a_disjoint_slice_of_every_global_batch():
     )
 
 
+@pytest.mark.slow
 def test_killing_one_process_then_restarting_all_resumes(one_process_run, tiny_teacher, tiny_corpus, tmp_path):
   env = _env(tiny_teacher, tiny_corpus)
   workdir = str(tmp_path / "killed")
@@ -171,6 +173,7 @@ def test_processes_that_disagree_on_the_config_stop_with_one_line(tiny_teacher, 
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
+@pytest.mark.slow
 def test_unreachable_coordinator_is_a_bounded_wait_then_one_line(tiny_teacher, tiny_corpus, tmp_path):
   start = time.time()
   proc = _one_process_of_two(tiny_teacher, tiny_corpus, str(tmp_path / "w"), 1, _free_port(), timeout="5")

@@ -203,6 +203,7 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
     ("hidden_states", "all"),
   ],
 )
+@pytest.mark.slow
 def test_trainer_runs_every_baseline(tiny_teacher, tiny_corpus, tmp_path, objective, layer_map):
   config = tiny_config(
     tiny_teacher, tiny_corpus, num_steps=2, **{"loss.objective": objective, "loss.layer_map": layer_map}
@@ -251,6 +252,7 @@ def test_mlm_mask_rates_and_special_tokens():
   assert (np.asarray(masked)[~w] == np.asarray(ids)[~w]).all()
 
 
+@pytest.mark.slow
 def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_mlm_teacher, tiny_teacher):
   state = build_distillation(
     tiny_config(tiny_mlm_teacher, tiny_corpus, num_steps=2, **{"loss.objective": "mlm_kd"}), str(tmp_path / "kd")

@@ -64,6 +64,7 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
   return out
 
 
+@pytest.mark.slow
 def test_prepared_blocks_and_batches_equal_the_on_the_fly_ones(prepared, tiny_teacher, tiny_corpus, tmp_path):
   config = tiny_config(tiny_teacher, tiny_corpus)
   tokenizer = runs.load_tokenizer_of(tiny_teacher)
@@ -91,6 +92,7 @@ def test_two_processes_read_disjoint_rows_that_make_up_the_global_batch(prepared
     np.testing.assert_array_equal(np.concatenate([p.batch(b)["input_ids"] for p in parts]), whole.batch(b)["input_ids"])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared, tiny_teacher, tiny_corpus, tmp_path):
   straight = tiny_config(tiny_teacher, tiny_corpus, num_steps=4, **{"data.prepared": prepared})
   build_distillation(straight, str(tmp_path / "straight")).run()

@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 # A path the README leaves to the reader (`<HF dir or run>`) or computes in the shell (`$(python -c ...)`).
@@ -69,6 +71,7 @@ def readme_commands() -> dict:
   return commands
 
 
+@pytest.mark.slow
 def test_every_readme_command_parses_with_its_program():
   commands = readme_commands()
   assert {
@@ -97,6 +100,7 @@ def test_every_readme_command_parses_with_its_program():
   assert not failures, failures
 
 
+@pytest.mark.slow
 def test_readme_python_example_runs(tiny_teacher, tmp_path):
   """docs/architecture.md's Python example (load, run, save), on a small checkpoint; and the
   "Extending" section's snippets are valid Python (they are exercised by the tests they name)."""

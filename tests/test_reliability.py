@@ -223,6 +223,7 @@ def test_export_refuses_a_non_finite_checkpoint(tiny_teacher, tmp_path):
   runs.export_run(workdir, str(tmp_path / "out"), step=0)
 
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_teacher, tiny_corpus, tmp_path, capfd):
   """A state file cut short (a crash or a full disk during the save): the rerun warns, resumes from
   the step before, keeps the damaged one aside, and export reads the intact one too."""
@@ -232,7 +233,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   from minilm_jax import runs
 
   workdir = str(tmp_path / "w")
-  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3})
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=3, **{"checkpoint.keep": 3, "checkpoint.every": 1})
   build_distillation(config, workdir).run()
   # Its files of arrays cut short (not its metadata): some arrays' reads fail while others go on.
   for f in glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "ocdbt.*", "d", "*")):
@@ -251,7 +252,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tiny_te
   # inside pytest its own hook would catch them instead.
   env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
   proc = subprocess.run(
-    train_command(workdir, "--config.num_steps=4", "--config.checkpoint.keep=3"),
+    train_command(workdir, "--config.num_steps=4", "--config.checkpoint.keep=3", "--config.checkpoint.every=1"),
     env=env,
     capture_output=True,
     text=True,
@@ -276,6 +277,7 @@ def small_disk(tmp_path):
   subprocess.run(["umount", "--lazy", str(path)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teacher, tiny_corpus, small_disk):
   import glob
   import os
@@ -434,6 +436,7 @@ def _leftovers(parent):
   return [name for name in os.listdir(parent) if ".partial-" in name or name.endswith(".replaced")]
 
 
+@pytest.mark.slow
 def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_teacher, tmp_path):
   from minilm_jax import runs
 
@@ -576,6 +579,7 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path):
   """`evaluate --out` holding earlier results is refused in one line before any work; with
   --overwrite the new results replace them only once complete, and only an earlier output of ours."""
@@ -604,6 +608,7 @@ def _tree_digest(root) -> str:
   return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not_write(tiny_teacher, tmp_path):
   """The five ways `--overwrite` deleted data (an output that is the run it reads, inside it or
   above it, for `convert` and `evaluate`), refused in one line before any work, and `--overwrite`
@@ -723,7 +728,7 @@ def finished_run(tmp_path_factory, tiny_teacher, tiny_corpus):
   from minilm_jax import runs
 
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.keep": 2})
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.keep": 2, "checkpoint.every": 1})
   build_distillation(config, workdir).run()
   steps = {step: runs.read_run(workdir, step=step).params for step in (1, 2)}
   return workdir, steps

@@ -197,6 +197,7 @@ def test_masked_decoding_equals_its_full_recompute():
     assert int(decoded["lengths"][b]) == (len(generated) - 1 if generated[-1] == end_id else len(generated))
 
 
+@pytest.mark.slow
 def test_masked_target_fine_tuning_trains_decodes_and_evaluates_again(tiny_mlm_teacher, summary_dir, tmp_path):
   """The paper configs' form (qg, xsum and cnndm set UniLM's mask_prob 0.7; the base config and the
   offline demo the one-pass form) through the program: the run records the form, and its batch

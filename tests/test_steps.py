@@ -59,6 +59,7 @@ def _assert_same_step(a, b, rtol=1e-5):
     np.testing.assert_allclose(x, y, atol=1e-6, rtol=rtol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulate_steps", [4])
 def test_distillation_accumulation_equals_one_larger_batch(accumulate_steps):
   """8 devices x 4 examples as `accumulate_steps` micro-batches against one pass. The MiniLM loss
@@ -67,6 +68,7 @@ def test_distillation_accumulation_equals_one_larger_batch(accumulate_steps):
   _assert_same_step(_distill_step(mesh, accumulate_steps), _distill_step(mesh, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query_chunk", [5])  # a partial last chunk of 2 rows
 def test_chunked_loss_inside_the_sharded_step_equals_the_full_loss(query_chunk):
   mesh = parallel.make_mesh(8)

@@ -31,8 +31,10 @@ from minilm_jax.tasks import get_task
 from minilm_jax.tasks.inputs import task_features
 from minilm_jax.transfer.objectives import Outputs
 
-# Its module fixture is built once: every test of this module runs on the same xdist worker.
+# Its module fixtures are built once: the tests of each fixture run on one xdist worker (those of
+# the refined teacher in a group of their own, which a second worker can take).
 pytestmark = pytest.mark.xdist_group("task_distill")
+REFINED_TEACHER_GROUP = pytest.mark.xdist_group("task_distill_refined")
 
 TASKS = ("wordnet_supersense", "wordnet_examples")
 
@@ -130,6 +132,7 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   assert rows[0]["accuracy"] == pytest.approx(results[f"{task}/dev/accuracy"])
 
 
+@pytest.mark.slow
 def test_teacher_logits_match_transformers(tmp_path, teachers):
   import torch
   import transformers
@@ -158,6 +161,7 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
 
 
 @pytest.mark.slow
+@REFINED_TEACHER_GROUP
 def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teacher):
   workdir, teacher_results = refined_teacher
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(teacher_results)
@@ -179,6 +183,8 @@ def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teach
   assert os.path.isfile(tmp_path / "eval" / "mkd" / f"step_{run.num_steps}" / f"{TASKS[1]}_dev_predictions.tsv")
 
 
+@pytest.mark.slow
+@REFINED_TEACHER_GROUP
 def test_mkd_transformer_student_starts_from_the_refined_teachers_layers(tmp_path, refined_teacher):
 
   from minilm_jax import runs
@@ -204,6 +210,7 @@ def _pretrained_encoder(path, vocabulary, **shape):
   return str(path)
 
 
+@pytest.mark.slow
 def test_mkd_transformer_starts_from_a_pretrained_encoder_of_another_width_and_vocabulary(
   tmp_path, refined_teacher, sentences
 ):
@@ -237,6 +244,7 @@ def test_mkd_transformer_starts_from_a_pretrained_encoder_of_another_width_and_v
 
 
 @pytest.mark.slow
+@REFINED_TEACHER_GROUP
 def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path, refined_teacher):
   """Table 4.2's multi-task distilled BiLSTM (one BiLSTM for a single-sentence and a pair task),
   then MKD's last stage through the program: per task, from the student, the learning rate chosen
@@ -305,6 +313,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
     build_task_distillation(c, str(tmp_path / "e2"))
 
 
+@pytest.mark.slow
 def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
   c = _student_config("wordnet_examples", teachers["wordnet_supersense"], kind="siamese_bilstm")
   c.objective = "hard"  # gold labels: the supersense run only lends its tokenizer
@@ -313,6 +322,7 @@ def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
   assert "wordnet_examples/dev/accuracy" in run.run()[1]
 
 
+@pytest.mark.slow
 def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path, tiny_teacher, sst2_dir):
   """`python -m minilm_jax.evaluate` on a BiLSTM student of SST-2: dev accuracy and the GLUE server's SST-2.tsv."""
   c = _student_config("sst2", tiny_teacher)  # gold labels: the tiny teacher only lends its tokenizer
@@ -502,6 +512,7 @@ def _custom_teacher(tmp_path, init, name: str, labels: tuple) -> str:
   return str(tmp_path / name)
 
 
+@pytest.mark.slow
 def test_several_teachers_are_learnt_as_the_mean_of_their_logits(
   tmp_path, teachers, tiny_teacher, tiny_teacher_bert_vocab
 ):

@@ -36,6 +36,7 @@ def _final_params(workdir):
   return runs.read_run(workdir).params
 
 
+@pytest.mark.slow
 def test_data_parallel_step_equals_single_device(tiny_teacher_bert_vocab, tiny_corpus, tmp_path):
   """8 devices (batch split 8 ways, explicit gradient mean) against 1 device, 3 steps. Adam hides a
   constant gradient scale in the update, so the gradient norms are compared too: they catch a
@@ -118,6 +119,7 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), _final_params(straight), _final_params(killed))
 
 
+@pytest.mark.slow
 def test_a_second_program_on_a_running_workdir_is_refused_and_the_first_ends_as_alone(
   tiny_teacher, tiny_corpus, tmp_path
 ):
@@ -147,6 +149,7 @@ def test_a_second_program_on_a_running_workdir_is_refused_and_the_first_ends_as_
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), _final_params(alone), _final_params(workdir))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   workdir = str(tmp_path / "term")
   proc = subprocess.Popen(
@@ -167,6 +170,7 @@ def test_sigterm_saves_the_step_it_was_on(tiny_teacher, tiny_corpus, tmp_path):
   assert saved == last_logged and saved < 100000
 
 
+@pytest.mark.slow
 def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monkeypatch):
   """Teacher-assistant chain: teacher -> assistant (a run) -> student, the assistant read from its
   workdir, its checkpoints opened once for the whole run: its weights, its record and the Dense map
@@ -305,6 +309,7 @@ _PLUGIN_LINES = (
 )
 
 
+@pytest.mark.slow
 def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   """The README's main job, shortened: the real teacher, the harvested corpus, the real program,
   its evaluators (on small files instead of WordNet's thousands of sentences) and its closing table;
