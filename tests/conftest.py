@@ -1,4 +1,5 @@
-"""Test-wide setup: 8 fake CPU devices (set before JAX is imported) and shared fixtures."""
+"""Test-wide setup: fake CPU devices (8 in the test processes, 2 in the programs they start), fast
+compile flags, and shared fixtures."""
 
 import os
 import sys

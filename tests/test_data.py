@@ -1,5 +1,6 @@
 """Corpus packing and the resumable batch stream."""
 
+import os
 from functools import partial
 
 import datasets
@@ -36,6 +37,30 @@ def test_blocks_are_bert_inputs_of_real_text(tiny_corpus, minilm, tmp_path):
   assert first[0] == tokenizer.cls_token_id and first[-1] == tokenizer.sep_token_id
   text = tokenizer.decode(first[1:-1])
   assert text.split()[0].isalpha()
+
+
+def test_a_corpus_read_again_finds_its_blocks_cached_unless_the_tokenizer_or_length_changed(
+  tiny_corpus, minilm_dir, minilm, tmp_path
+):
+  """A corpus on disk is packed once per tokenizer and length: the same pair reads the blocks that
+  `datasets` cached (the fingerprint hashed from the tokenizer's state, not by pickling it), and
+  another tokenizer (here the same vocabulary and special tokens, cased) or length packs anew, as
+  that tokenizer and length would alone."""
+  import transformers
+
+  *_, tokenizer = minilm
+  first = load_blocks(_config(tiny_corpus), tokenizer, str(tmp_path))
+  again = load_blocks(_config(tiny_corpus), tokenizer, str(tmp_path))
+  assert again.cache_files == first.cache_files and again["input_ids"] == first["input_ids"]
+  cased = transformers.BertTokenizerFast(os.path.join(minilm_dir, "vocab.txt"), do_lower_case=False)
+  assert cased.cls_token_id == tokenizer.cls_token_id and cased.sep_token_id == tokenizer.sep_token_id
+  theirs = load_blocks(_config(tiny_corpus), cased, str(tmp_path))
+  assert theirs.cache_files != first.cache_files and theirs["input_ids"] != first["input_ids"]
+  first_sentence = datasets.load_dataset("text", data_files=[tiny_corpus], split="train")[0]["text"]
+  expected = cased(first_sentence, add_special_tokens=False)["input_ids"]
+  assert theirs[0]["input_ids"][1 : 1 + len(expected)] == expected  # the cased tokenizer's pieces
+  shorter = load_blocks(_config(tiny_corpus, max_len=19), tokenizer, str(tmp_path))
+  assert shorter.cache_files != first.cache_files and max(len(b) for b in shorter["input_ids"]) <= 19
 
 
 def test_json_corpus_with_another_column(minilm, tmp_path):

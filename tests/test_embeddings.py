@@ -147,7 +147,7 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
   workdir = str(tmp_path / "run")
   config = tiny_config(minilm_dir, tiny_corpus, **{"loss.embedding_weight": 1.0, "num_steps": 4})
   config.loss.num_relation_heads = 4
-  run = build_distillation(config, workdir)
+  run = build_distillation(config, workdir, parallel.make_mesh(2))
   assert list(run.untrained) == _POOLER and run.objective.projection_shapes() == {"embedding": (16, 384)}
   run.run()
   metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -179,12 +179,12 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
   ]
 
-  ours = sentence_eval.SentenceEncoder.load(workdir, parallel.make_mesh(), 8, 64)(SENTENCES)
+  ours = sentence_eval.SentenceEncoder.load(workdir, parallel.make_mesh(2), 8, 64)(SENTENCES)
   theirs = SentenceTransformer(out, device="cpu").encode(SENTENCES)
   assert ours.shape == (len(SENTENCES), 384)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
   np.testing.assert_allclose(
-    sentence_eval.SentenceEncoder.load(out, parallel.make_mesh(), 8, 64)(SENTENCES), theirs, atol=1e-5
+    sentence_eval.SentenceEncoder.load(out, parallel.make_mesh(2), 8, 64)(SENTENCES), theirs, atol=1e-5
   )
 
   sts = tmp_path / "sts.tsv"

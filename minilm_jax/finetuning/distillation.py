@@ -109,6 +109,7 @@ def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
     raise UserError(f"distill.teacher={teacher} names a run twice: list each teacher once")
   found = [find_teachers([path], [task])[task.name] for path in paths]
   first = found[0]
+  vocabulary = runs.load_tokenizer_of(first.path).get_vocab() if len(found) > 1 else None
   for other in found[1:]:
     theirs, ours = other.record.task_outputs(task.name), first.record.task_outputs(task.name)
     if theirs != ours:
@@ -116,7 +117,7 @@ def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
         f"distill.teacher: {other.path} predicts {theirs} for {task.name} but {first.path} {ours}: average "
         "teachers of one label set"
       )
-    if runs.load_tokenizer_of(other.path).get_vocab() != runs.load_tokenizer_of(first.path).get_vocab():
+    if runs.load_tokenizer_of(other.path).get_vocab() != vocabulary:
       raise UserError(
         f"distill.teacher: {other.path} has another vocabulary than {first.path}: average teachers "
         "fine-tuned from one model (e.g. one per seed)"
