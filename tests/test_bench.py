@@ -387,7 +387,7 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   several = ("teacher_ensemble3", "embedding_etd_lr5e4+task_kd_teachers3")
   models = ("teacher", "uniform_layers", "uniform_layers+task_kd", "embedding_etd_lr5e4+long", *several)
   results = tmp_path / "measured.jsonl"
-  tasks = (f"wordnet_supersense={WORDNET_EXCERPT}",)
+  tasks = (f"vader_movies={VADER_EXCERPT}",)  # 219 training reviews: the smallest task of the suite
   suite = _tiny_students_suite(tiny_teacher, tiny_corpus, results, tasks=tasks, seeds=1, models=models, size_factor=2)
   rows = suite()
   measured = results.read_text().splitlines()
@@ -396,7 +396,7 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   assert suite() == rows and results.read_text().splitlines() == measured
   kept = sorted(os.listdir(tmp_path / "measured_models"))
   teacher_runs = [
-    os.path.join(tmp_path, "measured_models", k) for k in kept if k.startswith("teacher_wordnet_supersense")
+    os.path.join(tmp_path, "measured_models", k) for k in kept if k.startswith("teacher_vader_movies")
   ]
   assert len(teacher_runs) == 3, kept  # seeds 0, 1, 2: kept for the second stage that learns them
   cached = sorted(os.listdir(tmp_path / "measured_models" / "cache"))
@@ -404,11 +404,11 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   assert sorted(os.path.splitext(c)[1] for c in cached) == [".npy"] * 6 + [".parquet"], cached
   by_model = {r["model"]: r for r in rows}
   for name in models:
-    assert 0.0 <= by_model[name]["wordnet_supersense/ft"] <= 1.0
+    assert 0.0 <= by_model[name]["vader_movies/ft"] <= 1.0
   assert all(by_model[name]["ft_min"] > 0 for name in models if name not in several[:1])
   # The ensemble's score: the three teachers' mean logits on the dev set, scored here with numpy.
-  task = get_task("wordnet_supersense")
-  dev = task.load("dev", WORDNET_EXCERPT)
+  task = get_task("vader_movies")
+  dev = task.load("dev", VADER_EXCERPT)
   mesh = parallel.make_mesh(2)
   mean = np.mean(
     [
@@ -418,8 +418,8 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
     axis=0,
   )
   ensemble = np.mean(mean.argmax(-1) == np.asarray(dev["label"]))
-  assert by_model["teacher_ensemble3"]["wordnet_supersense/ft"] == pytest.approx(ensemble, abs=1e-4)
-  assert "ft_gap_closed" in by_model["uniform_layers+task_kd"] and "wordnet_supersense/probe" not in by_model[models[2]]
+  assert by_model["teacher_ensemble3"]["vader_movies/ft"] == pytest.approx(ensemble, abs=1e-4)
+  assert "ft_gap_closed" in by_model["uniform_layers+task_kd"] and "vader_movies/probe" not in by_model[models[2]]
   # The longer one-stage row trains as many epochs as the augmented set is times the training set.
   long_runs = [json.loads(line) for line in measured if "steps_of" in line]
   assert len(long_runs) == 1
