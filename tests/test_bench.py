@@ -395,9 +395,7 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   assert len(measured) == 2 * 2 + 2 + 2
   assert suite() == rows and results.read_text().splitlines() == measured
   kept = sorted(os.listdir(tmp_path / "measured_models"))
-  teacher_runs = [
-    os.path.join(tmp_path, "measured_models", k) for k in kept if k.startswith("teacher_vader_movies")
-  ]
+  teacher_runs = [os.path.join(tmp_path, "measured_models", k) for k in kept if k.startswith("teacher_vader_movies")]
   assert len(teacher_runs) == 3, kept  # seeds 0, 1, 2: kept for the second stage that learns them
   cached = sorted(os.listdir(tmp_path / "measured_models" / "cache"))
   # the augmented set, each teacher's logits on it and on the dev set (the ensemble's)
