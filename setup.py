@@ -11,7 +11,7 @@ setup(
     python_requires=">=3.11",  # jaxlib 0.10.2, the oldest jax we run, has wheels for 3.11 and newer
     packages=find_packages(include=["minilm_jax", "minilm_jax.*"]),
     # WordNet 3.0's noun excerpt (its license in the file's header): the demo's evaluators read it.
-    package_data={"minilm_jax": ["data/wordnet/data.noun"]},
+    package_data={"minilm_jax": ["data/wordnet/data.noun", "kernels/tuned_tilings.json"]},
     install_requires=[
         "jax>=0.10.2",  # tested: 0.10.2 (CI) and 0.11.2 (an H100)
         "flax>=0.11",

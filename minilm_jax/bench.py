@@ -82,6 +82,12 @@ _TILINGS = flags.DEFINE_list(
   [],
   "kernels: tilings to time, each BLOCKxWARPSxSTAGES (e.g. 64x4x2); default: the platform's (platform.TILINGS).",
 )
+_TUNE = flags.DEFINE_bool(
+  "tune",
+  False,
+  "kernels: time each kernel's forward and backward over a grid of tilings (--tilings, or the platform's) "
+  "and write the fastest per chip and shape to the table the steps read (kernels/tuned_tilings.json).",
+)
 _PROFILE = flags.DEFINE_string(
   "profile",
   "",
@@ -153,7 +159,7 @@ SUITES = {
     _TRAIN_STEPS.value,
     _PROFILE.value,
   ),
-  "kernels": lambda: kernels.run(
+  "kernels": lambda: (kernels.tune if _TUNE.value else kernels.run)(
     _seq_lens() or [128, 512],
     _BATCH.value or 256,  # the paper's
     _DTYPE.value,
@@ -197,7 +203,7 @@ SUITES = {
 # refused rather than ignored.
 SUITE_FLAGS = {
   "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps", "profile"},
-  "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings"},
+  "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings", "tune"},
   "inference": {"batches", "dtype", "batch", "seq_len"},
   "memory": set(),
   "etd": {"steps"},
@@ -252,7 +258,7 @@ def main(argv):
   print(format_table(rows))
   if _JSON.value:
     write_json(_JSON.value, rows)
-  if argv[1] == "kernels" and kernels.beyond_tolerance(rows):
+  if argv[1] == "kernels" and not _TUNE.value and kernels.beyond_tolerance(rows):
     # Exit 1 is this and nothing else: a kernel differs from the explicit path by more than its dtype
     # allows (bad input exits 2, as in every program), so a chip's script can stop on it.
     print(f"kernels differ from the explicit path beyond tolerance: {kernels.beyond_tolerance(rows)}")

@@ -281,16 +281,16 @@ def test_a_new_chip_is_a_row_of_the_table(monkeypatch):
   platform needs. Its names parse (slices, hosts, TensorCores counted as its row says), the help's
   examples list it, and a size it has no slice of is one line naming its forms."""
   v7x = dataclasses.replace(targets.CHIPS["v5p"], topology_prefix="v7x", memory_bytes=192 * GiB, examples=("v7x-8",))
-  h200 = dataclasses.replace(targets.CHIPS["h100"], memory_bytes=141 * GiB, examples=("h200x8",))
+  h100nvl = dataclasses.replace(targets.CHIPS["h100"], memory_bytes=94 * GiB, examples=("h100nvlx8",))
   monkeypatch.setitem(targets.CHIPS, "v7x", v7x)
-  monkeypatch.setitem(targets.CHIPS, "h200", h200)
+  monkeypatch.setitem(targets.CHIPS, "h100nvl", h100nvl)
   pod = targets.parse_target("v7x-16x2")
   assert (pod.chip, pod.topology, pod.num_devices, pod.num_slices) == (v7x, "v7x:2x2x2", 16, 2)
-  host = targets.parse_target("h200x4x2")
-  assert (host.chip, host.topology, host.num_devices) == (h200, "1x2x4", 8)
-  assert host.usable_memory_bytes < 141 * GiB  # the share JAX preallocates on a GPU
-  assert {"v7x-8", "h200x8", "v5e-256x2"} <= set(targets.examples())
-  with pytest.raises(UserError, match=r"v7x-N\[x<slices>\] \(N TensorCores: 8, 16, 32.*h200x<1-8>\[x<hosts>\]"):
+  host = targets.parse_target("h100nvlx4x2")
+  assert (host.chip, host.topology, host.num_devices) == (h100nvl, "1x2x4", 8)
+  assert host.usable_memory_bytes < 94 * GiB  # the share JAX preallocates on a GPU
+  assert {"v7x-8", "h100nvlx8", "v5e-256x2"} <= set(targets.examples())
+  with pytest.raises(UserError, match=r"v7x-N\[x<slices>\] \(N TensorCores: 8, 16, 32.*h100nvlx<1-8>\[x<hosts>\]"):
     targets.parse_target("v7x-6")
 
 

@@ -547,7 +547,7 @@ def test_each_device_kind_finds_its_chip_in_the_one_table():
     ("TPU v6 lite", "v6e"),
     ("TPU v4", "v4"),
     ("NVIDIA H100 80GB HBM3", "h100"),
-    ("NVIDIA H200", "h100"),
+    ("NVIDIA H200", "h200"),
   ):
     assert timing.chip_of(kind) is CHIPS[chip], kind
   assert timing.chip_of("cpu") is None and timing.peak_flops() is None  # this host's CPU

@@ -20,6 +20,7 @@ from flax import traverse_util
 from conftest import TEST_UMASK, modes_not_from_the_umask
 from minilm_jax.benchmarks import kernels as kernel_check
 from minilm_jax.devices import parallel
+from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
@@ -39,35 +40,57 @@ def _rel(a, b):
   return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
 
 
+# The drawn rate of 0.1: bytes of at least 26 of 256 are kept (`dropout.threshold`).
+DROPPED = 26 / 256
+
+
 def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
   keep = np.asarray(dropout.keep_mask(jnp.int32(7), 4, 12, 128, 0.1))
-  # 786,432 draws: the kept share is within 5 standard errors (0.0017) of 0.9.
-  assert abs(keep.mean() - 0.9) < 0.0017
+  # 786,432 draws: the kept share is within 5 standard errors (0.0017) of the drawn 1 - 26/256.
+  assert abs(keep.mean() - (1 - DROPPED)) < 0.0017
   again = np.asarray(dropout.keep_mask(jnp.int32(7), 4, 12, 128, 0.1))
   other = np.asarray(dropout.keep_mask(jnp.int32(8), 4, 12, 128, 0.1))
   assert (keep == again).all()
-  # Independent masks agree on 0.9^2 + 0.1^2 = 0.82 of the entries; neighbours are uncorrelated.
-  assert abs((keep == other).mean() - 0.82) < 0.005
-  assert abs(np.corrcoef(keep[..., :-1].ravel(), keep[..., 1:].ravel())[0, 1]) < 0.01
+  # Independent masks agree on p^2 + (1 - p)^2 of the entries; neighbours are uncorrelated, the
+  # four keys of one word (keys 4w to 4w + 3: lags 1-3) and the next word's (lag 4) alike.
+  assert abs((keep == other).mean() - (DROPPED**2 + (1 - DROPPED) ** 2)) < 0.005
+  for lag in (1, 2, 3, 4):
+    assert abs(np.corrcoef(keep[..., :-lag].ravel(), keep[..., lag:].ravel())[0, 1]) < 0.01
   assert abs(np.corrcoef(keep[:, :-1].ravel(), keep[:, 1:].ravel())[0, 1]) < 0.01
-  assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == round(0.1 * 2**24)
+  assert bool(dropout.keep_mask(jnp.int32(7), 1, 1, 64, 0.0).all()) and dropout.threshold(0.1) == 26
+  assert dropout.scale(0.1) == 256 / 230 and dropout.threshold(0.002) == 1
+  with pytest.raises(UserError, match="below 1/512"):
+    dropout.threshold(0.001)
+
+
+@pytest.mark.parametrize(("queries", "keys"), [(128, 128), (10, 13)])
+def test_a_word_hashed_once_for_four_keys_is_the_mask_entry_by_entry(queries, keys):
+  """`keep_mask` spreads each word over its four keys (as the kernels do); `entry_keeps` hashes
+  each entry's word on its own (the kernels' path for a whole odd length): the same mask, a key
+  length that is not a multiple of four (a decoding cache) included."""
+  batch, heads = 2, 3
+  row_head = jnp.arange(batch)[:, None, None, None] * heads + jnp.arange(heads)[None, :, None, None]
+  base = dropout.row_base(jnp.int32(7), row_head)
+  entries = dropout.entry_keeps(base, jnp.arange(queries)[:, None], jnp.arange(keys)[None, :], keys, 0.1)
+  assert np.array_equal(dropout.keep_mask(jnp.int32(7), batch, heads, queries, 0.1, keys), entries)
 
 
 def test_hidden_dropout_keeps_the_rate_scales_the_kept_and_differs_by_seed_and_position():
-  """The encoder's hidden-state dropout (`encoder.Dropout`, the same hash over each entry's index):
+  """The encoder's hidden-state dropout (`encoder.Dropout`, the same words over each entry's index):
   a [16, 128, 384] activation as the 3x384 student's step drops it out."""
   from minilm_jax.models.encoder import Dropout
 
   x = jnp.ones((16, 128, 384))
   keep = np.asarray(dropout.keep_like(jnp.int32(7), x.shape, 0.1))
-  assert abs(keep.mean() - 0.9) < 0.0017  # 786,432 draws, as above
-  assert abs((keep == np.asarray(dropout.keep_like(jnp.int32(8), x.shape, 0.1))).mean() - 0.82) < 0.005
+  assert abs(keep.mean() - (1 - DROPPED)) < 0.0017  # 786,432 draws, as above
+  agree = DROPPED**2 + (1 - DROPPED) ** 2
+  assert abs((keep == np.asarray(dropout.keep_like(jnp.int32(8), x.shape, 0.1))).mean() - agree) < 0.005
   for axis in range(3):  # neighbours along every axis are uncorrelated
     a, b = np.moveaxis(keep, axis, 0)[:-1].ravel(), np.moveaxis(keep, axis, 0)[1:].ravel()
     assert abs(np.corrcoef(a, b)[0, 1]) < 0.01
   layer = Dropout(0.1)
   y = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.key(0)}))
-  assert np.allclose(np.unique(y), [0.0, 1 / 0.9]) and abs((y > 0).mean() - 0.9) < 0.0017
+  assert np.allclose(np.unique(y), [0.0, 256 / 230]) and abs((y > 0).mean() - (1 - DROPPED)) < 0.0017
   assert np.array_equal(layer.apply({}, x, True), x) and not np.any(Dropout(1.0).apply({}, x, False))
 
 
@@ -158,6 +181,102 @@ def test_the_chip_check_holds_both_kernels_to_the_explicit_path_in_every_tiling(
     assert r["fused_ms"] > 0 and r["explicit_ms"] > 0
 
 
+def test_each_kernels_bound_on_an_h100_from_its_counted_work():
+  """`bench kernels`' bound at the paper's batch 256 x 512 (12 heads of 32; relations 64 -> 32), by
+  hand from the per-entry counts (`kernels.costs`) and the H100's rates (`chips.CHIPS`): the
+  attention is bound by its vector instructions' issue (38.5 an entry forward and backward: 2 x 8.25
+  of the mask, 18 others, 2 x 2 for the exponentials), not by its 448 FLOPs of products an entry,
+  and the relation KL's forward likewise (13 others, 2 exponentials of 2), its backward by its 2
+  exponentials on the 16 transcendental units a clock; at 128 both kernels are bound by HBM."""
+  from minilm_jax.devices.chips import CHIPS
+
+  h100, entries = CHIPS["h100"], 256 * 12 * 512 * 512
+  issue = 128 * 132 * 1.98e9
+  attention_work = kernel_check.work("attention", 256, 512, 2)
+  assert sum(w.products for w in attention_work.values()) == 14 * 32 * entries
+  assert sum(w.integer_ops for w in attention_work.values()) == 2 * (13 / 4 + 5) * entries
+  seconds, limit = kernel_check.bound(attention_work, h100)
+  assert limit == "issue" and seconds == pytest.approx((2 * 8.25 + 18 + 2 * 2) * entries / issue)
+  relation_work = kernel_check.work("relation_kl", 256, 512, 2)
+  assert sum(w.products for w in relation_work.values()) == (4 * 64 + 8 * 32) * entries
+  seconds, limit = kernel_check.bound(relation_work, h100)
+  assert limit == "issue" and seconds == pytest.approx(
+    (13 + 2 * 2) * entries / issue + 2 * entries / (16 * 132 * 1.98e9)
+  )
+  for kernel in ("attention", "relation_kl"):
+    assert kernel_check.bound(kernel_check.work(kernel, 256, 128, 2), h100)[1] == "hbm"
+
+
+def test_the_compiled_programs_flops_and_the_steps_parts_are_the_kernels_counts():
+  """One count: `aot`'s check reads a compiled call's products from its operands (`costs.FLOPS`),
+  the step's parts (`models.flops`) from the shapes; both equal the kernels' own `costs` work."""
+  from minilm_jax.kernels import costs
+  from minilm_jax.models import flops
+
+  batch, length = 4, 128
+  work = costs.attention(batch, 12, length, 32, 0.1) | costs.relation_kl(batch, 12, length, 64, 32)
+  attention_operands = [[1, 1], [batch, length, 1], [batch, length, 12, 32]]
+  relation_operands = [[batch, length, 1], [batch, 12, length, 64], [batch, 12, length, 64], [batch, 12, length, 32]]
+  for name, operands in [(attention.FORWARD, attention_operands), (attention.BACKWARD, attention_operands)] + [
+    (relation_kl.FORWARD, relation_operands),
+    (relation_kl.BACKWARD, relation_operands),
+  ]:
+    assert costs.FLOPS[name](operands) == work[name].products, name
+  assert flops.attention_kernel_flops(batch, length, 384) == (
+    work[attention.FORWARD].products,
+    work[attention.BACKWARD].products,
+  )
+  assert flops.relation_kl_flops(batch, length, 768, 384) == (
+    work[relation_kl.FORWARD].products,
+    work[relation_kl.BACKWARD].products,
+  )
+
+
+def test_the_tuner_writes_the_fastest_tiling_per_kernel_and_the_step_reads_it(tmp_path, monkeypatch):
+  """`bench kernels --tune` over two tilings, interpreted: a row per kernel call and tiling, the
+  fastest of each call written to the table with the chip and the date; the kernels then take the
+  table's tilings (their Pallas grids), forward and backward each their own, and a shape without an
+  entry the platform's."""
+  from minilm_jax.kernels import platform
+
+  table = tmp_path / "tuned.json"
+  monkeypatch.setattr(platform, "TUNED_TABLE", str(table))
+  rows = kernel_check.tune([64], batch=2, dtype="float32", repeats=1, tilings=[Tiling(16), Tiling(32)])
+  calls = [attention.FORWARD, attention.BACKWARD, relation_kl.FORWARD, relation_kl.BACKWARD]
+  assert sorted((r["kernel"], r["tiling"]) for r in rows) == sorted((c, t) for c in calls for t in ("16x4x2", "32x4x2"))
+  written = json.loads(table.read_text())
+  assert len(written) == 4 and all(e["chip"] == "cpu" and e["date"] and e["length"] == 64 for e in written.values())
+  for entry in written.values():
+    times = [r["ms"] for r in rows if r["kernel"] == entry["kernel"]]
+    assert entry["ms"] == min(times) and entry["tiling"] == rows[[r["ms"] for r in rows].index(min(times))]["tiling"]
+  # A different block on each pass, so that what each call is given shows which entry it read.
+  forward_key = platform.tuned_key("cpu", attention.FORWARD, (32,), 64)
+  backward_key = platform.tuned_key("cpu", attention.BACKWARD, (32,), 64)
+  written[forward_key]["tiling"], written[backward_key]["tiling"] = "16x4x2", "32x8x3"
+  table.write_text(json.dumps(written))
+  platform.tuned_tilings.cache_clear()
+  given = []
+  monkeypatch.setattr(
+    attention,
+    "call",
+    lambda kernel, where, name, tiling, **kw: (
+      given.append((name, tiling)) or (platform.call(kernel, where, name, tiling, **kw))
+    ),
+  )
+  for length in (64, 128):  # 128: no entry
+    mask = jnp.ones((1, length), bool)
+    jax.grad(lambda q, mask=mask: jnp.sum(attention.flash_attention(q, q, q, mask, 3, 0.1, "cpu")))(
+      _normal(0, (1, length, 2, 32))
+    )
+  assert given == [
+    (attention.FORWARD, Tiling(16)),
+    (attention.BACKWARD, Tiling(32, 8, 3)),
+    (attention.FORWARD, TILINGS["cpu"]),
+    (attention.BACKWARD, TILINGS["cpu"]),
+  ]
+  platform.tuned_tilings.cache_clear()
+
+
 @pytest.mark.slow
 def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
   """Exit 0 with its rows, exit 2 with one line for bad input (a malformed tiling; bfloat16 on a CPU,
@@ -173,7 +292,7 @@ def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
   )
   assert ok.returncode == 0, ok.stderr[-2000:]
   assert not modes_not_from_the_umask(str(out))  # a report, as every bench suite writes one
-  assert "relation_kl  128x4x2  cpu" in ok.stdout and len(json.loads(out.read_text())) == 2
+  assert "relation_kl  128x4x2/128x4x2  cpu" in ok.stdout and len(json.loads(out.read_text())) == 2
   for flag, message in (
     ("--tilings=64x4x2,big", "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"),
     (
@@ -232,8 +351,9 @@ def test_the_kernels_compile_for_h100_and_tpu(target):
 
 def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp_path):
   """`launch/chip_benchmarks.sh` with a stand-in for python that records its arguments (the
-  programs themselves are tested above and in test_bench.py): the check first, then one `bench
-  distill` per (student, length), each writing its own JSON; a failing program fails the script."""
+  programs themselves are tested above and in test_bench.py): the tuner, then the check, then one
+  `bench distill` per (student, length), each writing its own JSON; a failing program fails the
+  script."""
   log = tmp_path / "calls"
   python = tmp_path / "python"
   python.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n[[ "$*" != *"seq_len 128"* ]]\n')
@@ -247,7 +367,11 @@ def test_the_chip_benchmarks_script_runs_the_check_then_one_step_per_process(tmp
   )
   calls = log.read_text().splitlines()
   assert proc.returncode == 1  # the stand-in failed the length-128 runs
-  assert calls[0].startswith("-m minilm_jax.bench kernels --seq_len 128,512 --batch 256 --dtype bfloat16")
+  assert calls[0].startswith("-m minilm_jax.bench kernels --tune --seq_len 128,512 --batch 256 --dtype bfloat16")
+  assert calls[1].startswith("-m minilm_jax.bench kernels --seq_len 128,512 --batch 256 --dtype bfloat16")
+  calls = calls[1:]
+  # the train program at each student's first length
+  assert [c.split("--train_steps ")[1].split()[0] for c in calls[1:]] == ["100", "0", "100", "0"]
   assert [c.split("--student ")[1].split(" --dtype")[0] for c in calls[1:]] == [
     "6x384 --seq_len 512",
     "6x384 --seq_len 128",

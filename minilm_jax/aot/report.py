@@ -9,7 +9,8 @@ import re
 import jax
 from jax._src.lib import _jax  # XLA's HLO cost analysis for programs compiled for GPUs
 
-from minilm_jax.kernels import attention, relation_kl
+from minilm_jax.kernels import attention
+from minilm_jax.kernels.costs import FLOPS as PALLAS_KERNEL_FLOPS
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4}
 _BYTES.update({"f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16})
@@ -25,9 +26,8 @@ CUBLAS = "__cublas$"
 # matrix products where XLA's GPU compiler leaves a product to it, Pallas kernels lowered to
 # Triton, Mosaic GPU or Mosaic TPU): they count its FLOPs and bytes as nothing.
 KERNEL_CALL_TARGETS = (CUDNN_ATTENTION, CUBLAS, "__gpu$xla.gpu.triton", "mosaic_gpu", "tpu_custom_call")
-# Our Pallas kernels by the name they carry into the compiled program: FLOPs of their matrix
-# products from their operands' shapes (`kernels.attention`, `kernels.relation_kl`).
-PALLAS_KERNEL_FLOPS = {**attention.FLOPS, **relation_kl.FLOPS}
+# Our Pallas kernels' FLOPs by the name they carry into the compiled program (`PALLAS_KERNEL_FLOPS`,
+# `kernels.costs.FLOPS`): their matrix products from their operands' shapes.
 
 
 def memory(compiled) -> dict:

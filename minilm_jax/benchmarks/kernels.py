@@ -5,31 +5,41 @@ interpreted on CPUs), is held to the explicit XLA path it replaces at the paper'
 (student 12 heads of 32, teacher relations 12 heads of 64) with padded examples and the paper's
 attention dropout: the loss and the gradients as relative errors (the largest absolute difference
 over the largest absolute value), and both programs' forward+backward time, with the TFLOP/s of
-their matrix products (`matmul_flops`), the kernel's share of the chip's bfloat16 peak and, for the
-attention on GPUs, cuDNN's fused attention without dropout (the teacher's path) as what a tuned
-kernel reaches. A chip the tests never ran on (a new GPU generation, a new jax) is checked before a
-run trusts it.
+their matrix products (`matmul_flops`), the kernel's share of the chip's bfloat16 peak, the
+kernel's own bound on the chip (`bound`: the least time its products, exponentials, integer and
+other vector instructions and HBM bytes allow, `kernels.costs` over `chips.CHIPS`' rates) and the
+share of it the kernel reaches, and, for the attention on GPUs, cuDNN's fused attention without
+dropout (the teacher's path) as what a tuned kernel reaches. A chip the tests never ran on (a new
+GPU generation, a new jax) is checked before a run trusts it.
 
   python -m minilm_jax.bench kernels --dtype bfloat16     # the paper's batch 256 x 128 and x 512
   python -m minilm_jax.bench kernels --seq_len 32 --batch 2  # a CPU, interpreted (float32)
-  python -m minilm_jax.bench kernels --seq_len 512 --tilings 32x4x2,64x4x2,64x8x3,128x8x2   # tune a new chip
+  python -m minilm_jax.bench kernels --dtype bfloat16 --tune   # tune this chip: the step reads the table
 
-`--tilings` times other blocks, warps and pipeline stages than the platform's (`platform.TILINGS`,
-which the steps use): the fastest belongs in that table.
+`--tilings` times other blocks, warps and pipeline stages than the step's (the tuned table's or the
+platform's, `platform.tiling_for`). `--tune` times each kernel's forward and backward pass alone
+over a grid of tilings (`--tilings`, or `TUNING_GRID`'s for the platform), skips those that do not
+compile, and writes the fastest of each (chip, kernel, head sizes, length) to the tuned table
+(`kernels.platform.TUNED_TABLE`) with its time and the date: the steps compiled for that chip read it.
 
 `bench kernels` exits 1 when an error exceeds its tolerance (float32: 2e-3, where GPUs multiply in
 TF32; bfloat16: 3e-2), so scripts can stop on it.
 """
 
+import datetime
+import logging
+
 import jax
 import jax.numpy as jnp
 
-from minilm_jax.devices.timing import median_seconds, peak_flops
+from minilm_jax.devices.timing import chip_of, median_seconds, peak_flops
 from minilm_jax.errors import UserError
-from minilm_jax.kernels import attention
+from minilm_jax.kernels import attention, costs
+from minilm_jax.kernels import platform as pallas_platform
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
 from minilm_jax.models.encoder import fused_attention, fused_attention_implementation
 from minilm_jax.models.flops import attention_kernel_flops, relation_kl_flops
+from minilm_jax.training.outputs import write_json
 from minilm_jax.transfer import losses
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 3e-2}
@@ -121,18 +131,31 @@ def _timed(program, args, repeats):
   return loss, grads, median_seconds(lambda: jax.block_until_ready(program(*args)), repeats)
 
 
-def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]:
-  """One row per (kernel, tiling, length): errors against the explicit path and both programs' times."""
-  platform = compute_platform()
+def _check(lengths, dtype: str, tilings):
   if dtype == "bfloat16" and jax.default_backend() == "cpu":
     # XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product, which both paths ask for.
     raise UserError("--dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU")
-  tilings = list(tilings) or [tiling_for(platform)]
-  rows = []
   for length in lengths:
     for tiling in tilings:
-      if not all(attention.supported(length, d, platform, tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
+      if not all(attention.supported(length, d, compute_platform(), tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
         raise UserError(f"--seq_len {length}: the kernels take multiples of their block or powers of two from 16")
+
+
+def _label(tiling: Tiling | None, kernel: str, length: int) -> str:
+  """A tiling as BLOCKxWARPSxSTAGES; the step's (None): its forward's and backward's."""
+  if tiling is not None:
+    return f"{tiling.block}x{tiling.num_warps}x{tiling.num_stages}"
+  return "/".join(_label(tiling_for(compute_platform(), name, dims, length), "", 0) for name, dims in _CALLS[kernel])
+
+
+def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]:
+  """One row per (kernel, tiling, length): errors against the explicit path, both programs' times
+  and the kernel's bound. No `tilings`: the step's (the tuned table's or the platform's)."""
+  platform = compute_platform()
+  tilings = list(tilings) or [None]
+  _check(lengths, dtype, tilings)
+  rows = []
+  for length in lengths:
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
     cudnn_seconds = _cudnn_reference(student, mask, repeats)
     explicit_runs = {}
@@ -147,7 +170,7 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
         rows.append(
           {
             "kernel": name,
-            "tiling": f"{tiling.block}x{tiling.num_warps}x{tiling.num_stages}",
+            "tiling": _label(tiling, name, length),
             "platform": platform,
             "device": jax.devices()[0].device_kind,
             "batch": batch,
@@ -159,9 +182,57 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
             "explicit_ms": 1e3 * seconds,
             "speedup": seconds / fused_seconds,
             **_rates(name, batch, length, fused_seconds, seconds, cudnn_seconds if name == "attention" else None),
+            **_bound_row(name, batch, length, jnp.dtype(dtype).itemsize, fused_seconds),
           }
         )
   return rows
+
+
+# Each kernel's Pallas calls at the paper's heads: (name, head sizes) as the tuned table keys them.
+_CALLS = {
+  "attention": [(attention.FORWARD, (STUDENT_DIM,)), (attention.BACKWARD, (STUDENT_DIM,))],
+  "relation_kl": [
+    (costs.RELATION_KL_FORWARD, (TEACHER_DIM, STUDENT_DIM)),
+    (costs.RELATION_KL_BACKWARD, (TEACHER_DIM, STUDENT_DIM)),
+  ],
+}
+
+
+def work(kernel: str, batch: int, length: int, itemsize: int) -> dict:
+  """{Pallas call name: `costs.Work`} of one forward+backward call of `kernel` at the paper's heads."""
+  if kernel == "attention":
+    return costs.attention(batch, HEADS, length, STUDENT_DIM, DROPOUT, itemsize)
+  return costs.relation_kl(batch, HEADS, length, TEACHER_DIM, STUDENT_DIM, itemsize)
+
+
+def bound(calls: dict, chip) -> tuple[float, str]:
+  """The least seconds `calls` ({name: `costs.Work`}, run one after another) can take on `chip`: each
+  call at the largest of its products' time at the bf16 peak, its exponentials' on the
+  transcendental units, its integer instructions' on the integer units, all its vector
+  instructions' at the issue rate, and its bytes' at the HBM bandwidth; and the resource that
+  bounds most of that time. Without published vector rates (TPUs), products and bytes alone."""
+  total, by_resource = 0.0, {}
+  for w in calls.values():
+    seconds = {"products": w.products / chip.peak_bf16_flops, "hbm": w.hbm_bytes / chip.hbm_bytes_per_s}
+    if chip.vector:
+      v = chip.vector
+      seconds["exp"] = w.exponentials / v.per_second(v.transcendentals)
+      seconds["integer"] = w.integer_ops / v.per_second(v.integer_ops)
+      seconds["issue"] = w.vector_ops / v.per_second(v.issued)
+    limit = max(seconds, key=seconds.get)
+    total += seconds[limit]
+    by_resource[limit] = by_resource.get(limit, 0.0) + seconds[limit]
+  return total, max(by_resource, key=by_resource.get)
+
+
+def _bound_row(kernel: str, batch: int, length: int, itemsize: int, seconds: float) -> dict:
+  """The kernel's bound on this process's chip, what bounds it, and the measured time's share of it
+  (the bound over the time: 1 is the bound reached); None on chips without a row (CPUs)."""
+  chip = chip_of(jax.devices()[0].device_kind)
+  if chip is None:
+    return {"bound_ms": None, "bound_by": None, "of_bound": None}
+  least, limit = bound(work(kernel, batch, length, itemsize), chip)
+  return {"bound_ms": 1e3 * least, "bound_by": limit, "of_bound": least / seconds}
 
 
 def _rates(kernel: str, batch: int, length: int, fused: float, explicit: float, cudnn: float | None) -> dict:
@@ -176,6 +247,75 @@ def _rates(kernel: str, batch: int, length: int, fused: float, explicit: float, 
     "cudnn_no_dropout_ms": 1e3 * cudnn if cudnn else None,
     "cudnn_no_dropout_tflops": flops / cudnn / 1e12 if cudnn else None,
   }
+
+
+# What `--tune` times where no --tilings are given: on GPUs blocks of 32 to 128 rows with 4 warps
+# and 2 or 3 pipeline stages or 8 warps and 2 (the register budget: a [64, 64] float32 block and
+# its hash words take about 64 registers a thread at 4 warps); on TPUs blocks alone (Mosaic takes
+# no warps), 128 rows filling the lanes and more.
+TUNING_GRID = {
+  "gpu": [Tiling(block, warps, stages) for block in (32, 64, 128) for warps, stages in ((4, 2), (4, 3), (8, 2))],
+  "tpu": [Tiling(block) for block in (128, 256, 512)],
+}
+
+
+def tune(lengths, batch: int, dtype: str, repeats: int, tilings=(), table: str = "") -> list[dict]:
+  """Each kernel's forward and backward pass timed alone (the backward as forward+backward less the
+  forward) in every tiling of `tilings` (else `TUNING_GRID`'s), those that do not compile skipped;
+  the fastest of each (chip, kernel call, head sizes, length) written to `table` (default the
+  package's, `kernels.platform.TUNED_TABLE`), kept entries of other shapes and chips. One row per call and
+  tiling."""
+  here = compute_platform()
+  grid = list(tilings) or TUNING_GRID.get("gpu" if here in pallas_platform.GPU_PLATFORMS else here, [])
+  if not grid:
+    raise UserError(f"--tune on {here}: name the tilings to time with --tilings, e.g. 32x4x2,64x4x2")
+  _check(lengths, dtype, [])
+  kind, table = jax.devices()[0].device_kind, table or pallas_platform.TUNED_TABLE
+  rows, fastest = [], {}
+  for length in lengths:
+    student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
+    for tiling in grid:
+      if not all(attention.supported(length, d, here, tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
+        continue
+      for name, fused, _, differentiated, constants in _programs(here, tiling, student, teacher, mask):
+        for call, dims, seconds in _timed_calls(name, fused, differentiated, constants, repeats):
+          entry = {
+            "chip": kind,
+            "kernel": call,
+            "dims": list(dims),
+            "length": length,
+            "tiling": _label(tiling, "", 0),
+            "ms": None if seconds is None else 1e3 * seconds,
+          }
+          rows.append(entry)
+          key = pallas_platform.tuned_key(kind, call, dims, length)
+          if seconds is not None and (key not in fastest or entry["ms"] < fastest[key]["ms"]):
+            fastest[key] = {**entry, "batch": batch, "dtype": dtype, "date": datetime.date.today().isoformat()}
+  _write_table(table, fastest)
+  return rows
+
+
+def _timed_calls(name, fused, differentiated, constants, repeats):
+  """[(call name, head sizes, seconds)] of `name`'s forward and backward calls, seconds None where
+  the tiling does not compile on this chip (too many registers, too much shared memory)."""
+  args, argnums = (*differentiated, *constants), tuple(range(len(differentiated)))
+  forward, both = jax.jit(fused), jax.jit(jax.value_and_grad(fused, argnums))
+  try:
+    forward_s = median_seconds(lambda: jax.block_until_ready(forward(*args)), repeats)
+    both_s = median_seconds(lambda: jax.block_until_ready(both(*args)), repeats)
+  except Exception as e:  # noqa: BLE001 - a tiling the compiler refuses is skipped, whatever its error
+    logging.warning("bench kernels --tune: %s skipped: %s", name, str(e).splitlines()[0] if str(e) else type(e))
+    return [(call, dims, None) for call, dims in _CALLS[name]]
+  (forward_call, forward_dims), (backward_call, backward_dims) = _CALLS[name]
+  return [(forward_call, forward_dims, forward_s), (backward_call, backward_dims, max(both_s - forward_s, 0.0))]
+
+
+def _write_table(path: str, fastest: dict):
+  """`fastest`'s entries into the tuned table at `path`, over the entries of the same keys."""
+  entries = dict(pallas_platform.tuned_tilings(path))
+  entries.update(fastest)
+  write_json(path, dict(sorted(entries.items())))
+  pallas_platform.tuned_tilings.cache_clear()
 
 
 def parse_tilings(specs) -> list:

@@ -1,10 +1,43 @@
 """The accelerator chips this package knows: memory, peak dense bfloat16 FLOP/s and HBM bandwidth
-per chip, with their sources, in one table (`CHIPS`) that compiling for absent chips
-(`minilm_jax.aot`) and the benchmarks' utilisation (`timing.peak_flops`) both read."""
+per chip and, where published, the vector units' rates, with their sources, in one table
+(`CHIPS`) that compiling for absent chips (`minilm_jax.aot`), the benchmarks' utilisation
+(`timing.peak_flops`) and the kernels' bounds (`bench kernels`) read."""
 
 import dataclasses
 
 GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class VectorRates:
+  """What a chip's vector units do besides its matrix products, per core (a GPU's streaming
+  multiprocessor) and clock: exponentials on the transcendental units, 32-bit integer
+  instructions, and instructions issued of any kind (each a lane's)."""
+
+  clock_hz: float
+  cores: int
+  transcendentals: int
+  integer_ops: int
+  issued: int
+  source: str
+
+  def per_second(self, per_core_clock: int) -> float:
+    return per_core_clock * self.cores * self.clock_hz
+
+
+# GH100 (H100 SXM5 and H200): 132 SMs at up to 1.98 GHz (the compiler's target description);
+# per SM and clock, compute capability 9.0 in the CUDA C++ Programming Guide's table of arithmetic
+# instruction throughput: 16 exp2 (and the other transcendentals), 64 32-bit integer adds,
+# multiplies, shifts, compares and logic operations, and 4 warp schedulers issuing a warp's
+# instruction each (128 lanes).
+GH100_VECTOR = VectorRates(
+  1.98e9,
+  132,
+  16,
+  64,
+  128,
+  "CUDA C++ Programming Guide, arithmetic instruction throughput, compute capability 9.0; 132 SMs at 1.98 GHz",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +60,7 @@ class Chip:
   gpus_per_host: int = 8  # GPU hosts: at most this many per host
   target_config: str = ""  # GPUs: the chip as XLA's GPU compiler describes it (GpuTargetConfigProto text)
   device_kinds: tuple = ()  # how JAX names a device of the chip (the start of `device_kind`), for timings
+  vector: VectorRates | None = None  # None where no rates are published (the TPUs' VPU and EUP)
 
 
 # An H100 SXM5 as XLA's GPU compiler describes it (its GpuTargetConfigProto; XLA keeps the full
@@ -115,9 +149,23 @@ CHIPS = {
     3.35e12,
     "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 989 TFLOP/s dense bf16, 3.35 TB/s",
     ("h100x1", "h100x8", "h100x8x2"),
-    # An H200 is the H100's GH100 chip with more and faster HBM (141 GB, 4.8 TB/s): its dense bf16
-    # peak, which the benchmarks' utilisation reads, is the H100's; aot compiles for H100s alone.
-    device_kinds=("NVIDIA H100", "NVIDIA H200"),
+    device_kinds=("NVIDIA H100",),
     target_config=H100_TARGET_CONFIG,
+    vector=GH100_VECTOR,
+  ),
+  # The H100's GH100 chip with more and faster HBM: the same SMs, clock and dense bf16 peak.
+  "h200": Chip(
+    "cuda",
+    "",
+    143771 << 20,
+    989.4e12,
+    4.8e12,
+    "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s; the GH100's 989 TFLOP/s dense bf16",
+    ("h200x1", "h200x8"),
+    device_kinds=("NVIDIA H200",),
+    target_config=H100_TARGET_CONFIG.replace("device_memory_size: 85520809984", f"device_memory_size: {143771 << 20}")
+    .replace("memory_bandwidth: 3352320000000", "memory_bandwidth: 4800000000000")
+    .replace("NVIDIA H100 80GB HBM3", "NVIDIA H200"),
+    vector=GH100_VECTOR,
   ),
 }

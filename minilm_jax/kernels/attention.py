@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 
-from minilm_jax.kernels import dropout
+from minilm_jax.kernels import costs, dropout
 from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import Tiling, call, out_shape, tiling_for
 
@@ -35,19 +35,8 @@ MASK_VALUE = -1e9
 # whose policy saves it (`jax.checkpoint_policies.save_only_these_names`) keeps them rather than
 # running the forward kernel again in the backward pass.
 RESIDUALS = "flash_attention_residuals"
-# Names the compiled program carries (aot.report counts their bytes and FLOPs by them).
-FORWARD, BACKWARD = "minilm_flash_fwd", "minilm_flash_bwd"
-
-
-def _product_flops(operand_dims: list) -> int:
-  """One [L, L] x K product of every (example, head): 2 B H L^2 K, from the queries (the kernels'
-  third operand, B H L K elements in any layout) and the key mask's length (the second, [B, L, 1])."""
-  return 2 * math.prod(operand_dims[2]) * operand_dims[1][1]
-
-
-# Matrix products each kernel computes: the forward's scores and weighted sum; the backward's scores
-# recomputed, then the gradients of the probabilities, values, queries and keys.
-FLOPS = {FORWARD: lambda dims: 2 * _product_flops(dims), BACKWARD: lambda dims: 5 * _product_flops(dims)}
+# Names the compiled program carries (aot.report counts their bytes and FLOPs by them, `costs.FLOPS`).
+FORWARD, BACKWARD = costs.ATTENTION_FORWARD, costs.ATTENTION_BACKWARD
 _NT = (((1,), (1,)), ((), ()))  # A B^T
 _TN = (((0,), (0,)), ((), ()))  # A^T B
 _NN = (((1,), (0,)), ((), ()))  # A B
@@ -70,16 +59,24 @@ def _scores(kT, qT, key_column, scale):
   return jnp.where(key_column > 0, _dot(kT, qT, _TN) * scale, MASK_VALUE)
 
 
-def _keep(seed, row_head, key_start, query_start, shape, length, rate):
-  """The dropout mask's [keys, queries] block (`dropout.keep_block` by query, then key)."""
-  keys = key_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-  queries = query_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-  return dropout.keep_block(seed, row_head, queries, keys, length, rate)
+def _keep(base, key_start, query_start, shape, length, rate):
+  """The dropout mask's [keys, queries] block (`dropout.keep_mask` by query, then key), from the
+  (row, head)'s hash state `base`: a word hashed once for four neighbouring keys, or each entry on
+  its own where the block is a whole length that is not a multiple of four."""
+  keys, queries = shape
+  if keys % dropout.ENTRIES_PER_WORD:
+    key_ids = key_start + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    query_ids = query_start + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return dropout.entry_keeps(base, query_ids, key_ids, length, rate)
+  word_shape = (keys // dropout.ENTRIES_PER_WORD, queries)
+  word_ids = dropout.word_of(key_start) + jax.lax.broadcasted_iota(jnp.int32, word_shape, 0)
+  query_ids = query_start + jax.lax.broadcasted_iota(jnp.int32, word_shape, 1)
+  return dropout.spread_keeps(dropout.words(base, query_ids, word_ids, dropout.words_per_row(length)), 0, rate)
 
 
 def _forward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, layout, heads, length, block, rate):
   b, h, qi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  seed, row_head = seed_ref[...], b * heads + h
+  base = dropout.row_base(seed_ref[...], b * heads + h)
   qT = layout.load(q_ref)
   scale = 1.0 / math.sqrt(qT.shape[0])
 
@@ -93,8 +90,8 @@ def _forward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, 
     alpha = jnp.exp(m - m_new)
     l = alpha * l + jnp.sum(p, axis=0, keepdims=True)
     if rate > 0:
-      keep = _keep(seed, row_head, j * block, qi * block, p.shape, length, rate)
-      p = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
+      keep = _keep(base, j * block, qi * block, p.shape, length, rate)
+      p = jnp.where(keep, p * dropout.scale(rate), 0.0)
     return alpha * accT + _dot(vT, p.astype(vT.dtype), _NN), m_new, l
 
   row = (1, qT.shape[1])
@@ -110,7 +107,7 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
   so each block's scores and probabilities are recomputed once, as the backward pass needs them."""
   layout, heads, length, block, rate = kw["layout"], kw["heads"], kw["length"], kw["block"], kw["rate"]
   b, h = pl.program_id(0), pl.program_id(1)
-  seed, row_head = seed_ref[...], b * heads + h
+  base = dropout.row_base(seed_ref[...], b * heads + h)
   layout.zero(dq_ref, length, block)
 
   def over_keys(j, _):
@@ -125,7 +122,7 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
       p = jnp.exp(_scores(kT, qT, key_column, scale) - lse_ref[:, rows])
       dp = _dot(vT, doT, _TN)
       if rate > 0:
-        z = jnp.where(_keep(seed, row_head, j * block, i * block, p.shape, length, rate), 1.0 / (1.0 - rate), 0.0)
+        z = jnp.where(_keep(base, j * block, i * block, p.shape, length, rate), dropout.scale(rate), 0.0)
         dvT = dvT + _dot(doT, (p * z).astype(doT.dtype), _NT)
         dp = dp * z
       else:
@@ -145,6 +142,7 @@ def _backward_kernel(seed_ref, mask_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, d
 
 def _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling):
   batch, heads, length, dim = layout.dims(q)
+  tiling = tiling or tiling_for(platform, FORWARD, (dim,), length)
   block = tiling.block_for(length)
   kernel = functools.partial(_forward_kernel, layout=layout, heads=heads, length=length, block=block, rate=rate)
   return call(
@@ -168,6 +166,7 @@ def _forward(q, k, v, key_mask, seed, rate, platform, layout, tiling):
 def _backward(rate, platform, layout, tiling, residuals, do):
   seed, key_mask, q, k, v, o, lse = residuals
   batch, heads, length, dim = layout.dims(q)
+  tiling = tiling or tiling_for(platform, BACKWARD, (dim,), length)
   # D = rowsum(dO * O) per query, as a [B, H, 1, L] row like the log-sum-exps.
   d = jnp.sum(Layout("bhlk").to(layout.order, do.astype(jnp.float32) * o.astype(jnp.float32)), -1)[:, :, None, :]
   whole = layout.spec(length, dim, blocked=False)
@@ -225,10 +224,10 @@ def flash_attention(
   at `rate` by `dropout.keep_mask(seed, ...)`, under a [B, L] key padding mask; differentiable in
   q, k, v. `platform` picks the lowering (Triton on GPUs, Mosaic on TPUs, interpreted on CPUs) and
   the memory layout the kernels read (`layout.for_platform`; `layout` overrides it, as the tests
-  do to run the TPU's layout interpreted) and the blocks (`platform.TILINGS`; `tiling` overrides
-  them, as `bench kernels --tilings` does)."""
+  do to run the TPU's layout interpreted) and the blocks (`platform.tiling_for`: the tuned table's
+  or the platform's, forward and backward each their own; `tiling` overrides both, as `bench
+  kernels --tilings` does)."""
   layout = layout or for_platform(platform, "blhk")
-  tiling = tiling or tiling_for(platform)
   seed_1x1 = jnp.reshape(jnp.asarray(seed, jnp.int32), (1, 1))
   q, k, v = (layout.to("blhk", x) for x in (q_BxLxHxK, k_BxLxHxK, v_BxLxHxK))
   context = _flash(seed_1x1, key_mask_column(key_mask_BxL), q, k, v, float(rate), platform, layout, tiling)
@@ -242,5 +241,5 @@ def reference(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, key_mask_BxL, seed, rate: float):
   s = jnp.where(key_mask_BxL[:, None, None, :].astype(bool), s, MASK_VALUE)
   p = jax.nn.softmax(s, axis=-1)
   if rate > 0:
-    p = jnp.where(dropout.keep_mask(seed, batch, heads, length, rate), p / (1.0 - rate), 0.0)
+    p = jnp.where(dropout.keep_mask(seed, batch, heads, length, rate), p * dropout.scale(rate), 0.0)
   return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v_BxLxHxK.dtype), v_BxLxHxK, preferred_element_type=jnp.float32)

@@ -1,6 +1,9 @@
 """Where a step is compiled for, and so which kernels and which Pallas lowering it takes."""
 
 import dataclasses
+import functools
+import json
+import os
 
 import jax
 from jax.experimental import pallas as pl
@@ -62,7 +65,41 @@ class Tiling:
 TILINGS = {"tpu": Tiling(128), "gpu": Tiling(64), "cuda": Tiling(64), "cpu": Tiling(128)}
 
 
-def tiling_for(platform: str) -> Tiling:
+# The tilings `bench kernels --tune` measured fastest, per chip, kernel, head sizes and length; a shape
+# it has no entry for takes the platform's default (`TILINGS`).
+TUNED_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_tilings.json")
+
+
+def compute_device_kind() -> str:
+  """The kind of device the function being traced is compiled for (`compute_platform`'s devices):
+  "NVIDIA H100 80GB HBM3", "TPU v5 lite", "cpu"."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.abstract_device is not None:
+    return mesh.abstract_device.device_kind
+  return jax.devices()[0].device_kind
+
+
+def tuned_key(device_kind: str, kernel: str, dims: tuple, length: int) -> str:
+  """An entry's key in the tuned table: chip, kernel (its Pallas name), head sizes, length."""
+  return f"{device_kind}|{kernel}|{'x'.join(str(d) for d in dims)}|{length}"
+
+
+@functools.cache
+def tuned_tilings(path: str) -> dict:
+  """The tuned table at `path`: {key: entry with its "tiling" (BLOCKxWARPSxSTAGES), time and date}."""
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def tiling_for(platform: str, kernel: str = "", dims: tuple = (), length: int = 0) -> Tiling:
+  """The tiling `kernel` takes at head sizes `dims` and `length` on the chip being compiled for: the
+  tuned table's, else the platform's default."""
+  if kernel:
+    entry = tuned_tilings(TUNED_TABLE).get(tuned_key(compute_device_kind(), kernel, dims, length))
+    if entry:
+      return Tiling.parse(entry["tiling"])
   return TILINGS.get(platform, TILINGS["cpu"])
 
 

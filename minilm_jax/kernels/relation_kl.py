@@ -21,26 +21,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from minilm_jax.kernels import costs
 from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.layout import Layout, block_rows, for_platform, key_mask_column, key_mask_spec, stat_spec
 from minilm_jax.kernels.platform import Tiling, call, out_shape, tiling_for
 
-FORWARD, BACKWARD = "minilm_relation_kl_fwd", "minilm_relation_kl_bwd"
-
-
-def _logit_flops(operand_dims: list) -> tuple:
-  """(teacher, student) relation-logit products, 2 B A L^2 d each, from the operands (key mask
-  [B, L, 1], teacher x, teacher y, student x, student y: B A L d elements each in any layout, ...)."""
-  length = operand_dims[0][1]
-  return 2 * math.prod(operand_dims[1]) * length, 2 * math.prod(operand_dims[3]) * length
-
-
-# Matrix products each kernel computes: the forward's two logits; the backward's two logits
-# recomputed and the student's two gradients.
-FLOPS = {
-  FORWARD: lambda dims: sum(_logit_flops(dims)),
-  BACKWARD: lambda dims: _logit_flops(dims)[0] + 3 * _logit_flops(dims)[1],
-}
+FORWARD, BACKWARD = costs.RELATION_KL_FORWARD, costs.RELATION_KL_BACKWARD  # named in the compiled program
 _NT = (((1,), (1,)), ((), ()))
 _NN = (((1,), (0,)), ((), ()))
 _TN = (((0,), (0,)), ((), ()))
@@ -117,6 +103,7 @@ def _backward_kernel(mask_ref, tx_ref, ty_ref, sx_ref, sy_ref, lse_t_ref, lse_s_
 def _forward(key_mask, tx, ty, sx, sy, platform, layout, tiling):
   batch, heads, length, d_t = layout.dims(tx)
   d_s = layout.dims(sx)[3]
+  tiling = tiling or tiling_for(platform, FORWARD, (d_t, d_s), length)
   block = tiling.block_for(length)
   row = out_shape((batch, heads, 1, length), jnp.float32, sx)
   return call(
@@ -141,6 +128,7 @@ def _backward(platform, layout, tiling, residuals, g):
   key_mask, tx, ty, sx, sy, lse_t, lse_s = residuals
   batch, heads, length, d_t = layout.dims(tx)
   d_s = layout.dims(sx)[3]
+  tiling = tiling or tiling_for(platform, BACKWARD, (d_t, d_s), length)
   teacher, student = layout.spec(length, d_t, blocked=False), layout.spec(length, d_s, blocked=False)
   stat = stat_spec(length, blocked=False)
   dsx, dsy = call(
@@ -177,9 +165,8 @@ def relation_kl_rows(
   split into relation heads (teacher and student widths may differ). Differentiable in the
   student's pair only. `platform` picks the lowering and the memory layout the kernels read
   (`layout.for_platform`; `layout` overrides it, as the tests do to run the TPU's interpreted) and
-  the blocks (`platform.TILINGS`; `tiling` overrides them)."""
+  the blocks (`platform.tiling_for`: the tuned table's or the platform's; `tiling` overrides them)."""
   layout = layout or for_platform(platform, "bhlk")
-  tiling = tiling or tiling_for(platform)
   teacher_xy = jax.lax.stop_gradient(teacher_xy)
   tx, ty, sx, sy = (layout.to("bhlk", z) for z in (*teacher_xy, *student_xy))
   kl, _, _ = _relation_kl(key_mask_column(key_mask_BxL), tx, ty, sx, sy, platform, layout, tiling)

@@ -127,7 +127,7 @@ class Dropout(nn.Module):
     if self.rate == 1.0:
       return jnp.zeros_like(x)
     keep = dropout_bits.keep_like(dropout_bits.seed_from_key(self.make_rng("dropout")), x.shape, self.rate)
-    return jax.lax.select(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+    return jax.lax.select(keep, x * jnp.asarray(dropout_bits.scale(self.rate), x.dtype), jnp.zeros_like(x))
 
 
 def _probe(module, name, x):
@@ -203,7 +203,8 @@ def _dropped_out(attention_BxHxQxK, rng, rate: float):
   threefry bits (1.4 ms against 32 ms for [16, 12, 128, 128]), 9 % of the 3x384 student's step."""
   batch, heads, queries, keys = attention_BxHxQxK.shape
   keep = dropout_bits.keep_mask(dropout_bits.seed_from_key(rng), batch, heads, queries, rate, keys)
-  return jax.lax.select(keep, attention_BxHxQxK / (1.0 - rate), jnp.zeros_like(attention_BxHxQxK))
+  scaled = attention_BxHxQxK * jnp.asarray(dropout_bits.scale(rate), attention_BxHxQxK.dtype)
+  return jax.lax.select(keep, scaled, jnp.zeros_like(attention_BxHxQxK))
 
 
 def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float):

@@ -2,6 +2,7 @@
 counted analytically (the benchmarks' utilisation and `aot`'s check of what XLA counts)."""
 
 from minilm_jax.errors import UserError
+from minilm_jax.kernels import costs
 from minilm_jax.models.encoder import EncoderConfig
 
 
@@ -45,18 +46,17 @@ def distill_flops_per_token(
 
 
 def attention_kernel_flops(batch: int, length: int, width: int) -> tuple:
-  """(forward, backward) FLOPs of one layer's attention products over heads of total `width`: the
-  scores and the weighted sum forward (4 B L^2 d), the backward pass with the probabilities
-  recomputed (10 B L^2 d)."""
-  square = batch * length * length
-  return 4 * square * width, 10 * square * width
+  """(forward, backward) FLOPs of one layer's attention products over heads of total `width`, as the
+  kernel computes them (`kernels.costs`: the backward pass recomputes the probabilities)."""
+  work = costs.attention(batch, 1, length, width, rate=0.0)
+  return work[costs.ATTENTION_FORWARD].products, work[costs.ATTENTION_BACKWARD].products
 
 
 def relation_kl_flops(batch: int, length: int, teacher_width: int, student_width: int) -> tuple:
-  """(forward, backward) FLOPs of one relation KL: the teacher's and the student's relation logits
-  (2 B L^2 d each) forward, the student's two gradient products (twice its forward) backward."""
-  logits = 2 * batch * length * length
-  return logits * (teacher_width + student_width), 2 * logits * student_width
+  """(forward, backward) FLOPs of one relation KL's products, as the kernel computes them
+  (`kernels.costs`: the backward pass recomputes both models' relation logits)."""
+  work = costs.relation_kl(batch, 1, length, teacher_width, student_width)
+  return work[costs.RELATION_KL_FORWARD].products, work[costs.RELATION_KL_BACKWARD].products
 
 
 def distill_step_flops_by_part(
