@@ -4,8 +4,10 @@ BiLSTM / bi-attentive / Transformer students, resume, and the one-line errors.""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.models.heads import apply_model
+from minilm_jax.runs import lock
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config
 from minilm_jax.task_distill.run import build_task_distillation
 from minilm_jax.tasks import get_task
@@ -546,7 +549,7 @@ def test_several_teachers_are_learnt_as_the_mean_of_their_logits(
       f"{teachers[task.name]},{teachers['wordnet_examples']}",
       "task wordnet_supersense has no teacher: none of teacher=",
     ),
-    (f"{seed_1},{seed_1}", "names a run twice"),
+    (f"{seed_1},{seed_1}", "names one run twice"),
   ]
   for i, (teacher, message) in enumerate(cases):
     with pytest.raises(UserError, match=message):
@@ -600,3 +603,59 @@ def test_distilling_settings_contradicting_the_run_are_one_line(tmp_path, teache
   for i, (config, message) in enumerate(cases):
     with pytest.raises(UserError, match=message):
       build_finetuning(config, str(tmp_path / str(i)))
+
+
+@pytest.mark.slow
+def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written(tmp_path, tiny_teacher):
+  """The second stage's teacher logits are cached by the teacher's checkpoint content: a teacher run
+  rebuilt at the same path (another seed) is labelled again, not read from the shared cache; the
+  same run named through a trailing slash or a symlink is one teacher named twice; `,` names none;
+  a teacher still being written (its workdir's lock held by a running program) is refused before
+  any work."""
+  task = get_task("wordnet_supersense")
+  teacher, cache = str(tmp_path / "teacher"), str(tmp_path / "shared_cache")
+
+  def labelled(seed):
+    c = _finetune_config(tiny_teacher, task.name)
+    c.seed = seed
+    shutil.rmtree(teacher, ignore_errors=True)
+    build_finetuning(c, teacher).run()
+    student = _distilling_config(tiny_teacher, teacher)
+    student.distill.cache_dir = cache
+    return np.asarray(build_finetuning(student, str(tmp_path / f"kd_{seed}")).stream.rows["teacher_logits"])
+
+  first, rebuilt = labelled(0), labelled(1)
+  assert np.abs(first - rebuilt).max() > 1e-2  # the rebuilt teacher's own logits, not the first's
+  fresh = teacher_logits(
+    find_teachers([teacher], [task])[task.name],
+    task,
+    task.load("train", WORDNET_EXCERPT),
+    32,
+    128,
+    parallel.make_mesh(2),
+    str(tmp_path / "own_cache"),
+  )
+  np.testing.assert_allclose(rebuilt, fresh, rtol=1e-6)
+  os.symlink(teacher, tmp_path / "link")
+  for i, (names, message) in enumerate(
+    [
+      (f"{teacher},{teacher}/", f"names one run twice \\({teacher} and {teacher}/\\)"),
+      (f"{teacher},{tmp_path / 'link'}", f"names one run twice \\({teacher} and {tmp_path / 'link'}\\)"),
+      (",", "names no run"),
+    ]
+  ):
+    with pytest.raises(UserError, match=message):
+      build_finetuning(_distilling_config(tiny_teacher, names), str(tmp_path / f"bad_{i}"))
+  writer = subprocess.Popen(
+    [sys.executable, "-c", f"from minilm_jax.runs import lock; lock.hold({teacher!r}); import time; time.sleep(60)"]
+  )
+  try:
+    deadline = time.time() + 30
+    while lock.holder(teacher) is None and time.time() < deadline:
+      time.sleep(0.2)
+    with pytest.raises(UserError, match=f"teacher {teacher} is still being written by .*pid {writer.pid}"):
+      build_finetuning(_distilling_config(tiny_teacher, teacher), str(tmp_path / "kd_while_training"))
+  finally:
+    writer.kill()
+    writer.wait()
+  assert lock.holder(teacher) is None

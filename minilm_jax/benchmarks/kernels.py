@@ -189,7 +189,7 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
 
 
 # Each kernel's Pallas calls at the paper's heads: (name, head sizes) as the tuned table keys them.
-_CALLS = {
+_CALLS: dict[str, list[tuple[str, tuple[int, ...]]]] = {
   "attention": [(attention.FORWARD, (STUDENT_DIM,)), (attention.BACKWARD, (STUDENT_DIM,))],
   "relation_kl": [
     (costs.RELATION_KL_FORWARD, (TEACHER_DIM, STUDENT_DIM)),
@@ -211,7 +211,7 @@ def bound(calls: dict, chip) -> tuple[float, str]:
   transcendental units, its integer instructions' on the integer units, all its vector
   instructions' at the issue rate, and its bytes' at the HBM bandwidth; and the resource that
   bounds most of that time. Without published vector rates (TPUs), products and bytes alone."""
-  total, by_resource = 0.0, {}
+  total, by_resource = 0.0, dict[str, float]()
   for w in calls.values():
     seconds = {"products": w.products / chip.peak_bf16_flops, "hbm": w.hbm_bytes / chip.hbm_bytes_per_s}
     if chip.vector:
@@ -219,10 +219,10 @@ def bound(calls: dict, chip) -> tuple[float, str]:
       seconds["exp"] = w.exponentials / v.per_second(v.transcendentals)
       seconds["integer"] = w.integer_ops / v.per_second(v.integer_ops)
       seconds["issue"] = w.vector_ops / v.per_second(v.issued)
-    limit = max(seconds, key=seconds.get)
+    limit = max(seconds, key=lambda resource: seconds[resource])
     total += seconds[limit]
     by_resource[limit] = by_resource.get(limit, 0.0) + seconds[limit]
-  return total, max(by_resource, key=by_resource.get)
+  return total, max(by_resource, key=lambda resource: by_resource[resource])
 
 
 def _bound_row(kernel: str, batch: int, length: int, itemsize: int, seconds: float) -> dict:
@@ -271,7 +271,7 @@ def tune(lengths, batch: int, dtype: str, repeats: int, tilings=(), table: str =
     raise UserError(f"--tune on {here}: name the tilings to time with --tilings, e.g. 32x4x2,64x4x2")
   _check(lengths, dtype, [])
   kind, table = jax.devices()[0].device_kind, table or pallas_platform.TUNED_TABLE
-  rows, fastest = [], {}
+  rows, fastest = list[dict](), dict[str, dict]()
   for length in lengths:
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
     for tiling in grid:

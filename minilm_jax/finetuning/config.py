@@ -3,7 +3,7 @@
 import ml_collections
 
 from minilm_jax.data import augment
-from minilm_jax.training.loop import TRAINING_RANGES
+from minilm_jax.training.loop import TRAINING_RANGES, Above
 from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
 
 # The fields of `base_config` (and of the SQuAD and sequence-to-sequence settings) that have a
@@ -17,7 +17,7 @@ RANGES = {
   "n_best": (1, None),
   "max_answer_length": (1, None),
   "doc_stride": (1, None),
-  "distill.temperature": (0, None),
+  "distill.temperature": (Above(0), None),  # the logits are divided by it
   "distill.layers_weight": (0, None),
   **augment.RANGES,
 }

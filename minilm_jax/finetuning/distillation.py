@@ -19,6 +19,7 @@ on the result as on any fine-tuned run.
 """
 
 import dataclasses
+import os
 from typing import Any
 
 import datasets
@@ -105,8 +106,12 @@ def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
   one's labels and vocabulary: their logits are averaged, so they must mean the same classes of the
   same texts."""
   paths = [p.strip() for p in teacher.split(",") if p.strip()]
-  if len(set(paths)) != len(paths):
-    raise UserError(f"distill.teacher={teacher} names a run twice: list each teacher once")
+  if not paths:
+    raise UserError(f"distill.teacher={teacher!r} names no run: give a fine-tuning workdir, or a comma list of them")
+  real = [os.path.realpath(p) for p in paths]  # one run, however it is named (FT, FT/, a link to FT)
+  twice = [p for p, r in zip(paths, real) if real.count(r) > 1]
+  if twice:
+    raise UserError(f"distill.teacher names one run twice ({' and '.join(twice[:2])}): list each teacher once")
   found = [find_teachers([path], [task])[task.name] for path in paths]
   first = found[0]
   vocabulary = runs.load_tokenizer_of(first.path).get_vocab() if len(found) > 1 else None

@@ -18,6 +18,8 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor, task_forward
 from minilm_jax.models import sharding
 from minilm_jax.models.heads import task_model
+from minilm_jax.runs import lock
+from minilm_jax.runs.checkpoints import step_digest
 from minilm_jax.runs.reading import read_multitask_run
 from minilm_jax.runs.record import RunRecord
 
@@ -41,6 +43,12 @@ def find_teachers(teacher_runs: list, tasks: list) -> dict:
     if not runs.is_run(run):
       raise UserError(
         f"teacher {run} is not a run's workdir: pass fine-tuning workdirs (python -m minilm_jax.finetune)"
+      )
+    writer = lock.holder(run)
+    if writer is not None:
+      raise UserError(
+        f"teacher {run} is still being written by {lock.describe(writer)}: let it finish, then rerun "
+        "(a run read while it trains may delete the checkpoint read)"
       )
     ckpt = runs.RunCheckpoints(run, read_only=True)
     try:
@@ -73,8 +81,10 @@ def teacher_logits(
   teacher: TeacherRun, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
 ) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
-  the cache when the same teacher checkpoint already labelled the same texts at the same length."""
-  digest = hashlib.sha256(json.dumps([os.path.abspath(teacher.path), teacher.step, task.name, max_len]).encode())
+  the cache when a teacher of the same weights and tokenizer (its checkpoint's content, wherever the
+  run lies) already labelled the same texts at the same length."""
+  weights = step_digest(teacher.path, teacher.step, os.path.join(teacher.path, runs.TOKENIZER_DIR))
+  digest = hashlib.sha256(json.dumps([weights, task.name, max_len]).encode())
   for a, b in zip(examples["text_a"], examples["text_b"]):
     digest.update(f"{a}\x00{b}\x01".encode())
   path = os.path.join(cache_dir, f"{task.name}-teacher-{digest.hexdigest()[:20]}.npy")

@@ -7,6 +7,7 @@ interrupted save never shadows the previous checkpoint.
 """
 
 import glob
+import hashlib
 import logging
 import os
 import shutil
@@ -32,6 +33,23 @@ def checkpoint_dir(workdir: str) -> str:
 def is_run(path: str) -> bool:
   """Whether `path` is the workdir of a run of ours (as opposed to a Hugging Face directory)."""
   return os.path.isdir(checkpoint_dir(path))
+
+
+def step_digest(workdir: str, step: int, *more_dirs: str) -> str:
+  """A digest of what checkpoint `step` of the run at `workdir` holds (every file under it, by its
+  path in the step and its bytes) and of the folders `more_dirs` (its tokenizer): what a cache of
+  something the run computes is keyed by, so that a run rebuilt at the same path is not taken for
+  the one before it."""
+  digest = hashlib.sha256()
+  for root in (os.path.join(checkpoint_dir(workdir), str(step)), *more_dirs):
+    for folder, dirs, files in os.walk(root):
+      dirs.sort()
+      for name in sorted(files):
+        path = os.path.join(folder, name)
+        digest.update(os.path.relpath(path, root).encode() + b"\0")
+        with open(path, "rb") as f:
+          digest.update(hashlib.file_digest(f, "sha256").digest())
+  return digest.hexdigest()
 
 
 class _NotAnOrbaxError(logging.Filter):

@@ -73,13 +73,41 @@ class _Lock:
         os.rmdir(self.workdir)
 
 
-def _read(fd: int) -> dict:
+def _read(fd: int) -> dict | None:
+  """The lock file's record; {} for an empty file (just created), None for one no run of ours wrote."""
   os.lseek(fd, 0, os.SEEK_SET)
   try:
     record = json.loads(os.read(fd, 65536) or b"{}")
   except ValueError:
-    return {}
-  return record if isinstance(record, dict) else {}
+    return None
+  return record if isinstance(record, dict) else None
+
+
+def _running_elsewhere(record: dict | None) -> bool:
+  """Whether `record` is another host's run whose lease is fresh (on a file system whose locks do
+  not reach across hosts, the lease is all that says it runs)."""
+  return bool(record) and (
+    record.get("host") != socket.gethostname() and time.time() - record.get("heartbeat", 0) < STALE_AFTER_S
+  )
+
+
+def holder(workdir: str) -> dict | None:
+  """The record of the program that holds `workdir` now (another process's, or another host's
+  whose lease is fresh), or None: what a reader of the run (a teacher read by a student) checks."""
+  path = os.path.join(workdir, LOCK_FILE)
+  if os.path.realpath(workdir) in _HELD or not os.path.isfile(path):
+    return None
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+      return _read(fd) or {}
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    record = _read(fd)
+    return record if _running_elsewhere(record) else None
+  finally:
+    os.close(fd)
 
 
 def describe(record: dict) -> str:
@@ -102,13 +130,19 @@ def hold(workdir: str):
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, LOCK_FILE)
   while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except IsADirectoryError:
+      raise UserError(
+        f"--workdir {workdir}: its {LOCK_FILE} is a directory, not a lock a run wrote: remove it "
+        f"(rm -r {path}) if no run uses it, or give this run another --workdir"
+      ) from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      holder = _read(fd)
+      running = _read(fd) or {}
       os.close(fd)
-      raise UserError(_in_use(workdir, holder)) from None
+      raise UserError(_in_use(workdir, running)) from None
     try:
       if os.stat(path).st_ino == os.fstat(fd).st_ino:
         break  # the file at `path`, not one its holder removed as we opened it
@@ -116,13 +150,14 @@ def hold(workdir: str):
       pass
     os.close(fd)
   earlier = _read(fd)
-  host = socket.gethostname()
-  if earlier and earlier.get("host") != host and time.time() - earlier.get("heartbeat", 0) < STALE_AFTER_S:
+  if _running_elsewhere(earlier):
     os.close(fd)  # another host's run, on a file system whose locks do not reach across hosts
     raise UserError(_in_use(workdir, earlier))
-  if earlier:
+  if earlier is None:
+    logging.warning("--workdir %s: taking over %s, which holds no record a run wrote (no run holds it)", workdir, path)
+  elif earlier:
     logging.warning("--workdir %s: taking over the lock of %s, which is no longer running", workdir, describe(earlier))
-  record = {"host": host, "pid": os.getpid(), "program": _program(), "started": time.time()}
+  record = {"host": socket.gethostname(), "pid": os.getpid(), "program": _program(), "started": time.time()}
   _HELD[key] = _Lock(workdir, fd, record, created)
 
 

@@ -5,7 +5,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from minilm_jax.data import augment
-from minilm_jax.training.loop import TRAINING_RANGES
+from minilm_jax.training.loop import TRAINING_RANGES, Above
 from minilm_jax.training.train_state import OPTIMIZER_RANGES
 
 # The fields of `task_distillation_config` that have a range (`loop.check_ranges`): (least, bound
@@ -13,6 +13,7 @@ from minilm_jax.training.train_state import OPTIMIZER_RANGES
 RANGES = {
   **TRAINING_RANGES,
   **OPTIMIZER_RANGES,
+  "temperature": (Above(0), None),  # the logits are divided by it
   "max_seq_length": (2, None),  # [CLS] and [SEP]
   "optimizer.rho": (0, None),
   **dict.fromkeys(("student.embed_dim", "student.hidden", "student.fc", "student.num_layers"), (1, None)),

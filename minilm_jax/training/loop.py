@@ -57,7 +57,8 @@ class _Preemption:
 # A step count the schedule, the checkpoints and the devices' step counter (int32) can hold.
 MAX_STEPS = 2**31 - 1
 TRAINING_RANGES = {
-  "seed": (0, None),
+  # JAX's keys, numpy's generators and the seeds a grid adds to it (seed + 1, ...) all take it.
+  "seed": (0, 2**31),
   "num_steps": (0, MAX_STEPS + 1),
   "epochs": (1, None),
   "batch_size": (1, None),
@@ -69,9 +70,13 @@ TRAINING_RANGES = {
 }
 
 
+class Above(float):
+  """A range's least value that the field itself must stay above (a temperature: not 0)."""
+
+
 def check_ranges(config, ranges: dict):
-  """One line for the first field that is out of its range (`ranges`: field -> (least, below)), or a
-  float that is not finite."""
+  """One line for the first field that is out of its range (`ranges`: field -> (least, below); a
+  least of `Above(x)` excludes x itself), or a float that is not finite."""
   flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
   for field, value in flat.items():
     if isinstance(value, float) and not math.isfinite(value):
@@ -80,6 +85,8 @@ def check_ranges(config, ranges: dict):
     value = flat.get(field)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
       continue
+    if isinstance(least, Above) and value <= least:
+      raise UserError(f"{field}={value} is out of range: it must be above {float(least):g}")
     if value < least:
       raise UserError(f"{field}={value} is out of range: it must be at least {least}")
     if below is not None and value >= below:
