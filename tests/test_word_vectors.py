@@ -186,3 +186,51 @@ def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_file
   assert proc.stderr.strip().splitlines()[-1] == (
     f"error: word vectors file {tmp_path / 'missing.bin'} does not exist: fix student.word_vectors"
   )
+
+
+def test_vectors_files_as_their_writers_write_them(tmp_path, vector_files, caplog):
+  """word2vec.c's and fastText's text files end every line with a space after the last value; GloVe
+  files written alike: all read as written. A word listed twice keeps its first vector, with one
+  warning line naming the file, how many words repeat and the first of them (as gensim warns)."""
+  vectors, _ = vector_files
+  for header in (True, False):
+    path = tmp_path / f"trailing_{header}.vec"
+    lines = [f"{len(vectors)} {DIM} "] if header else []
+    lines += [word + " " + " ".join(repr(float(v)) for v in vector) + " " for word, vector in vectors.items()]
+    path.write_text("\n".join(lines) + "\n")
+    read, _ = word_vectors.read_word_vectors(str(path), 0)
+    assert list(read) == WORDS
+    np.testing.assert_array_equal(read["plant"], vectors["plant"])
+  twice = dict(vectors)
+  path = tmp_path / "twice.txt"
+  write_text(path, twice, header=False)
+  with open(path, "a") as f:
+    for word in ("plant", "plant", "of"):
+      f.write(word + " " + " ".join(["9.0"] * DIM) + "\n")
+  with caplog.at_level("WARNING"):
+    read, _ = word_vectors.read_word_vectors(str(path), 0)
+  np.testing.assert_array_equal(read["plant"], vectors["plant"])
+  (warning,) = [r.getMessage() for r in caplog.records if "more than once" in r.getMessage()]
+  assert warning == (
+    f"word vectors {path}: 2 word(s) listed more than once, the first vector of each kept (first: 'plant', 3 times)"
+  )
+
+
+def test_a_value_past_float32s_range_is_the_one_line_of_the_program(tmp_path):
+  """`distill_task` with a vectors file holding 1e39: one line naming the file, the line and the
+  word, and no numpy overflow warning before it."""
+  path = tmp_path / "big.txt"
+  path.write_text("the 0.1 0.2\nof 1e39 0.2\n")
+  proc = run_distill_task(
+    "configs/task/distilled_bilstm.py",
+    tmp_path / "run",
+    "--config.tasks=wordnet_supersense",
+    "--config.objective=hard",
+    f"--config.data_dir={WORDNET_EXCERPT}",
+    f"--config.student.word_vectors={path}",
+    "--config.student.embed_dim=2",
+  )
+  assert proc.returncode == 2 and "overflow" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+    f"error: word vectors {path}, line 2 ('of'): a value that is not finite; is it a word2vec or GloVe text file?"
+  )

@@ -17,6 +17,7 @@ a run saves and reloads it like any other.
 """
 
 import itertools
+import logging
 import os
 import unicodedata
 
@@ -92,7 +93,8 @@ class _Reader:
     return f"record {number}", self._word(bytes(word), f"record {number}"), values
 
   def _text_record(self, line: bytes, line_no: int, dim: int):
-    parts = line.rstrip(b"\r\n").split(b" ")
+    # word2vec.c and fastText end every line with a space after the last value.
+    parts = line.rstrip(b"\r\n").rstrip(b" ").split(b" ")
     if len(parts) != dim + 1:
       self.fail(f"line {line_no}", f"{len(parts) - 1} values where the file's vectors have {dim}")
     return f"line {line_no}", self._word(parts[0], f"line {line_no}"), parts[1:]
@@ -112,7 +114,8 @@ class _Reader:
       vector = np.frombuffer(values, dtype="<f4")
     else:
       try:  # numpy parses the byte strings (as Python's float would) at twice float()'s speed
-        vector = np.array(values, dtype=np.float64).astype(np.float32)
+        with np.errstate(over="ignore"):  # a value past float32's range is refused below, in one line
+          vector = np.array(values, dtype=np.float64).astype(np.float32)
       except ValueError:
         self.fail(where, "a value that is not a number")
     if not np.all(np.isfinite(vector)):
@@ -129,13 +132,27 @@ def read_word_vectors(path: str, max_words: int, also: frozenset | set = frozens
   dim = next(records)
   if dim <= 0:
     reader.fail("line 1", "the vectors have no values")
-  vectors = {}
+  vectors, seen, repeated = {}, set(), {}
   for number, (where, word, values) in enumerate(records, start=1):
     vector = reader.vector(values, f"{where} ({word!r})")  # every record checked, kept or not
-    if word not in vectors and (not max_words or number <= max_words or word in also):
+    if word in seen:
+      repeated[word] = repeated.get(word, 1) + 1
+      continue
+    seen.add(word)
+    if not max_words or number <= max_words or word in also:
       vectors[word] = vector
   if not vectors:
     reader.fail("line 2", "the file holds no vectors")
+  if repeated:
+    # Kept and said, as gensim does: published files have a few (GloVe's Common Crawl vectors).
+    first, times = next(iter(repeated.items()))
+    logging.warning(
+      "word vectors %s: %d word(s) listed more than once, the first vector of each kept (first: %r, %d times)",
+      path,
+      len(repeated),
+      first,
+      times,
+    )
   return vectors, reader.cased
 
 
