@@ -16,7 +16,7 @@ import sys
 from absl import flags
 
 from minilm_jax import runs
-from minilm_jax.errors import UserError
+from minilm_jax.errors import StorageError, UserError, storage_failure
 from minilm_jax.training.outputs import new_directory
 from minilm_jax.training.program import run_program
 
@@ -45,8 +45,17 @@ def main(argv):
       raise UserError("--sentence-transformers and --overwrite go with --to-hf: they concern an export")
     # A run is never replaced: --from-hf has no --overwrite, so its refusal offers none.
     source = [("the Hugging Face folder", _FROM_HF.value)]
-    with new_directory(_OUT.value, "--out", False, source, overwritable=False) as staging:
-      runs.write_run_from_hf(_FROM_HF.value, staging)
+    try:
+      with new_directory(_OUT.value, "--out", False, source, overwritable=False) as staging:
+        runs.write_run_from_hf(_FROM_HF.value, staging)
+    except (StorageError, OSError) as e:  # said as convert's, not as a training run's checkpoint or a hidden folder
+      reason = e.reason if isinstance(e, StorageError) else storage_failure(e)
+      if reason is None:
+        raise
+      raise UserError(
+        f"--out {_OUT.value}: {reason} while writing the run converted from {_FROM_HF.value}: free space there "
+        "(or make it writable) and rerun; nothing was written to --out"
+      ) from None
     print(f"wrote run {_OUT.value} from {_FROM_HF.value}", file=sys.stderr)
     return
   if not _WORKDIR.value:

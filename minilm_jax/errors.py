@@ -8,6 +8,15 @@ class UserError(Exception):
   """Bad input from the user (path, config field, data). Programs print it as one line."""
 
 
+class StorageError(UserError):
+  """Storage that filled up or refused a write while a program saved (a one-line UserError);
+  `reason` is the OS's words, for a program that says in its own words what it was writing."""
+
+  def __init__(self, message: str, reason: str):
+    super().__init__(message)
+    self.reason = reason
+
+
 class Preempted(Exception):
   """A run stopped by SIGTERM after saving its checkpoint. Programs exit with PREEMPTED_EXIT_CODE,
   so that a scheduler can tell a preempted run (rerun it to resume) from a finished one."""

@@ -107,6 +107,24 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
     with pytest.raises(UserError, match=f"{field}={value} is out of range"):
       build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{field: value}), str(workdir))
   assert not workdir.exists()
+  # The seed every program's key and generators take (a 20-digit one overflowed them), and a
+  # temperature the logits are divided by (0 is outside its range, which is open there).
+  _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), f"--config.seed={10**19}"),
+    f"seed={10**19} is out of range: it must be below {2**31}",
+  )
+  _one_line_error(
+    _program(
+      "--config",
+      "configs/finetune/task_kd.py",
+      "--workdir",
+      str(workdir),
+      "--config.distill.temperature=0",
+      program="finetune",
+    ),
+    "distill.temperature=0.0 is out of range: it must be above 0",
+  )
+  assert not workdir.exists()
   with pytest.raises(UserError, match=r"data.epochs=1000000000000 passes of \d+ batches make \d+ steps, more than"):
     overrides = {"data.epochs": 10**12, "num_steps": 0, "optimizer.warmup_steps": 0}
     build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(workdir))
@@ -851,3 +869,51 @@ def test_a_cache_whose_write_fails_short_leaves_no_half_file(tmp_path):
   with written_whole(path) as pending:
     np.save(pending, np.ones(4))
   assert os.listdir(tmp_path) == ["sst2-teacher-0123.npy"] and np.load(path).tolist() == [1.0] * 4
+
+
+def test_names_longer_than_the_file_system_takes_are_one_line(tiny_teacher, tmp_path):
+  """A --workdir (the run's lock is its first write) or a convert --out (written under a longer
+  hidden name first) whose name passes the file system's 255 bytes: one line naming the path."""
+  long_name = str(tmp_path / ("w" * 300))
+  _one_line_error(_program("--config", "configs/demo.py", "--workdir", long_name), long_name, "longer than the file")
+  out = str(tmp_path / ("o" * 240))
+  line = _one_line_error(_program("--from-hf", tiny_teacher, "--out", out, program="convert"), f"--out {out}:")
+  assert "partial" not in line and os.listdir(tmp_path) == []
+
+
+def test_a_run_lock_that_is_a_directory_or_holds_no_record(tmp_path, caplog):
+  """A `run.lock` that is a directory is one line (not IsADirectoryError), and nothing else in the
+  workdir is touched; one holding garbage (no record a run wrote) is taken over with the notice a
+  dead run's lock gets, not silently."""
+  from minilm_jax.runs import lock
+
+  workdir = tmp_path / "run"
+  (workdir / lock.LOCK_FILE).mkdir(parents=True)
+  _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", str(workdir)),
+    f"--workdir {workdir}: its run.lock is a directory",
+  )
+  assert os.listdir(workdir) == [lock.LOCK_FILE]
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / lock.LOCK_FILE).write_bytes(b"\x00garbage{")
+  with caplog.at_level("WARNING"):
+    lock.hold(str(other))
+  assert f"taking over {other / lock.LOCK_FILE}, which holds no record a run wrote" in caplog.text
+  lock.release(str(other))
+
+
+def test_two_conversions_into_one_out_leave_one_run_and_say_so(tiny_teacher, tmp_path):
+  """Two `convert --from-hf` started together into one --out: one writes the run and says so, the
+  other says in one line that it wrote nothing (found --out taken at its start, or written by the
+  first while it converted): never both "wrote", one replacing the other."""
+  from minilm_jax import runs
+
+  out = str(tmp_path / "converted")
+  command = [sys.executable, "-m", "minilm_jax.convert", "--from-hf", tiny_teacher, "--out", out]
+  procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for _ in "ab"]
+  results = sorted((p.wait(), p.communicate()[1]) for p in procs)
+  (ok, wrote), (refused, error) = results
+  assert ok == 0 and f"wrote run {out} from {tiny_teacher}" in wrote, wrote[-2000:]
+  assert refused == 2 and error.strip().splitlines()[-1].startswith(f"error: --out {out} "), error[-2000:]
+  assert runs.is_run(out) and sorted(os.listdir(tmp_path)) == ["converted"]

@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from minilm_jax.errors import STORAGE_ERRNOS, UserError
+from minilm_jax.errors import STORAGE_ERRNOS, StorageError, UserError
 from minilm_jax.runs.record import RunRecord
 
 ITEMS = ("state", "data", "meta")
@@ -193,11 +193,12 @@ class RunCheckpoints:
     # The directory's finished steps: the manager's own list can be out of date after a failure.
     saved = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
     kept = f"The checkpoints saved before (steps {saved}) are kept" if saved else "No checkpoint was saved before"
+    reason = _storage_reason(error)
     self._failure = (
-      f"saving a checkpoint in {directory} failed ({_storage_reason(error)}); {usage.free / 2**20:.1f} MiB of "
+      f"saving a checkpoint in {directory} failed ({reason}); {usage.free / 2**20:.1f} MiB of "
       f"{usage.total / 2**20:.1f} MiB free there. {kept}: free space and rerun the same command to resume"
     )
-    raise UserError(self._failure) from None
+    raise StorageError(self._failure, reason) from None
 
   def read_record(self, step=None) -> RunRecord:
     """The run's record at `step` (default: the newest step whose record can be read back)."""

@@ -6,6 +6,7 @@ beside the destination, which takes the destination's name only once everything 
 as it was; `--overwrite` replaces only a directory that holds `MARKER`."""
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ def check_new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwr
   costs nothing."""
   if os.path.isfile(path):
     raise UserError(f"{flag} {path} is a file: name a directory to write into")
+  _check_name_lengths(path, flag)
   _check_apart(path, flag, inputs)
   entries = sorted(os.listdir(path)) if os.path.isdir(path) else []
   shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
@@ -76,6 +78,27 @@ def write_json(path: str, value):
 
 def _staging_prefix(path: str) -> str:
   return f".{os.path.basename(path)}.partial-"
+
+
+# What `new_directory` adds to the destination's name for the hidden folder it writes into: the
+# prefix's dot and ".partial-", a process id and mkdtemp's 8 characters.
+_STAGING_EXTRA_BYTES = len(_staging_prefix("")) + 7 + 1 + 8
+
+
+def _check_name_lengths(path: str, flag: str):
+  """One line for a destination with a name the file system would refuse (over its name limit,
+  255 bytes on most, less what the hidden folder it is written in adds to the last name)."""
+  absolute = os.path.abspath(path)
+  existing = absolute
+  while not os.path.isdir(existing):
+    existing = os.path.dirname(existing)
+  limit = os.pathconf(existing, "PC_NAME_MAX")
+  *folders, last = absolute.split(os.sep)
+  if any(len(os.fsencode(name)) > limit for name in folders) or len(os.fsencode(last)) + _STAGING_EXTRA_BYTES > limit:
+    raise UserError(
+      f"{flag} {path}: a name in it is longer than this file system allows ({limit} bytes a name, "
+      f"{limit - _STAGING_EXTRA_BYTES} for the last, which is written under a longer hidden name first): shorten it"
+    )
 
 
 def _remove_stale_staging(path: str):
@@ -113,10 +136,19 @@ def new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwritable
     shutil.rmtree(staging, ignore_errors=True)
     raise
   write_json(os.path.join(staging, MARKER), {"written_by": "minilm_jax", "version": __version__})
-  if os.path.isdir(path):
+  if overwrite and os.path.isdir(path):
     earlier = staging + ".replaced"
     os.rename(path, earlier)
     os.rename(staging, path)
     shutil.rmtree(earlier, ignore_errors=True)
-  else:
+    return
+  try:  # renaming onto a directory that is not empty fails: what another program wrote meanwhile stays
     os.rename(staging, path)
+  except OSError as e:
+    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+      raise
+    shutil.rmtree(staging, ignore_errors=True)
+    raise UserError(
+      f"{flag} {path} was written by another program while this one was writing it: it is kept as that "
+      f"program wrote it, and this one wrote nothing; rerun with another {flag}"
+    ) from None

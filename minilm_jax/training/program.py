@@ -2,6 +2,7 @@
 logging, multi-process initialisation, and the mapping of failures to exit codes (bad input: one
 line on stderr and exit 2; full or read-only storage: one line and exit 2; preemption: 143)."""
 
+import errno
 import os
 import sys
 
@@ -89,6 +90,10 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     except OSError as e:
+      if e.errno == errno.ENAMETOOLONG:  # a --workdir or --out of a name over the file system's 255 bytes
+        name = f" {e.filename}" if e.filename else ""
+        print(f"error: the path{name} has a name longer than the file system allows: shorten it", file=sys.stderr)
+        sys.exit(2)
       failure = storage_failure(e)
       if failure is None:
         raise
