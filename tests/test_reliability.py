@@ -917,3 +917,53 @@ def test_two_conversions_into_one_out_leave_one_run_and_say_so(tiny_teacher, tmp
   assert ok == 0 and f"wrote run {out} from {tiny_teacher}" in wrote, wrote[-2000:]
   assert refused == 2 and error.strip().splitlines()[-1].startswith(f"error: --out {out} "), error[-2000:]
   assert runs.is_run(out) and sorted(os.listdir(tmp_path)) == ["converted"]
+
+
+def test_a_profile_into_a_read_only_folder_is_refused_before_the_measurement(tmp_path):
+  """`bench distill --profile` writes its trace after minutes of measuring: a folder that takes no
+  file (a read-only mount) is one line before any of it, not JAX's error after."""
+  read_only = tmp_path / "ro"
+  read_only.mkdir()
+  if subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(read_only)], capture_output=True
+  ).returncode:
+    pytest.skip("cannot mount a tmpfs here")
+  try:
+    started = time.perf_counter()
+    proc = _program("distill", "--case", "cpu", "--profile", str(read_only / "profiles"), program="bench")
+    _one_line_error(proc, f"--profile {read_only / 'profiles'}: {read_only} takes no new file (Read-only file system)")
+    assert "ours" not in proc.stdout and time.perf_counter() - started < 60
+  finally:
+    subprocess.run(["umount", "--lazy", str(read_only)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_fine_tuning_rerun_after_a_kill_says_the_takeover_alone(tiny_teacher, tmp_path):
+  """kill -9 can stop a save after its step folder is in place but before Orbax's metadata: the rerun
+  (of `finetune`, as users run it) takes the dead run's lock over with its one line, and Orbax's
+  "Metadata file does not exist" warnings about that step are not printed around it."""
+  workdir = tmp_path / "run"
+  command = [
+    "--config",
+    "configs/finetune/glue.py",
+    "--workdir",
+    str(workdir),
+    "--config.task=wordnet_supersense",
+    f"--config.data_dir={os.path.join(ROOT, 'minilm_jax', 'data', 'wordnet')}",
+    f"--config.init={tiny_teacher}",
+    "--config.max_seq_length=32",
+    "--config.epochs=1",
+    "--config.mesh.data=1",
+  ]
+  assert _program(*command, program="finetune").returncode == 0
+  checkpoints = workdir / "checkpoints"
+  last = max(int(name) for name in os.listdir(checkpoints) if name.isdigit())
+  shutil.copytree(checkpoints / str(last), checkpoints / str(last + 1000))
+  for name in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+    (checkpoints / str(last + 1000) / name).unlink(missing_ok=True)
+  killed = {"host": os.uname().nodename, "pid": 2**22 + 1, "program": "finetune", "started": time.time() - 60}
+  (workdir / "run.lock").write_text(json.dumps({**killed, "heartbeat": time.time() - 30}))
+  rerun = _program(*command, program="finetune")
+  assert rerun.returncode == 0, rerun.stderr[-2000:]
+  assert "taking over the lock of finetune (pid 4194305" in rerun.stderr
+  assert "Metadata file does not exist" not in rerun.stderr, rerun.stderr[-2000:]

@@ -42,7 +42,7 @@ from minilm_jax.models.flops import distill_flops_per_token, distill_step_flops_
 from minilm_jax.reports.tables import format_table
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.training.loop import train_loop
-from minilm_jax.training.outputs import check_new_directory, write_json
+from minilm_jax.training.outputs import check_new_directory, check_writable, write_json
 from minilm_jax.training.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
@@ -331,6 +331,7 @@ def run(
     raise UserError(f"unknown distill case {case!r}: choose one of {', '.join(CASES)}")
   if profile_dir:  # a profile is a result: never written over or into an earlier one
     check_new_directory(profile_dir, "--profile", overwrite=False, overwritable=False)
+    check_writable(profile_dir, "--profile")  # the trace is written after the measurement: not lost then
   unknown = sorted(set(peers) - set(PEERS))
   if unknown:
     raise UserError(f"unknown PyTorch peers {unknown}: choose from {', '.join(PEERS)}")

@@ -52,14 +52,20 @@ def step_digest(workdir: str, step: int, *more_dirs: str) -> str:
   return digest.hexdigest()
 
 
+# Orbax's warnings about what `RunCheckpoints` reads around and reports itself: a directory opened
+# read-only (to export or evaluate a run), and the step a killed save left without its metadata
+# (set aside when the run resumes, with the one line of the lock's takeover before it).
+_ORBAX_WARNINGS_LEFT_OUT = ("Given directory is read only", "Metadata file does not exist")
+
+
 class _NotAnOrbaxError(logging.Filter):
-  """Lets through every record but Orbax's ERROR records and its read-only-directory warning
-  (installed once per process, `quiet_orbax_failure_reports`)."""
+  """Lets through every record but Orbax's ERROR records and the warnings of
+  `_ORBAX_WARNINGS_LEFT_OUT` (installed once per process, `quiet_orbax_failure_reports`)."""
 
   def filter(self, record):
     if f"{os.sep}orbax{os.sep}" not in record.pathname:
       return True
-    return record.levelno < logging.ERROR and not record.getMessage().startswith("Given directory is read only")
+    return record.levelno < logging.ERROR and not record.getMessage().startswith(_ORBAX_WARNINGS_LEFT_OUT)
 
 
 def quiet_orbax_failure_reports():
@@ -67,8 +73,8 @@ def quiet_orbax_failure_reports():
   (a full disk) is reported by Orbax's threads many times over, with tracebacks: hundreds of
   lines. Every such failure also reaches `RunCheckpoints` (through `check_for_errors`, or as the
   exception of a restore), which reports it as one line, so these are left out: Orbax's ERROR log
-  records; its warning that a directory we open read-only (to export or evaluate a run) is
-  read-only; asyncio's reports of write tasks whose exception nobody retrieved; as the save
+  records; its warnings that a directory we open read-only (to export or evaluate a run) is
+  read-only and that a step a killed save left has no metadata; asyncio's reports of write tasks whose exception nobody retrieved; as the save
   unwinds, the TensorStore callbacks that find the event loop closed; and, after a restore of a
   damaged checkpoint fails, its other reads (Orbax's coroutines, each holding the failure and a
   60-line TensorStore spec; 3,137 lines for one truncated file) as Python collects them. Python

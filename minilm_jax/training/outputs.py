@@ -57,6 +57,20 @@ def check_new_directory(path: str, flag: str, overwrite: bool, inputs=(), overwr
     )
 
 
+def check_writable(path: str, flag: str):
+  """One line, before any work, when the folder `path` (or the nearest folder above it that exists,
+  where it would be made) takes no new file: a read-only mount, a folder of another user's."""
+  folder = os.path.abspath(path)
+  while not os.path.isdir(folder):
+    folder = os.path.dirname(folder)
+  try:
+    tempfile.TemporaryFile(dir=folder).close()
+  except OSError as e:
+    raise UserError(
+      f"{flag} {path}: {folder} takes no new file ({e.strerror or e}): give a folder this program can write"
+    ) from None
+
+
 def check_new_file(path: str, flag: str):
   """Refuses, in one line and before any work, a results file that exists (results are kept, never
   replaced by a later run) or that could not be written where it is named: its folder missing, or a
