@@ -306,11 +306,11 @@ def _tiny_students_suite(teacher: str, corpus: str, results, **settings):
 
 
 @pytest.mark.slow
-def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
+def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path, caplog):
   """Each baseline and recipe distils (or not), is probed frozen and fine-tuned with two seeds on two
   tasks from different sources (WordNet's definitions, VADER's movie reviews), and is ranked; a rerun
   with the same results file measures nothing again, nor does one with another budget for the
-  baselines."""
+  baselines; a file none of whose entries are of these settings (another version's) says so."""
   from minilm_jax.benchmarks import students
 
   models = ("teacher", "first_layers", "minilm_etd_embedding")
@@ -342,6 +342,14 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path)
   (added,) = suite(seeds=1, first_seed=3, models=models[2:], tasks=tasks[:1])
   (entry,) = [json.loads(line) for line in results.read_text().splitlines()[len(measured) + 1 :]]
   assert json.loads(entry["key"])[2] == 3 and added["wordnet_supersense/ft"] == pytest.approx(entry["value"], abs=1e-4)
+  assert "none of the" not in caplog.text
+  # Another version's file: its keys name settings this version does not have.
+  older = tmp_path / "older.jsonl"
+  keyed = [(json.loads(e["key"]), e) for e in entries]
+  older.write_text("".join(json.dumps({**e, "key": json.dumps([{**k[0], "old": 1}, *k[1:]])}) + "\n" for k, e in keyed))
+  with caplog.at_level("WARNING"):
+    suite(results=str(older), seeds=0, models=models[:1], tasks=tasks[:1])
+  assert f"none of the {len(entries)} measurements in {older} is of these models and settings" in caplog.text
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:

@@ -4,6 +4,7 @@ and its distilled models and caches kept beside that file."""
 
 import hashlib
 import json
+import logging
 import os
 
 from minilm_jax.errors import UserError
@@ -45,6 +46,21 @@ class MeasurementLog:
   def cache_dir(self, tmp: str) -> str:
     """Where the second stages' teacher logits and augmented sets are cached: beside the models."""
     return os.path.join(f"{os.path.splitext(self.path)[0]}_models" if self.path else tmp, "cache")
+
+  def say_if_none_match(self, model_keys: list):
+    """One warning line when the file holds measurements and none is of the models `model_keys`
+    (each `_Model.key`): a file of another version's settings, or of other flags, whose rows are
+    all measured again (and appended) rather than read."""
+    if not self.entries:
+      return
+    wanted = {self._key(k) for k in model_keys}
+    if not any(self._key(json.loads(key)[0]) in wanted for key in self.entries):
+      logging.warning(
+        "bench students: none of the %d measurements in %s is of these models and settings (another version's "
+        "file, or other flags): every row is measured again and appended to it",
+        len(self.entries),
+        self.path,
+      )
 
   def __contains__(self, key) -> bool:
     return self._key(key) in self.entries

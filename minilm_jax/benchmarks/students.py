@@ -302,6 +302,7 @@ def run(
       log,
       tmp,
     )
+    log.say_if_none_match([suite.row_model(name).key for name in models])
     scores = {name: suite.measure(name, bench_tasks) for name in models}
   return rank([scores[m] for m in models], [t.label for t in bench_tasks])
 
@@ -365,13 +366,21 @@ class _Suite:
     rows = augment.augmented(examples, mask, settings, self.log.cache_dir(self.tmp), f"augment {t.label}")
     return max(1, round(self.finetuning[0] * len(rows) / len(examples)))
 
+  def row_model(self, name: str) -> _Model:
+    """The model row `name` measures: the teacher for an ensemble, a second stage's first stage
+    keyed with its second stage's settings."""
+    if name in ENSEMBLES:
+      return self.model("teacher")
+    spec = TWO_STAGE.get(name, {})
+    return self.model(spec.get("first", name), {**spec, "size_factor": self.size_factor} if spec else None)
+
   def measure(self, name: str, tasks: list) -> ModelScores:
     """The row `name`'s scores on every task: its frozen probe (a second stage's first stage is
     probed in its own row) and its fine-tunings, each from the log when it holds it."""
     if name in ENSEMBLES:
       return self._ensemble(name, tasks)
     spec = TWO_STAGE.get(name, {})
-    model = self.model(spec.get("first", name), {**spec, "size_factor": self.size_factor} if spec else None)
+    model = self.row_model(name)
     steps, batch, length = self.distillation[:3]
     tokens = steps * batch * length if model.name in RECIPES else 0
     scores = ModelScores(name, "teacher" if name == "teacher" else self.student, tokens)

@@ -74,11 +74,11 @@ def quiet_orbax_failure_reports():
   lines. Every such failure also reaches `RunCheckpoints` (through `check_for_errors`, or as the
   exception of a restore), which reports it as one line, so these are left out: Orbax's ERROR log
   records; its warnings that a directory we open read-only (to export or evaluate a run) is
-  read-only and that a step a killed save left has no metadata; asyncio's reports of write tasks whose exception nobody retrieved; as the save
-  unwinds, the TensorStore callbacks that find the event loop closed; and, after a restore of a
-  damaged checkpoint fails, its other reads (Orbax's coroutines, each holding the failure and a
-  60-line TensorStore spec; 3,137 lines for one truncated file) as Python collects them. Python
-  reports those last two as unraisable."""
+  read-only and that a step a killed save left has no metadata; asyncio's reports of write tasks
+  whose exception nobody retrieved; as the save unwinds, the TensorStore callbacks that find the
+  event loop closed; and, after a restore of a damaged checkpoint fails, its other reads (Orbax's
+  coroutines, each holding the failure and a 60-line TensorStore spec; 3,137 lines for one
+  truncated file) as Python collects them. Python reports those last two as unraisable."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
   if any(isinstance(f, _NotAnOrbaxError) for f in absl_logger.filters):
     return
