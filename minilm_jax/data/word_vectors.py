@@ -132,7 +132,7 @@ def read_word_vectors(path: str, max_words: int, also: frozenset | set = frozens
   dim = next(records)
   if dim <= 0:
     reader.fail("line 1", "the vectors have no values")
-  vectors, seen, repeated = {}, set(), {}
+  vectors, seen, repeated = {}, set(), dict[str, int]()
   for number, (where, word, values) in enumerate(records, start=1):
     vector = reader.vector(values, f"{where} ({word!r})")  # every record checked, kept or not
     if word in seen:

@@ -86,9 +86,9 @@ def _read(fd: int) -> dict | None:
 def _running_elsewhere(record: dict | None) -> bool:
   """Whether `record` is another host's run whose lease is fresh (on a file system whose locks do
   not reach across hosts, the lease is all that says it runs)."""
-  return bool(record) and (
-    record.get("host") != socket.gethostname() and time.time() - record.get("heartbeat", 0) < STALE_AFTER_S
-  )
+  if not record:
+    return False
+  return record.get("host") != socket.gethostname() and time.time() - record.get("heartbeat", 0) < STALE_AFTER_S
 
 
 def holder(workdir: str) -> dict | None:
@@ -150,7 +150,7 @@ def hold(workdir: str):
       pass
     os.close(fd)
   earlier = _read(fd)
-  if _running_elsewhere(earlier):
+  if earlier and _running_elsewhere(earlier):
     os.close(fd)  # another host's run, on a file system whose locks do not reach across hosts
     raise UserError(_in_use(workdir, earlier))
   if earlier is None:
