@@ -27,6 +27,7 @@ from conftest import (
   apply_overrides,
   damage_settings,
   damaged_bytes,
+  load_config_module,
   output_lines,
   read_metrics,
   tiny_config,
@@ -942,20 +943,23 @@ def test_a_fine_tuning_rerun_after_a_kill_says_the_takeover_alone(tiny_teacher, 
   """kill -9 can stop a save after its step folder is in place but before Orbax's metadata: the rerun
   (of `finetune`, as users run it) takes the dead run's lock over with its one line, and Orbax's
   "Metadata file does not exist" warnings about that step are not printed around it."""
+  from minilm_jax.finetuning.run import build_finetuning
+  from minilm_jax.runs import lock
+
   workdir = tmp_path / "run"
-  command = [
-    "--config",
-    "configs/finetune/glue.py",
-    "--workdir",
-    str(workdir),
-    "--config.task=wordnet_supersense",
-    f"--config.data_dir={os.path.join(ROOT, 'minilm_jax', 'data', 'wordnet')}",
-    f"--config.init={tiny_teacher}",
-    "--config.max_seq_length=32",
-    "--config.epochs=1",
-    "--config.mesh.data=1",
-  ]
-  assert _program(*command, program="finetune").returncode == 0
+  settings = {
+    "task": "wordnet_supersense",
+    "data_dir": os.path.join(ROOT, "minilm_jax", "data", "wordnet"),
+    "init": tiny_teacher,
+    "max_seq_length": 32,
+    "epochs": 1,
+    "mesh.data": 1,
+  }
+  config = apply_overrides(load_config_module(os.path.join(ROOT, "configs/finetune/glue.py")).get_config(), settings)
+  build_finetuning(config, str(workdir)).run()  # the run that was killed, here to its end
+  lock.release(str(workdir))
+  command = ["--config", "configs/finetune/glue.py", "--workdir", str(workdir)]
+  command += [f"--config.{field}={value}" for field, value in settings.items()]
   checkpoints = workdir / "checkpoints"
   last = max(int(name) for name in os.listdir(checkpoints) if name.isdigit())
   shutil.copytree(checkpoints / str(last), checkpoints / str(last + 1000))
