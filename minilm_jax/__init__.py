@@ -84,7 +84,7 @@ def _native_stderr_filtered():
 def memory_fraction_readable() -> bool:
   """Whether XLA_PYTHON_CLIENT_MEM_FRACTION (the share of a GPU's memory JAX preallocates) is unset
   or a number in (0, 1]. The CUDA plugin reads it when it is registered and fails with a traceback
-  otherwise; the programs refuse it in one line instead (`training/program.py`)."""
+  otherwise; the programs refuse it in one line instead (`cli/program.py`)."""
   fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
   try:
     return fraction is None or 0 < float(fraction) <= 1

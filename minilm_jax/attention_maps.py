@@ -10,11 +10,11 @@ import jax.numpy as jnp
 from absl import flags
 
 from minilm_jax import runs
+from minilm_jax.cli.program import run_program
 from minilm_jax.distill.trainer import resolve_layer
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.reports.plots import attention_figure
-from minilm_jax.training.program import run_program
 
 _TEACHER = flags.DEFINE_string("teacher", None, "Teacher: a Hugging Face directory or a run's workdir.")
 _STUDENT = flags.DEFINE_string("student", None, "Student: a run's workdir or a Hugging Face directory.")

@@ -28,10 +28,10 @@ from minilm_jax.benchmarks import (
   students,
   task_distill,
 )
+from minilm_jax.cli.outputs import check_new_file, write_json
+from minilm_jax.cli.program import run_program
 from minilm_jax.errors import UserError
 from minilm_jax.reports.tables import format_table
-from minilm_jax.training.outputs import check_new_file, write_json
-from minilm_jax.training.program import run_program
 
 _JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).", lower_bound=1)

@@ -16,9 +16,9 @@ import sys
 from absl import flags
 
 from minilm_jax import runs
+from minilm_jax.cli.outputs import new_directory
+from minilm_jax.cli.program import run_program
 from minilm_jax.errors import StorageError, UserError, storage_failure
-from minilm_jax.training.outputs import new_directory
-from minilm_jax.training.program import run_program
 
 _FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
 _TO_HF = flags.DEFINE_bool("to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.")

@@ -11,8 +11,8 @@ lowest dev loss chosen (`lr_grid.json`; MKD's last stage, `configs/task/mkd_fine
 from absl import flags
 from ml_collections import config_flags
 
+from minilm_jax.cli.program import run_program
 from minilm_jax.task_distill.run import build_task_distillation, run_lr_grid
-from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Task distillation config (configs/task/*.py).", lock_config=True

@@ -18,13 +18,13 @@ import contextlib
 import jax
 from absl import flags
 
+from minilm_jax.cli import outputs
+from minilm_jax.cli.program import run_program
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.runs import evaluate_runs
+from minilm_jax.evaluation.finetuned_runs import evaluate_runs
 from minilm_jax.evaluation.sentences import evaluate_embeddings
 from minilm_jax.reports.tables import format_table
-from minilm_jax.training import outputs
-from minilm_jax.training.program import run_program
 
 _RUNS = flags.DEFINE_list("runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.")
 _EMBEDDINGS = flags.DEFINE_list(

@@ -12,11 +12,11 @@ encoder, one output layer per task, the tasks' batches shuffled together.
 from absl import flags
 from ml_collections import config_flags
 
+from minilm_jax.cli.program import run_program
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.grid import run_grid
 from minilm_jax.finetuning.multitask import build_multitask_finetuning
 from minilm_jax.finetuning.run import build_finetuning
-from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True

@@ -19,11 +19,11 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax import runs
+from minilm_jax.cli.outputs import check_new_directory, new_directory
+from minilm_jax.cli.program import run_program
 from minilm_jax.data.languages import language_corpora, load_corpus
 from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
-from minilm_jax.training.outputs import check_new_directory, new_directory
-from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "The distillation config whose corpus to prepare.", lock_config=True

@@ -7,8 +7,8 @@ Rerunning the same command with the same workdir resumes from the latest complet
 from absl import flags
 from ml_collections import config_flags
 
+from minilm_jax.cli.program import run_program
 from minilm_jax.distill.trainer import build_distillation
-from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and the tokenizer.")

@@ -23,7 +23,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
 from minilm_jax.training.train_state import make_optimizer
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 from minilm_jax.transfer.objectives import Objective
 
 
@@ -32,7 +32,7 @@ def test_reference_loss_is_ours():
   t = {n: rng.standard_normal((2, 12, 7, 8)).astype(np.float32) for n in "qkv"}
   s = {n: rng.standard_normal((2, 12, 7, 4)).astype(np.float32) for n in "qkv"}
   mask = np.array([[1] * 7, [1] * 4 + [0] * 3])
-  ours = losses.minilm_loss(
+  ours = relations.minilm_loss(
     LayerOutput(**{n: jnp.asarray(x) for n, x in t.items()}, attention=None, hidden=None),
     LayerOutput(**{n: jnp.asarray(x) for n, x in s.items()}, attention=None, hidden=None),
     jnp.asarray(mask),
@@ -41,8 +41,8 @@ def test_reference_loss_is_ours():
   )
   merged = lambda d, n: torch.tensor(np.asarray(merge_heads(jnp.asarray(d[n]))))  # what the hooks capture
   m = torch.tensor(mask).bool()
-  qk = distill._torch_relation_kl(merged(t, "q"), merged(t, "k"), merged(s, "q"), merged(s, "k"), m, 12)
-  vv = distill._torch_relation_kl(merged(t, "v"), merged(t, "v"), merged(s, "v"), merged(s, "v"), m, 12)
+  qk = distill._torch_relation_kl((merged(t, "q"), merged(t, "k")), (merged(s, "q"), merged(s, "k")), m, 12)
+  vv = distill._torch_relation_kl((merged(t, "v"), merged(t, "v")), (merged(s, "v"), merged(s, "v")), m, 12)
   np.testing.assert_allclose(qk.item(), float(ours["qk"]), rtol=1e-5)
   np.testing.assert_allclose(vv.item(), float(ours["vv"]), rtol=1e-5)
 
@@ -107,7 +107,9 @@ def test_analytic_flops_are_the_issues_formula():
     512,
   )
   share = lambda layers, d: layers * (24 * d * d + 4 * s * d) + 6 * d * d + 2 * 2 * s * d
-  assert flops.distill_flops_per_token(teacher, 11, student, 5, s) == share(11, 768) + 3 * share(5, 384)
+  assert flops.distill_flops_per_token(flops.LossLayer(teacher, 11), flops.LossLayer(student, 5), s) == share(
+    11, 768
+  ) + 3 * share(5, 384)
   assert flops.encoder_flops_per_token(teacher, s) == 12 * (24 * 768**2 + 4 * s * 768)
 
 
@@ -369,7 +371,7 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
 def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took(tmp_path):
   """A second stage measured after the `+long` row, whose run distilled their common first stage,
   finds the student distilled in moments: its row reports the time the `+long` row's run logged."""
-  from minilm_jax.benchmarks.student_log import MeasurementLog
+  from minilm_jax.benchmarks.students.log import MeasurementLog
 
   distilled = {"distill": {"num_steps": 500}, "teacher": "all-MiniLM-L6-v2"}
   finetuning = {"finetune_epochs": 3, "finetune_lr": 1e-4, "length": 64}
@@ -475,7 +477,7 @@ def test_bench_students_ranks_and_noise():
   """Ranks by the mean over tasks; within noise means closer than twice the standard error of the
   difference (from the seeds for fine-tuning; paired by dev example for the probe, McNemar's error);
   the share of the gap from the better layer-dropping baseline to the teacher."""
-  from minilm_jax.benchmarks.student_scores import ModelScores, probe_difference_error, rank
+  from minilm_jax.benchmarks.students.scores import ModelScores, probe_difference_error, rank
 
   def right(*spans):  # a probe that gets the dev examples in `spans` right, of 1,000
     correct = np.zeros(1000, bool)
@@ -528,7 +530,7 @@ def test_bench_students_ranks_and_noise():
 def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_corpus):
   """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
-  from minilm_jax.benchmarks import students
+  from minilm_jax.benchmarks.students import suite as students
   from minilm_jax.distill.trainer import build_step
   from minilm_jax.models.embeddings import Pooling
 

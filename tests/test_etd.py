@@ -140,7 +140,7 @@ def test_taylor_scores_equal_finite_differences(teacher_params):
   mask = jnp.ones_like(ids)
   variables = model.init(jax.random.key(2), ids, mask)
   mlm = {k: v for k, v in variables["params"].items() if k != "encoder"}
-  masked, weights = importance.mlm_mask(np.asarray(ids), np.ones((2, 5)), {0}, 1, 60, np.random.default_rng(0))
+  masked, weights = importance.mlm_mask(np.asarray(ids), np.ones((2, 5)), ({0}, 1), 60, np.random.default_rng(0))
   weights[:, :2] = 1.0  # make sure some positions are predicted
   weights[1, 2:] = 1.0  # and a different number in each sentence: each has its own mean
   batch = {

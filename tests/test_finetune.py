@@ -17,7 +17,7 @@ from conftest import ROOT, apply_overrides, load_config_module
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.runs import evaluate_runs
+from minilm_jax.evaluation.finetuned_runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.models import hf

@@ -112,7 +112,7 @@ def _run_train(args, capfd):
   from absl import flags
 
   from minilm_jax import train
-  from minilm_jax.training.program import run_program
+  from minilm_jax.cli.program import run_program
 
   # Each example parses its own command line afresh: the --config.<field> flags that the previous
   # parse defined are removed, the others go back to their defaults.

@@ -24,7 +24,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention, dropout, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 
 # [B, L, H, K] operands, as the encoder makes them; two key blocks of 128, so that the online
 # softmax crosses a block boundary.
@@ -131,18 +131,18 @@ def test_flash_attention_equals_the_explicit_path_with_the_same_bits(rate, layou
 @pytest.mark.parametrize("widths", [(64, 32), (32, 64)])
 def test_fused_relation_kl_equals_the_explicit_kl(widths, layout, tiling):
   """Teacher and student of different relation-head widths, a padded example; the explicit path
-  is `losses.relation_kl` over the full [B, A_r, L, L] relations, and a float64 numpy reference."""
+  is `relations.relation_kl` over the full [B, A_r, L, L] relations, and a float64 numpy reference."""
   d_t, d_s = widths
   tx, ty = _normal(0, (B, 4, L, d_t)), _normal(1, (B, 4, L, d_t))
   sx, sy = _normal(2, (B, 4, L, d_s)), _normal(3, (B, 4, L, d_s))
 
   def explicit(sx, sy):
-    t, s = losses._log_probs(tx, ty, MASK), losses._log_probs(sx, sy, MASK)
-    return losses.relation_kl(t, s, MASK)
+    t, s = relations._log_probs(tx, ty, MASK), relations._log_probs(sx, sy, MASK)
+    return relations.relation_kl(t, s, MASK)
 
   def fused(sx, sy):
     rows = relation_kl.relation_kl_rows((tx, ty), (sx, sy), MASK, "cpu", layout, tiling)
-    return losses._normalise(jnp.sum(rows * MASK[:, None, :], axis=(1, 2)), 4, MASK)
+    return relations._normalise(jnp.sum(rows * MASK[:, None, :], axis=(1, 2)), 4, MASK)
 
   assert abs(float(fused(sx, sy)) / float(explicit(sx, sy)) - 1) < 1e-6
   for got, want in zip(jax.grad(fused, (0, 1))(sx, sy), jax.grad(explicit, (0, 1))(sx, sy)):

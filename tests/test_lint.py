@@ -210,6 +210,20 @@ def test_small_pieces():
   assert not long_functions and not long_files, long_functions + long_files
 
 
+def test_few_wide_signatures():
+  """At most 50 functions of the package take more than five parameters (ruff's PLR0913): a
+  function that reads a run, a measurement or a model's parts takes that object, not its fields.
+  The Pallas kernels' bodies are among them, one argument per operand as `pallas_call` passes them."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "ruff", "check", "--select", "PLR0913", "--output-format", "concise", "minilm_jax"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  wide = [line for line in proc.stdout.splitlines() if "PLR0913" in line]
+  assert proc.returncode in (0, 1) and len(wide) <= 50, f"{len(wide)} functions take more than five parameters"
+
+
 def test_every_package_folder_is_a_package():
   """setup.py's find_packages installs only folders with an __init__.py."""
   folders = {os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "minilm_jax", "**", "*.py"), recursive=True)}
@@ -312,3 +326,66 @@ def test_kinds_are_tested_in_their_registries_alone():
     if name not in REGISTRIES:
       offenders += [f"{name}:{line}" for line in kind_tests(open(path).read())]
   assert not offenders, f"kind or head-key tests outside the registries: {offenders}"
+
+
+_PATH_TOKEN = re.compile(r"`([\w./-]+(?:\.(?:py|sh|sbatch|md)|/))`")
+
+
+def test_every_file_the_architecture_tables_name_exists_in_its_folder():
+  """Each row of docs/architecture.md's tables names files in the folders its first column names
+  (or from the repository's root, or the package's: `models/hf.py`): every one of them exists, so
+  a move or a rename that forgets the page fails here."""
+  text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+  missing = []
+  for row in (line for line in text.splitlines() if line.startswith("| `")):
+    first, rest = row.split("|")[1], "|".join(row.split("|")[2:])
+    folders = {p if p.endswith("/") else os.path.dirname(p) for p in _PATH_TOKEN.findall(first) if "/" in p}
+    for token in _PATH_TOKEN.findall(first) + _PATH_TOKEN.findall(rest):
+      places = [os.path.join(ROOT, folder, token) for folder in ("", "minilm_jax", *folders)]
+      if not any(os.path.exists(place) for place in places):
+        missing.append(f"{token} (row {first.strip()})")
+  assert not missing, "docs/architecture.md names files that do not exist: " + "; ".join(missing)
+
+
+_FILES_A_RUN_WRITES = ("json", "jsonl", "lock")
+_DOTTED_NAME = re.compile(r"`([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)(?:\.py|/)?`")
+
+
+def _package_docstrings() -> dict:
+  """{package folder: (its modules and sub-packages, the names its docstring gives in backticks)}."""
+  out = {}
+  for init in glob.glob(os.path.join(ROOT, "minilm_jax", "*", "**", "__init__.py"), recursive=True):
+    folder = os.path.dirname(init)
+    members = {name[:-3] for name in os.listdir(folder) if name.endswith(".py") and name != "__init__.py"}
+    members |= {name for name in os.listdir(folder) if os.path.isfile(os.path.join(folder, name, "__init__.py"))}
+    docstring = ast.get_docstring(ast.parse(open(init).read())) or ""
+    out[os.path.relpath(folder, ROOT)] = (members, _DOTTED_NAME.findall(docstring), docstring)
+  return out
+
+
+def test_every_subpackage_docstring_names_each_of_its_modules_and_only_modules_that_exist():
+  """A sub-package's docstring is its caption: it names every module (and sub-package) it holds, in
+  backticks, and a name in backticks is a module of its own folder, another folder of the package
+  (`finetuning/`), a module of one (`finetuning.multitask`), or a program (`evaluate`), or an
+  attribute of one of those (`attention.flash_attention`): a caption cannot keep a module that moved."""
+  package = os.path.join(ROOT, "minilm_jax")
+  top = {name[:-3] if name.endswith(".py") else name for name in os.listdir(package) if not name.startswith("_")}
+  problems = []
+  for folder, (members, names, docstring) in sorted(_package_docstrings().items()):
+    if not docstring:
+      problems.append(f"{folder} has no docstring")
+      continue
+    firsts = {name.split(".")[0] for name in names}
+    problems += [f"{folder}'s docstring does not name `{m}`" for m in sorted(members - firsts)]
+    for name in names:
+      head, *tail = name.split(".")
+      if tail and tail[-1] in _FILES_A_RUN_WRITES or head == os.path.basename(folder):
+        continue  # a file of a workdir (`results.json`, `run.lock`), or the package itself
+      if head in members or name in os.listdir(os.path.join(ROOT, folder)):
+        continue
+      elif head in top and (not tail or os.path.isdir(os.path.join(package, head))):
+        inner = os.path.join(package, head)
+        if not tail or any(os.path.exists(os.path.join(inner, tail[0] + ext)) for ext in (".py", "")):
+          continue
+      problems.append(f"{folder}'s docstring names `{name}`, no module of the package")
+  assert not problems, "; ".join(problems)

@@ -11,7 +11,7 @@ from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
-from minilm_jax.transfer import losses, objectives
+from minilm_jax.transfer import objectives, relations
 from minilm_jax.transfer.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 
 MASK = np.array([[1] * 6, [1] * 4 + [0] * 2])
@@ -106,7 +106,7 @@ def test_baseline_objectives_match_numpy(name):
     for k, shape in objective.projection_shapes().items()
   }
   terms = objective(Outputs([_lo(t)]), Outputs([_lo(s)]), {"attention_mask": jnp.asarray(MASK)}, projection)
-  attention_kl = float(losses.minilm_loss(_lo(t), _lo(s), jnp.asarray(MASK), ("qk",), 4)["qk"])
+  attention_kl = float(relations.minilm_loss(_lo(t), _lo(s), jnp.asarray(MASK), ("qk",), 4)["qk"])
   if name == "value_mse":
     w = np.asarray(projection["value"]["kernel"])
     assert terms["value_mse"] == pytest.approx(_np_mse(_merge(s["v"]) @ w, _merge(t["v"]), MASK), rel=1e-5)
@@ -188,7 +188,7 @@ def test_layer_to_layer_sums_minilm_at_every_pair():
   )
   assert set(terms) == {"qk@0", "vv@0", "qk@1", "vv@1"}
   for s, t in ((0, 1), (1, 3)):
-    expected = losses.minilm_loss(_lo(teacher[t]), _lo(student[s]), jnp.asarray(MASK), ("qk", "vv"), 4)
+    expected = relations.minilm_loss(_lo(teacher[t]), _lo(student[s]), jnp.asarray(MASK), ("qk", "vv"), 4)
     assert float(terms[f"qk@{s}"]) == pytest.approx(float(expected["qk"]), rel=1e-6)
 
 
@@ -243,7 +243,7 @@ def test_mlm_mask_rates_and_special_tokens():
   ids = jnp.asarray(np.random.default_rng(0).integers(10, 1000, (64, 128)))
   ids = ids.at[:, 0].set(101).at[:, -1].set(102)
   mask = jnp.ones_like(ids).at[:, 100:].set(0)
-  masked, weights = mlm_mask(jax.random.key(0), ids, mask, (0, 101, 102, 103), 103, 1000)
+  masked, weights = mlm_mask(jax.random.key(0), ids, mask, ((0, 101, 102, 103), 103), 1000)
   w = np.asarray(weights).astype(bool)
   assert not w[:, 0].any() and not w[:, 100:].any()  # never [CLS] or padding
   assert abs(w[:, 1:100].mean() - 0.15) < 0.01
@@ -269,12 +269,12 @@ def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_ml
 def test_a_new_objective_is_one_registered_function(monkeypatch):
   """The README's "Extending" example: a registered function is an objective the sharded train step
   runs as it runs MiniLM's, with no change to the trainer; its loss is the attention KL alone."""
-  monkeypatch.setattr(objectives, "REGISTRY", dict(objectives.REGISTRY))
+  monkeypatch.setattr(objectives, "DISTILLATION_OBJECTIVES", dict(objectives.DISTILLATION_OBJECTIVES))
 
   @objectives.register("attention_only")
   def attention_only(objective, teacher, student, batch, projection) -> dict:
     ((s, t),) = objective.pairs
-    return losses.minilm_loss(
+    return relations.minilm_loss(
       teacher.layers[t],
       student.layers[s],
       batch["attention_mask"],

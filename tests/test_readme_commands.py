@@ -48,10 +48,16 @@ for argv in json.loads(sys.argv[2]):
 """
 
 
+def _pages() -> list:
+  """The README and every page under docs/ (the .md files: a benchmark's log and models may sit beside them)."""
+  return ["README.md"] + sorted(
+    os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md")
+  )
+
+
 def documentation() -> str:
   """The README and every page under docs/, one after another."""
-  pages = ["README.md"] + sorted(os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs")))
-  return "\n".join(open(os.path.join(ROOT, page)).read() for page in pages if page.endswith(".md"))
+  return "\n".join(open(os.path.join(ROOT, page)).read() for page in _pages())
 
 
 def readme_commands() -> dict:
@@ -118,7 +124,6 @@ def test_the_readme_is_a_first_screen_whose_links_resolve():
   """At most 200 lines (the rest lives in docs/), and every relative link of the README and the
   pages names a file that exists."""
   assert len(open(os.path.join(ROOT, "README.md")).read().splitlines()) <= 200
-  pages = ["README.md"] + [os.path.join("docs", name) for name in os.listdir(os.path.join(ROOT, "docs"))]
-  for page in pages:
+  for page in _pages():
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", open(os.path.join(ROOT, page)).read()):
       assert os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)), (page, target)

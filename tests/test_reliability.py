@@ -34,11 +34,11 @@ from conftest import (
   train_command,
   xla_flags,
 )
+from minilm_jax.cli.outputs import MARKER, check_new_directory
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.training.metrics import MetricWriter
-from minilm_jax.training.outputs import MARKER, check_new_directory
 
 
 def _program(*args, program="train"):
@@ -554,7 +554,7 @@ def test_a_write_numpy_cuts_short_is_the_one_line_of_a_full_disk():
   """numpy reports a write the disk cut short without an errno ("6400 requested and 2016 written"):
   a program says what it means in the one line of a full disk, not a traceback."""
   program = (
-    "from minilm_jax.training.program import run_program\n"
+    "from minilm_jax.cli.program import run_program\n"
     "def main(argv):\n"
     "  raise OSError('6400 requested and 2016 written')\n"
     "run_program(main)\n"

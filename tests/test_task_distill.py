@@ -19,7 +19,7 @@ from minilm_jax import runs
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.runs import evaluate_runs
+from minilm_jax.evaluation.finetuned_runs import evaluate_runs
 from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.distillation import distillation_loss
 from minilm_jax.finetuning.multitask import build_multitask_finetuning
@@ -406,8 +406,8 @@ def test_every_task_config_builds(name):
 def test_a_grid_over_other_rates_adds_to_the_earlier_one(tmp_path):
   """`lr_grid.json` is merged, never replaced: a later grid's rates replace only their own rows, the
   best is chosen over them all, and a file that is not a grid is refused before it is touched."""
+  from minilm_jax.cli.outputs import write_json
   from minilm_jax.task_distill.run import merge_grid, read_grid
-  from minilm_jax.training.outputs import write_json
 
   path = str(tmp_path / "lr_grid.json")
   write_json(path, {"rows": [{"lr": 1e-5, "dev_loss": 0.4}, {"lr": 5e-5, "dev_loss": 0.3}], "best": {}})

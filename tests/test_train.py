@@ -213,10 +213,10 @@ def test_every_config_builds(path, variant):
   assert shapes["layer_0"]["attention"]["query"]["kernel"].shape == (config.student.hidden_size,) * 2
   assert f"layer_{config.student.num_layers - 1}" in shapes
   from minilm_jax.distill import etd
-  from minilm_jax.transfer import losses
+  from minilm_jax.transfer import relations
   from minilm_jax.transfer.objectives import make_objective
 
-  losses.check_relation_heads(config.loss.num_relation_heads, config.student.hidden_size)
+  relations.check_relation_heads(config.loss.num_relation_heads, config.student.hidden_size)
   # The objective and (for ETD) the extraction must fit a teacher of the paper's shape.
   teacher = student.replace(num_layers=12, hidden_size=768, intermediate_size=3072)
   make_objective(config.loss, teacher, student, 11, student.num_layers - 1)

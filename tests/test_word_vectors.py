@@ -13,7 +13,7 @@ from conftest import WORDNET_EXCERPT, run_distill_task
 from minilm_jax import runs
 from minilm_jax.data import word_vectors
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.runs import evaluate_runs
+from minilm_jax.evaluation.finetuned_runs import evaluate_runs
 from minilm_jax.models import hf
 from minilm_jax.task_distill.config import task_distillation_config
 from minilm_jax.task_distill.run import build_task_distillation

@@ -29,10 +29,10 @@ from ml_collections import config_flags
 
 from minilm_jax.aot import programs, report
 from minilm_jax.aot.targets import compile_devices, examples, parse_target
+from minilm_jax.cli.outputs import check_new_file, write_json
+from minilm_jax.cli.program import run_program
 from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
-from minilm_jax.training.outputs import check_new_file, write_json
-from minilm_jax.training.program import run_program
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
 _TARGET = flags.DEFINE_string(

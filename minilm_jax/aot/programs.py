@@ -26,10 +26,11 @@ from minilm_jax.distill import trainer
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import run as finetuning
+from minilm_jax.finetuning.steps import TaskModel
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, abstract_params
-from minilm_jax.models.flops import distill_flops_per_token, encoder_flops_per_token, parse_shape
+from minilm_jax.models.flops import LossLayer, distill_flops_per_token, encoder_flops_per_token, parse_shape
 from minilm_jax.models.heads import MODEL_INPUTS, LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
 from minilm_jax.training.train_state import TrainState
@@ -144,7 +145,10 @@ def train(config, devices, model_shape: str = "") -> Program:
   if objective.name == "minilm" and len(objective.pairs) == 1 and objective.embedding_weight == 0:
     student_layer, teacher_layer = objective.pairs[0]
     per_token = distill_flops_per_token(
-      teacher_config, teacher_layer, step.student.config, student_layer, length, len(objective.relations)
+      LossLayer(teacher_config, teacher_layer),
+      LossLayer(step.student.config, student_layer),
+      length,
+      len(objective.relations),
     ) + _rematerialised_scores_flops_per_token(step.student.config, student_layer, length)
     flops = float(per_token) * batch * length
   return Program("train", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
@@ -157,7 +161,8 @@ def _finetuning_step(config, devices, model_shape: str):
   encoder = finetuning.fit_positions(config, encoder, head)
   mesh = parallel.make_mesh(config.mesh.data, config.mesh.model, devices)
   # The schedule's length changes constants of the program, not its shapes or memory.
-  step = finetuning.build_step(config, task, head, encoder, mesh, _tokenizer(config.init), num_steps=1000)
+  parts = TaskModel(task, head, encoder, _tokenizer(config.init))
+  step = finetuning.build_step(config, parts, mesh, num_steps=1000)
   return task, head, mesh, step
 
 

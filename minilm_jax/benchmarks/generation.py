@@ -7,6 +7,7 @@ sequence at every step (the masked-LM head only on the position that predicts). 
 runs the full output length (the end token is banned until then), so both sides do the same
 number of steps."""
 
+import dataclasses
 import time
 
 import jax
@@ -38,7 +39,21 @@ def _config(student: str, dtype: str) -> EncoderConfig:
   )
 
 
-def _ours(config, batch, source_length, target_length, beams, repeats):
+@dataclasses.dataclass(frozen=True)
+class _Decoding:
+  """What both decoders are timed on: the model's config, batch x (source + target) tokens, the
+  compute dtype and how many timed repeats."""
+
+  config: EncoderConfig
+  batch: int
+  source_length: int
+  target_length: int
+  dtype: str
+  repeats: int
+
+
+def _ours(d: _Decoding, beams: int):
+  config, batch, source_length, target_length = d.config, d.batch, d.source_length, d.target_length
   model = Seq2SeqLM(config, target_length)
   ids = jnp.zeros((1, source_length + target_length), jnp.int32)
   params = model.init(jax.random.key(0), ids, jnp.ones_like(ids))["params"]
@@ -58,15 +73,16 @@ def _ours(config, batch, source_length, target_length, beams, repeats):
   decode = jax.jit(lambda p, b: generate(model, p, b, settings))
   block(decode(params, inputs))  # compile
   start = time.perf_counter()
-  for _ in range(repeats):
+  for _ in range(d.repeats):
     block(decode(params, inputs))
-  return (time.perf_counter() - start) / repeats
+  return (time.perf_counter() - start) / d.repeats
 
 
-def _transformers_greedy(config, batch, source_length, target_length, repeats, dtype):
+def _transformers_greedy(d: _Decoding):
   import torch
   import transformers
 
+  config, batch, source_length, target_length = d.config, d.batch, d.source_length, d.target_length
   model = transformers.BertForMaskedLM(
     transformers.BertConfig(
       hidden_size=config.hidden_size,
@@ -82,7 +98,7 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
 
   def decode():
     ids = source
-    with torch.inference_mode(), torch.autocast(device, torch.bfloat16, enabled=dtype == "bfloat16"):
+    with torch.inference_mode(), torch.autocast(device, torch.bfloat16, enabled=d.dtype == "bfloat16"):
       for step in range(target_length):
         # The user's own mask, built in torch (every step's length differs: a jitted mask would recompile).
         positions = torch.arange(source_length + step, device=device)
@@ -101,9 +117,9 @@ def _transformers_greedy(config, batch, source_length, target_length, repeats, d
 
   decode()  # warm-up
   start = time.perf_counter()
-  for _ in range(repeats):
+  for _ in range(d.repeats):
     decode()
-  return (time.perf_counter() - start) / repeats
+  return (time.perf_counter() - start) / d.repeats
 
 
 def run(
@@ -128,7 +144,8 @@ def run(
     "target_len": target_length,
     "dtype": dtype,
   }
-  peer = _transformers_greedy(config, batch, source_length, target_length, repeats, dtype)
+  decoding = _Decoding(config, batch, source_length, target_length, dtype, repeats)
+  peer = _transformers_greedy(decoding)
   rows = [
     {
       "decoder": "transformers BertForMaskedLM, greedy, full recompute",
@@ -140,7 +157,7 @@ def run(
     }
   ]
   for beams in (1, 5):
-    seconds = _ours(config, batch, source_length, target_length, beams, repeats)
+    seconds = _ours(decoding, beams)
     rows.append(
       {
         "decoder": "ours, cached",

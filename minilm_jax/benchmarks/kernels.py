@@ -32,6 +32,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from minilm_jax.cli.outputs import write_json
 from minilm_jax.devices.timing import chip_of, median_seconds, peak_flops
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention, costs
@@ -39,8 +40,7 @@ from minilm_jax.kernels import platform as pallas_platform
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
 from minilm_jax.models.encoder import fused_attention, fused_attention_implementation
 from minilm_jax.models.flops import attention_kernel_flops, relation_kl_flops
-from minilm_jax.training.outputs import write_json
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 3e-2}
 HEADS, STUDENT_DIM, TEACHER_DIM, DROPOUT = 12, 32, 64, 0.1
@@ -81,9 +81,9 @@ def _programs(platform, tiling, student, teacher, mask):
   def relation_loss(fused):
     def loss(sx, sy, tx, ty, mask):
       if fused:
-        return losses.fused_relation_kl((tx, ty), (sx, sy), mask, HEADS, platform, tiling)
-      t = losses.relation_log_probs(tx, ty, mask, HEADS)
-      return losses.relation_kl(t, losses.relation_log_probs(sx, sy, mask, HEADS), mask)
+        return relations.fused_relation_kl((tx, ty), (sx, sy), mask, HEADS, platform, tiling)
+      t = relations.relation_log_probs(tx, ty, mask, HEADS)
+      return relations.relation_kl(t, relations.relation_log_probs(sx, sy, mask, HEADS), mask)
 
     return loss
 
@@ -181,7 +181,9 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
             "fused_ms": 1e3 * fused_seconds,
             "explicit_ms": 1e3 * seconds,
             "speedup": seconds / fused_seconds,
-            **_rates(name, batch, length, fused_seconds, seconds, cudnn_seconds if name == "attention" else None),
+            **_rates(
+              matmul_flops(name, batch, length), fused_seconds, seconds, cudnn_seconds if name == "attention" else None
+            ),
             **_bound_row(name, batch, length, jnp.dtype(dtype).itemsize, fused_seconds),
           }
         )
@@ -235,11 +237,11 @@ def _bound_row(kernel: str, batch: int, length: int, itemsize: int, seconds: flo
   return {"bound_ms": 1e3 * least, "bound_by": limit, "of_bound": least / seconds}
 
 
-def _rates(kernel: str, batch: int, length: int, fused: float, explicit: float, cudnn: float | None) -> dict:
-  """The matrix products' TFLOP/s of the fused kernel, the explicit path and (attention, on GPUs)
-  cuDNN's kernel without dropout, and the fused kernel's share of the chip's bf16 peak (None where
-  the table has no peak: CPUs)."""
-  flops, peak = matmul_flops(kernel, batch, length), peak_flops()
+def _rates(flops: float, fused: float, explicit: float, cudnn: float | None) -> dict:
+  """The TFLOP/s of a kernel's matrix products (`flops`) in the fused kernel's, the explicit path's
+  and (attention, on GPUs) cuDNN's kernel without dropout's seconds, and the fused kernel's share
+  of the chip's bf16 peak (None where the table has no peak: CPUs)."""
+  peak = peak_flops()
   return {
     "fused_tflops": flops / fused / 1e12,
     "explicit_tflops": flops / explicit / 1e12,

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from minilm_jax.models.encoder import LayerOutput
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 
 
 def _layer(batch, heads, length, head_dim):
@@ -16,7 +16,7 @@ def _layer(batch, heads, length, head_dim):
 
 def _temp_bytes(teacher, student, mask, query_chunk):
   def loss(s, t, m):
-    return sum(losses.minilm_loss(t, s, m, ("qk", "vv"), 12, query_chunk).values())
+    return sum(relations.minilm_loss(t, s, m, ("qk", "vv"), 12, query_chunk).values())
 
   compiled = jax.jit(jax.value_and_grad(loss)).lower(student, teacher, mask).compile()
   analysis = compiled.memory_analysis()

@@ -1,0 +1,3 @@
+"""General (task-agnostic) distillation: the data-parallel step and the run (`trainer`), its
+defaults (`config`), ETD's extraction of a student from its teacher (`etd`) and Taylor importance
+(`importance`), and the parameters an objective never trains (`untrained`)."""

@@ -146,7 +146,6 @@ def paper_config(
   batch_size: int,
   lr: float,
   num_steps: int = 400_000,
-  b2: float = 0.999,
 ) -> ml_collections.ConfigDict:
   """A MiniLM paper run (section 4.1): 12 relation heads, max length 512, 4,000 warm-up steps then
   linear decay, dropout 0.1, weight decay 0.01, bfloat16 compute. The corpus defaults to English
@@ -159,7 +158,6 @@ def paper_config(
   c.student.intermediate_size = 4 * hidden_size
   c.batch_size = batch_size
   c.optimizer.lr = lr
-  c.optimizer.b2 = b2
   c.num_steps = num_steps
   c.data.corpus = "wikimedia/wikipedia"
   c.data.corpus_config = "20231101.en"

@@ -201,7 +201,7 @@ def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: i
       return_tensors="np",
     )
     ids, mask = enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
-    masked, weights = mlm_mask(ids, mask, special, tokenizer.mask_token_id, len(tokenizer), rng)
+    masked, weights = mlm_mask(ids, mask, (special, tokenizer.mask_token_id), len(tokenizer), rng)
     yield {
       "input_ids": ids,
       "attention_mask": mask,

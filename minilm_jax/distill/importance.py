@@ -31,9 +31,11 @@ from minilm_jax.models.heads import MaskedLM
 MASK_PROB = 0.15
 
 
-def mlm_mask(input_ids, attention_mask, special_ids, mask_id: int, vocab_size: int, rng: np.random.Generator):
-  """BERT's masking: 15% of real, non-special tokens are predicted; of those 80% become [MASK], 10% a
-  random token, 10% stay. Returns (masked ids, label weights)."""
+def mlm_mask(input_ids, attention_mask, masking: tuple, vocab_size: int, rng: np.random.Generator):
+  """BERT's masking on the host (`objectives.mlm_mask` is the step's, on the device), `masking` the
+  tokenizer's (special ids, mask id): 15% of real, non-special tokens are predicted; of those 80%
+  become [MASK], 10% a random token, 10% stay. Returns (masked ids, label weights)."""
+  special_ids, mask_id = masking
   candidates = attention_mask.astype(bool) & ~np.isin(input_ids, list(special_ids))
   chosen = (rng.random(input_ids.shape) < MASK_PROB) & candidates
   roll = rng.random(input_ids.shape)

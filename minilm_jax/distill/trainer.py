@@ -1,4 +1,5 @@
-"""MiniLM distillation: the data-parallel train step and the training loop.
+"""MiniLM distillation: the data-parallel train step, and the run that reads the teacher and the
+corpus and trains through `training.loop` (`build_distillation`, `Distillation`).
 
 The step is written per device and mapped over the mesh axis `data` with `jax.shard_map` (pmap
 semantics): each device runs teacher and student on its shard of the batch, gradients are
@@ -33,7 +34,7 @@ from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.runs import lock
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import begin_run, steps_of_epochs, train_loop
+from minilm_jax.training.loop import LoopHooks, begin_run, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import (
   TrainState,
   accumulated_value_and_grad,
@@ -42,7 +43,7 @@ from minilm_jax.training.train_state import (
   make_optimizer,
   restore_or_init,
 )
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 from minilm_jax.transfer.objectives import Objective, make_objective, uses_embedding_term
 
 
@@ -100,7 +101,7 @@ def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective,
         teacher_out = objective.outputs(teacher, teacher_params, inputs, objective.teacher_layers_needed)
 
       def loss_fn(params):
-        terms = objective.student_terms(student, params, teacher_out, inputs, False, {"dropout": dropout_rng})
+        terms = objective.student_terms(student, params, teacher_out, inputs, {"dropout": dropout_rng})
         return sum(terms.values()), terms
 
       return jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -158,7 +159,7 @@ def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) ->
   the embedding objective."""
   teacher = Encoder(teacher_config.replace(dtype=config.dtype))
   student = Encoder(student_config(config, teacher_config))
-  losses.check_relation_heads(config.loss.num_relation_heads, teacher_config.hidden_size, student.config.hidden_size)
+  relations.check_relation_heads(config.loss.num_relation_heads, teacher_config.hidden_size, student.config.hidden_size)
   teacher_layer = resolve_layer(config.teacher.layer, teacher_config.num_layers, "teacher.layer")
   student_layer = resolve_layer(config.student.layer, student.config.num_layers, "student.layer")
   teacher_config.check_length(config.data.max_seq_length, "data.max_seq_length", "the teacher")
@@ -234,6 +235,10 @@ class Distillation:
       parallel.replicated(self.mesh),
     )
 
+  @property
+  def num_steps(self) -> int:
+    return self.config.num_steps
+
   def record(self) -> RunRecord:
     return RunRecord(
       DISTILLATION,
@@ -256,20 +261,8 @@ class Distillation:
     def step_fn(state, batch):
       return self.step.train_step(state, batch, self.teacher_params, dropout_rng)
 
-    state = train_loop(
-      state,
-      next_batch,
-      step_fn=step_fn,
-      stream=self.stream,
-      mesh=self.mesh,
-      num_steps=self.config.num_steps,
-      checkpoints=self.checkpoints,
-      record=self.record(),
-      workdir=self.workdir,
-      log_every=self.config.log_every,
-      desc="distill",
-      evaluate=(lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None,
-    )
+    evaluate = (lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None
+    state = train_loop(self, state, next_batch, step_fn, LoopHooks("distill", evaluate=evaluate))
     if self.evaluators:
       speed = self.evaluators.speed(state.params)  # on every process: the encoders run on the whole mesh
       if jax.process_index() == 0:  # the one that wrote metrics.jsonl
@@ -324,7 +317,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
     config.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
     step = build_step(config, teacher_config, mesh, masking, step.objective.pooling)
-  heldout_stream, heldout_step = _heldout_evaluation(heldout, config.batch_size, config.seed, collate, step, mesh)
+  heldout_stream, heldout_step = _heldout_evaluation(heldout, config, collate, step, mesh)
   context = evaluators.Context(
     mesh,
     tokenizer,
@@ -375,11 +368,13 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   )
 
 
-def _heldout_evaluation(heldout, batch_size: int, seed: int, collate, step, mesh) -> tuple:
+def _heldout_evaluation(heldout, config, collate, step, mesh) -> tuple:
   """(batch stream, jitted loss step) of the corpus's held-out blocks for the `heldout` evaluator,
-  (None, None) without them: every process reads its part, in the same order every evaluation."""
+  (None, None) without them: every process reads its part, in the same order every evaluation, in
+  batches of the run's `batch_size`."""
   if heldout is None:
     return None, None
+  batch_size, seed = config.batch_size, config.seed
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(heldout, batch_size, seed, collate, *process, "held-out blocks")
   return stream, make_heldout_step(step.teacher, step.student, step.objective, mesh, seed)

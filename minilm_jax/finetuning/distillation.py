@@ -28,12 +28,13 @@ import numpy as np
 from minilm_jax import runs
 from minilm_jax.data.augment import augmented as augment_examples
 from minilm_jax.errors import UserError
+from minilm_jax.finetuning.steps import TaskModel
 from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
-from minilm_jax.models.encoder import Encoder, EncoderConfig
+from minilm_jax.models.encoder import Encoder
 from minilm_jax.models.heads import MODEL_INPUTS, apply_model
 from minilm_jax.tasks.glue import ClassificationTask
 from minilm_jax.transfer.logits import TaskObjective, check_objective
-from minilm_jax.transfer.objectives import REGISTRY, Objective, Outputs, loss_config, make_objective
+from minilm_jax.transfer.objectives import DISTILLATION_OBJECTIVES, Objective, Outputs, loss_config, make_objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,17 +58,17 @@ class TaskTeacher:
     return () if self.layers is None else (self.params,)
 
 
-def load_teacher(
-  distill, task, num_labels: int, encoder_config: EncoderConfig, tokenizer, init: str, mesh
-) -> TaskTeacher:
-  """The teacher of `distill` (the config's `distill` block) checked against the task and the student
-  (`encoder_config`, `tokenizer`, read from `init`)."""
+def load_teacher(distill, student: TaskModel, init: str, mesh) -> TaskTeacher:
+  """The teacher of `distill` (the config's `distill` block) checked against the student's task and
+  model (its encoder and tokenizer, read from `init`)."""
+  task, encoder_config, tokenizer = student.task, student.encoder_config, student.tokenizer
+  num_labels = student.head["num_labels"]
   if not isinstance(task, ClassificationTask):
     raise UserError(f"distill.teacher distils classification and regression tasks; {task.name} is not one")
-  if distill.layers and distill.layers not in REGISTRY:
+  if distill.layers and distill.layers not in DISTILLATION_OBJECTIVES:
     raise UserError(
-      f"distill.layers={distill.layers!r} is no distillation objective: use one of {', '.join(REGISTRY)}, "
-      "or '' for the teacher's logits alone"
+      f"distill.layers={distill.layers!r} is no distillation objective: use one of "
+      f"{', '.join(DISTILLATION_OBJECTIVES)}, or '' for the teacher's logits alone"
     )
   objective = check_objective(distill.objective, num_labels, task.name)
   if not objective.from_teacher:
@@ -131,18 +132,13 @@ def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
 
 
 def teacher_features(
-  teacher: TaskTeacher,
-  task,
-  examples: datasets.Dataset,
-  tokenizer,
-  augment,
-  cache_dir: str,
-  max_len: int,
-  batch_size: int,
-  mesh,
+  teacher: TaskTeacher, student: TaskModel, examples: datasets.Dataset, config, cache_dir: str, mesh
 ) -> datasets.Dataset:
   """The training `examples` (augmented as the config's `augment` block says, when enabled) as the
-  task's features plus the teachers' mean logits (`teacher_logits`); all cached in `cache_dir`."""
+  student task's features (of `max_seq_length` tokens) plus the teachers' mean logits
+  (`teacher_logits`, `eval_batch_size` at a time); all cached in `cache_dir`."""
+  task, tokenizer, augment = student.task, student.tokenizer, config.augment
+  max_len, batch_size = config.max_seq_length, config.eval_batch_size
   if augment.enabled:
     examples = augment_examples(examples, tokenizer.mask_token, augment, cache_dir, f"augment {task.name}")
   features = task.features(examples, tokenizer, max_len)

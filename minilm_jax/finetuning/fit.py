@@ -7,43 +7,23 @@ import os
 from typing import Any, Protocol
 
 import jax
-from jax.sharding import Mesh
 from tqdm import tqdm
 
 from minilm_jax import runs
 from minilm_jax.devices.distributed import host_scalars
-from minilm_jax.runs import RunCheckpoints, RunRecord, lock
-from minilm_jax.training.loop import train_loop
+from minilm_jax.runs import lock
+from minilm_jax.training.loop import LoopHooks, LoopRun, train_loop
 
 
-class EpochRun(Protocol):
+class EpochRun(LoopRun, Protocol):
   """What `fit` trains: a run built and validated by its builder (`build_finetuning`,
-  `build_multitask_finetuning`, `build_task_distillation`)."""
+  `build_multitask_finetuning`, `build_task_distillation`); besides what the loop reads
+  (`LoopRun`: its config's `log_every` and `seed`, its stream with `batches_per_epoch`):"""
 
   # Read-only (the runs are frozen dataclasses): properties, so that a frozen field satisfies them.
   @property
-  def config(self) -> Any:
-    """The program's config: `seed`, `log_every`."""
-
-  @property
-  def workdir(self) -> str: ...
-
-  @property
   def tokenizer(self) -> Any:
     """Saved beside the checkpoints."""
-
-  @property
-  def mesh(self) -> Mesh: ...
-
-  @property
-  def stream(self) -> Any:
-    """A resumable batch stream with `batches_per_epoch` (data.corpus)."""
-
-  @property
-  def num_steps(self) -> int: ...
-
-  @property
-  def checkpoints(self) -> RunCheckpoints: ...
 
   @property
   def selection_metric(self) -> str | None:
@@ -54,9 +34,6 @@ class EpochRun(Protocol):
 
   def evaluate(self, params) -> dict:
     """Flat metrics of the evaluation splits: {"dev/accuracy": ...}."""
-
-  def record(self) -> RunRecord:
-    """What the run is, saved with each checkpoint."""
 
 
 def fit(run: EpochRun, step_fn, summary: dict, desc: str, evaluate=None):
@@ -81,33 +58,21 @@ def fit(run: EpochRun, step_fn, summary: dict, desc: str, evaluate=None):
     tqdm.write("  ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
 
-  state = train_loop(
-    state,
-    next_batch,
-    step_fn=lambda state, batch: step_fn(state, batch, rng),
-    stream=run.stream,
-    mesh=run.mesh,
-    num_steps=run.num_steps,
-    checkpoints=run.checkpoints,
-    record=run.record(),
-    workdir=run.workdir,
-    log_every=run.config.log_every,
-    desc=desc,
-    after_step=after_step,
-    evaluate=evaluate,
-  )
+  hooks = LoopHooks(desc, after_step, evaluate)
+  state = train_loop(run, state, next_batch, lambda state, batch: step_fn(state, batch, rng), hooks)
   if not results:  # resumed after the last step: evaluate what was saved
     results.update(run.evaluate(state.params))
   if jax.process_index() == 0:
-    write_results(run.workdir, summary, int(host_scalars(state.step)), results, per_epoch, run.selection_metric)
+    write_results(run, summary, int(host_scalars(state.step)), results)
   lock.release(run.workdir)  # its last write done: the workdir is free for the next program
   return state, results
 
 
-def write_results(workdir: str, summary: dict, step: int, results: dict, per_epoch: int, selection_metric: str | None):
-  """`results.json`: the run's `summary`, its step and last evaluation `results`, every epoch's
-  metrics and, with a `selection_metric`, the best epoch by it."""
-  epochs = _epoch_results(workdir, set(results), per_epoch)
+def write_results(run: EpochRun, summary: dict, step: int, results: dict):
+  """`results.json` in the run's workdir: its `summary`, its step and last evaluation `results`,
+  every epoch's metrics and, with a `selection_metric`, the best epoch by it."""
+  workdir, selection_metric = run.workdir, run.selection_metric
+  epochs = _epoch_results(workdir, set(results), run.stream.batches_per_epoch)
   best = {}
   if selection_metric and epochs:
     best_row = max(epochs, key=lambda row: row[selection_metric])

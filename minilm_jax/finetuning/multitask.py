@@ -38,20 +38,38 @@ from minilm_jax.training.train_state import TrainState, check_accumulation, make
 
 
 @dataclasses.dataclass(frozen=True)
+class MultiTaskSpec:
+  """What a kind of multi-task run brings of its own (its builder makes it): the `tasks`, the
+  `tokenizer`, the `model` (a body and a head per task) and whether it reads the `joint` sequence;
+  `training_rows(task)`, a dataset with the model's inputs and the `target` column that
+  `loss(task, logits, batch)` reads; `init_params(rng)`; `optimizer(num_steps) -> (tx, schedule)`;
+  the run's `record`, what results.json says of it before its metrics (`summary`), and the
+  progress bar's caption (`desc`)."""
+
+  tasks: list
+  tokenizer: Any
+  model: nn.Module
+  joint: bool
+  loss: Callable
+  target: str
+  training_rows: Callable
+  init_params: Callable
+  optimizer: Callable
+  record: RunRecord
+  summary: dict
+  desc: str
+
+
+@dataclasses.dataclass(frozen=True)
 class MultiTaskRun:
-  """A multi-task run's parts (`assemble_multitask_run` builds them): its `tasks`, `tokenizer`, `model`
-  (a body and a head per task), whether the model reads the `joint` sequence, the merged batch
+  """A multi-task run (`assemble_multitask_run` builds it from its kind's `spec`): the merged batch
   stream, one jitted train step and one predictor per task, the checkpoints; `run()` trains and
   evaluates them (`fit`)."""
 
   config: Any
   workdir: str
   mesh: Mesh
-  tasks: list
-  tokenizer: Any
-  model: nn.Module
-  joint: bool
-  desc: str  # the progress bar's
+  spec: MultiTaskSpec
   stream: MultiTaskStream
   eval_data: dict  # (task name, split) -> (features, examples)
   num_steps: int
@@ -60,13 +78,15 @@ class MultiTaskRun:
   predictors: dict  # task name -> Predictor
   checkpoints: runs.RunCheckpoints
   init_state: Callable  # rng -> the fresh run's train state
-  run_record: RunRecord
-  summary: dict  # what results.json says of the run before its metrics
   # Several tasks: no one metric picks a best epoch (results.json lists every epoch).
   selection_metric: None = None
 
+  @property
+  def tokenizer(self):
+    return self.spec.tokenizer
+
   def record(self) -> RunRecord:
-    return self.run_record
+    return self.spec.record
 
   def initial_state(self):
     return restore_or_init(self.checkpoints, self.init_state, (jax.random.key(self.config.seed),), self.state_shardings)
@@ -89,48 +109,31 @@ class MultiTaskRun:
       task = batch.pop("task")
       return self.train_steps[task](state, batch, rng)
 
-    return fit(self, step_fn, summary=self.summary, desc=self.desc)
+    return fit(self, step_fn, summary=self.spec.summary, desc=self.spec.desc)
 
 
-def assemble_multitask_run(
-  config,
-  workdir: str,
-  mesh,
-  *,
-  tasks,
-  tokenizer,
-  model,
-  joint: bool,
-  loss: Callable,
-  target: str,
-  training_rows: Callable,
-  init_params: Callable,
-  optimizer: Callable,
-  record: RunRecord,
-  summary: dict,
-  desc: str,
-) -> MultiTaskRun:
-  """What every multi-task run has, built from what is its own: `training_rows(task)` (a dataset
-  with the model's inputs and the `target` column `loss(task, logits, batch)` reads),
-  `init_params(rng)`, `optimizer(num_steps) -> (tx, schedule)`."""
+def assemble_multitask_run(config, workdir: str, mesh, spec: MultiTaskSpec) -> MultiTaskRun:
+  """What every multi-task run has (its streams, steps, predictors and checkpoints), built from
+  what its kind brings (`spec`)."""
+  tasks, model, joint = spec.tasks, spec.model, spec.joint
   c = config
   data_dirs = task_data_dirs(tasks, c.data_dir)
   parallel.check_batch_divides(c.batch_size, mesh)
   streams, eval_data = {}, {}
   for task in tasks:
-    rows = training_rows(task).select_columns(list(model_inputs(joint, task)) + [target])
+    rows = spec.training_rows(task).select_columns(list(model_inputs(joint, task)) + [spec.target])
     streams[task.name] = BatchStream(
       rows, c.batch_size, c.seed, stack_columns, jax.process_index(), jax.process_count(), f"{task.name} training set"
     )
     for split in task.eval_splits:
       examples = task.load(split, data_dirs[task.name], "")
-      eval_data[(task.name, split)] = (task_features(joint, task, examples, tokenizer, c.max_seq_length), examples)
+      eval_data[(task.name, split)] = (task_features(joint, task, examples, spec.tokenizer, c.max_seq_length), examples)
   stream = MultiTaskStream(streams, c.seed)
   num_steps = steps_of_epochs(c.epochs, stream.batches_per_epoch, "epochs")
-  tx, schedule = optimizer(num_steps)
+  tx, schedule = spec.optimizer(num_steps)
 
   def init_state(rng):
-    return TrainState.fresh(init_params(rng), tx)
+    return TrainState.fresh(spec.init_params(rng), tx)
 
   state_shardings = sharding.tree_shardings(jax.eval_shape(init_state, jax.random.key(0)), mesh)
   check_accumulation(c.optimizer.accumulate_steps, c.batch_size // mesh.shape[parallel.DATA])
@@ -140,7 +143,7 @@ def assemble_multitask_run(
 
     def loss_of(params, batch, rngs):
       logits = model.apply({"params": params}, batch, task.name, deterministic=False, rngs=rngs)
-      return loss(task, logits, batch)
+      return spec.loss(task, logits, batch)
 
     return make_train_step(loss_of, tx, schedule, state_shardings, mesh, c.optimizer.accumulate_steps)
 
@@ -155,11 +158,7 @@ def assemble_multitask_run(
     config,
     workdir,
     mesh,
-    tasks,
-    tokenizer,
-    model,
-    joint,
-    desc,
+    spec,
     stream,
     eval_data,
     num_steps,
@@ -168,8 +167,6 @@ def assemble_multitask_run(
     predictors,
     runs.RunCheckpoints(workdir, c.checkpoint.every, c.checkpoint.keep),
     init_state,
-    record,
-    summary,
   )
 
 
@@ -193,10 +190,7 @@ def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
     return {**params, "body": {"encoder": encoder_params}}  # pre-trained encoder, fresh output layers
 
   names = tuple(t.name for t in tasks)
-  return assemble_multitask_run(
-    config,
-    workdir,
-    mesh or parallel.make_mesh(config.mesh.data, config.mesh.model),
+  spec = MultiTaskSpec(
     tasks=tasks,
     tokenizer=tokenizer,
     model=model,
@@ -212,3 +206,4 @@ def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
     summary={"tasks": list(names)},
     desc=f"multi-task refine {config.task}",
   )
+  return assemble_multitask_run(config, workdir, mesh or parallel.make_mesh(config.mesh.data, config.mesh.model), spec)

@@ -26,8 +26,8 @@ from minilm_jax.evaluation.evaluators import (
   check_lengths,
   check_specs,
 )
+from minilm_jax.evaluation.finetuned_runs import write_predictions
 from minilm_jax.evaluation.predictor import Predictor, prediction_forward
-from minilm_jax.evaluation.runs import write_predictions
 from minilm_jax.finetuning import config as finetuning_config
 from minilm_jax.finetuning.distillation import (
   TaskTeacher,
@@ -36,7 +36,7 @@ from minilm_jax.finetuning.distillation import (
   teacher_features,
 )
 from minilm_jax.finetuning.fit import fit
-from minilm_jax.finetuning.steps import make_train_step
+from minilm_jax.finetuning.steps import TaskModel, make_train_step
 from minilm_jax.models import sharding
 from minilm_jax.models.encoder import Encoder, EncoderConfig, extend_positions
 from minilm_jax.models.heads import (
@@ -82,11 +82,13 @@ def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderC
   return encoder_config
 
 
-def build_step(config, task, head: dict, encoder_config: EncoderConfig, mesh, tokenizer, num_steps: int, teacher=None):
-  """Validates `config` against the mesh and builds its task model and steps on `encoder_config`
-  (the pre-trained encoder's architecture); with a `teacher` (`distillation.load_teacher`) the step
-  learns it instead of the gold labels, and takes `teacher.frozen` after (state, batch, rng)."""
-  encoder_config = encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
+def build_step(config, parts: TaskModel, mesh, num_steps: int, teacher=None):
+  """Validates `config` against the mesh and builds its task model and steps on `parts` (the task,
+  its head, the pre-trained encoder's architecture and tokenizer); with a `teacher`
+  (`distillation.load_teacher`) the step learns it instead of the gold labels, and takes
+  `teacher.frozen` after (state, batch, rng)."""
+  task, head, tokenizer = parts.task, parts.head, parts.tokenizer
+  encoder_config = parts.encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
   model = task_model(encoder_config, head)
   parallel.check_batch_divides(config.batch_size, mesh)
   tx, schedule = make_optimizer(config.optimizer, num_steps)
@@ -200,10 +202,11 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     )
     encoder_params, encoder_config = extend_positions(encoder_params, config.max_seq_length), fitted
   check_lengths(config, encoder_config.max_position_embeddings)
+  parts = TaskModel(task, head, encoder_config, tokenizer)
   mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
   parallel.check_batch_divides(config.batch_size, mesh)
   if config.distill.teacher:
-    teacher, train_features = _second_stage(config, task, head, encoder_config, tokenizer, mesh, workdir)
+    teacher, train_features = _second_stage(config, parts, mesh, workdir)
     columns = (*task.train_columns, teacher.logits.column)
   else:
     _refuse_teacher_settings(config.distill, config.augment, task.name)
@@ -219,15 +222,15 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   )
   eval_data = {split: task.prepare(split, config, tokenizer) for split in task.eval_splits}
   num_steps = steps_of_epochs(config.epochs, stream.batches_per_epoch, "epochs")
-  step = build_step(config, task, head, encoder_config, mesh, tokenizer, num_steps, teacher)
+  step = build_step(config, parts, mesh, num_steps, teacher)
   predict = Predictor(step.predict_forward, mesh, step.state_shardings.params, config.eval_batch_size)
   initial = {"encoder": encoder_params}
   if head_kind(head).generates:
     initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
   best = best_direction(config)
   checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep, best=best)
-  parts = (task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints, teacher)
-  run = FineTuning(config, workdir, mesh, *parts)
+  run_parts = (task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints, teacher)
+  run = FineTuning(config, workdir, mesh, *run_parts)
   if not config.evaluators:
     return run
   # The embedding evaluators read the encoder with the pooling of the model it started from.
@@ -256,19 +259,16 @@ def _refuse_teacher_settings(distill, augment, task_name: str):
       )
 
 
-def _second_stage(config, task, head: dict, encoder_config: EncoderConfig, tokenizer, mesh, workdir: str):
+def _second_stage(config, parts: TaskModel, mesh, workdir: str):
   """(the teacher, the training features with its logits) of a run with `distill.teacher`: the
   student learns a fine-tuned teacher of its task on the (augmented) training set, the targets
   cached in `distill.cache_dir` (default <workdir>/cache). Built only when a teacher is set: a plain
   run hands its config to none of it."""
   distill = config.distill
-  teacher = load_teacher(distill, task, head["num_labels"], encoder_config, tokenizer, config.init, mesh)
-  examples = task.load("train", config.data_dir, config.language)
+  teacher = load_teacher(distill, parts, config.init, mesh)
+  examples = parts.task.load("train", config.data_dir, config.language)
   cache_dir = distill.cache_dir or os.path.join(workdir, "cache")
-  features = teacher_features(
-    teacher, task, examples, tokenizer, config.augment, cache_dir, config.max_seq_length, config.eval_batch_size, mesh
-  )
-  return teacher, features
+  return teacher, teacher_features(teacher, parts, examples, config, cache_dir, mesh)
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -5,11 +5,26 @@ device. Fine-tuning, multi-task training and task distillation train through it;
 `evaluation.predictor`'s.
 """
 
+import dataclasses
+from typing import Any
+
 import jax
 import optax
 
 from minilm_jax.devices import parallel
+from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.training.train_state import accumulated_value_and_grad, guarded_update
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskModel:
+  """What a fine-tuning run's model is built from: its task, the task's head (`task.head(config)`),
+  the pre-trained encoder's architecture and its tokenizer."""
+
+  task: Any
+  head: dict
+  encoder_config: EncoderConfig
+  tokenizer: Any
 
 
 def make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate_steps: int = 1, frozen_shardings=()):

@@ -2,7 +2,7 @@
 writing either [B, A_r, L, L] relation to HBM.
 
 A relation is softmax(X Y^T / sqrt(d)) per relation head, padding keys at MASK_VALUE (as
-`transfer.losses`). Each program takes a block of query rows of one (example, relation head), walks
+`transfer.relations`). Each program takes a block of query rows of one (example, relation head), walks
 the keys a block at a time and keeps, per row, both models' running maximum and sum of exponentials
 (an online log-sum-exp) and the teacher-weighted sum of the logit difference:
 

@@ -1,6 +1,8 @@
 """Encoder shapes by name (`6x384`) and model FLOPs per token of the encoder and of a MiniLM step,
 counted analytically (the benchmarks' utilisation and `aot`'s check of what XLA counts)."""
 
+from typing import Any, NamedTuple
+
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import costs
 from minilm_jax.models.encoder import EncoderConfig
@@ -30,9 +32,14 @@ def encoder_flops_per_token(config, length: int) -> int:
   return config.num_layers * layer_flops_per_token(config.hidden_size, config.intermediate_size, length)
 
 
-def distill_flops_per_token(
-  teacher, teacher_layer: int, student, student_layer: int, length: int, num_relations: int = 2
-) -> int:
+class LossLayer(NamedTuple):
+  """A model's config and the layer of it the step's loss reads (the layers above it never run)."""
+
+  config: Any
+  layer: int
+
+
+def distill_flops_per_token(teacher: LossLayer, student: LossLayer, length: int, num_relations: int = 2) -> int:
   """Model FLOPs per token of one MiniLM step, counting only what the step must compute: each model's
   layers below the one the loss reads in full, plus that layer's Q/K/V (6 d^2) and the relation
   logits (2 S d each); the student's share three times (forward and backward)."""
@@ -42,7 +49,7 @@ def distill_flops_per_token(
     below = layer * layer_flops_per_token(d, config.intermediate_size, length)
     return below + 6 * d * d + num_relations * 2 * length * d
 
-  return share(teacher, teacher_layer) + 3 * share(student, student_layer)
+  return share(*teacher) + 3 * share(*student)
 
 
 def attention_kernel_flops(batch: int, length: int, width: int) -> tuple:
@@ -60,7 +67,7 @@ def relation_kl_flops(batch: int, length: int, teacher_width: int, student_width
 
 
 def distill_step_flops_by_part(
-  teacher, teacher_layer: int, student, student_layer: int, batch: int, length: int, num_relations: int = 2
+  teacher_read: LossLayer, student_read: LossLayer, batch: int, length: int, num_relations: int = 2
 ) -> dict:
   """Analytic FLOPs of one MiniLM step by the parts a profile splits it into
   (`benchmarks.profile.PARTS`), counting what the step computes (as `distill_flops_per_token`):
@@ -68,6 +75,7 @@ def distill_step_flops_by_part(
   projections and feed-forward blocks the same way, their backward pass twice the forward; its
   attention in the layers below the read one (`attention_kernel_flops`); the relations
   (`relation_kl_flops`)."""
+  (teacher, teacher_layer), (student, student_layer) = teacher_read, student_read
   tokens = batch * length
   t_d, s_d = teacher.hidden_size, student.hidden_size
   student_dense = tokens * (student_layer * (8 * s_d * s_d + 4 * s_d * student.intermediate_size) + 6 * s_d * s_d)

@@ -1,5 +1,6 @@
 """A run's workdir: its checkpoints (`checkpoints`), what the run is (`record`), reading it as a
-model (`reading`) and exporting it as a Hugging Face directory (`export`).
+model (`reading`), exporting it as a Hugging Face directory (`export`), and the one run a workdir
+holds at a time (`lock`: `run.lock`).
 
     <workdir>/checkpoints/<step>/{state,data,meta}   Orbax; meta: the run's RunRecord
     <workdir>/tokenizer/                              the run's tokenizer

@@ -22,10 +22,11 @@ import numpy as np
 import optax
 
 from minilm_jax import runs
+from minilm_jax.cli.outputs import write_json
 from minilm_jax.data import augment, word_vectors
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
-from minilm_jax.finetuning.multitask import MultiTaskRun, assemble_multitask_run
+from minilm_jax.finetuning.multitask import MultiTaskRun, MultiTaskSpec, assemble_multitask_run
 from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
@@ -36,8 +37,7 @@ from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
 from minilm_jax.tasks.inputs import dummy_batch, is_pair, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run
-from minilm_jax.training.outputs import write_json
-from minilm_jax.transfer.logits import OBJECTIVES, check_objective, task_loss
+from minilm_jax.transfer.logits import LOGIT_OBJECTIVES, check_objective, task_loss
 
 # optimizer.name: the thesis's optimisers at a constant learning rate, AdaDelta (BiLSTM) and Adam (MKD).
 OPTIMIZERS = {
@@ -91,7 +91,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   for task in tasks:
     check_objective(config.objective, task.head()["num_labels"], task.name)
   teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
-  objective = OBJECTIVES[config.objective]
+  objective = LOGIT_OBJECTIVES[config.objective]
   vectors = config.student.word_vectors and start is None
   if not teacher_runs and (objective.from_teacher or not (vectors or start)):
     raise UserError(
@@ -104,7 +104,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   if start is not None:
     tokenizer, embedding_table, encoder_config, init_body = start.tokenizer, None, start.encoder_config, None
   else:
-    tokenizer, embedding_table = _vocabulary(config.student, vectors, tasks, train_examples, teacher_runs, config.seed)
+    tokenizer, embedding_table = _vocabulary(config, vectors, tasks, train_examples, teacher_runs)
     encoder_config, init_body = _transformer_body(config.student, teacher_runs) if joint else (None, None)
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
   augmenting = config.augment.enabled and objective.from_teacher
@@ -133,10 +133,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     student=config.student.to_dict(),
     vocab_size=len(tokenizer),
   )
-  return assemble_multitask_run(
-    config,
-    workdir,
-    mesh,
+  spec = MultiTaskSpec(
     tasks=tasks,
     tokenizer=tokenizer,
     model=model,
@@ -150,6 +147,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     summary={"tasks": [t.name for t in tasks], "student": kind, "objective": config.objective},
     desc=f"distill {config.tasks} -> {kind}",
   )
+  return assemble_multitask_run(config, workdir, mesh, spec)
 
 
 def _init_params(model, dummy: dict, start, init_body, embedding_table, rng):
@@ -168,11 +166,13 @@ def _init_params(model, dummy: dict, start, init_body, embedding_table, rng):
   return params
 
 
-def _vocabulary(student, vectors: bool, tasks, train_examples: dict, teacher_runs: list, seed: int):
-  """(tokenizer, word-vector table or None) of a new student (the `student` block): the words of
-  its vectors file, the encoder a Transformer starts from, or the first teacher's WordPiece."""
+def _vocabulary(config, vectors: bool, tasks, train_examples: dict, teacher_runs: list):
+  """(tokenizer, word-vector table or None) of a new student (the config's `student` block): the
+  words of its vectors file (the table's rows for words it lacks drawn from the run's seed), the
+  encoder a Transformer starts from, or the first teacher's WordPiece."""
+  student = config.student
   if vectors:
-    return _word_tokenizer(student, tasks, train_examples, seed)
+    return _word_tokenizer(student, tasks, train_examples, config.seed)
   if student_kind(student.kind).joint and student.init:  # the vocabulary its embeddings were trained on
     return runs.load_tokenizer_of(student.init, "student.init"), None
   return runs.load_tokenizer_of(teacher_runs[0]), None

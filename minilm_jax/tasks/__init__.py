@@ -3,7 +3,9 @@
 `TASKS` is the registry: each task module contributes its own `TASKS` entries (GLUE and XNLI in
 `glue`, SQuAD and MLQA in `squad`, the WordNet tasks in `wordnet`, sentence sentiment in `vader`,
 the sequence-to-sequence tasks in `seq2seq`); `custom` builds a task from a config's `data.*`
-fields. A new task of an existing kind is one entry in its module's `TASKS`.
+fields. What they share: the inputs a sentence(-pair) task's model reads and the tasks and data
+folders of a config's comma lists (`inputs`), the metrics (`metrics`; BLEU, ROUGE and METEOR in
+`generation_metrics`). A new task of an existing kind is one entry in its module's `TASKS`.
 """
 
 from minilm_jax.errors import UserError

@@ -10,7 +10,9 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import Any, Protocol
 
 import jax
 from flax import traverse_util
@@ -258,40 +260,69 @@ def _check_finite(pending: list, checkpoints):
   return rows[-1][1] if rows else None
 
 
-def train_loop(
-  state,
-  next_batch: int,
-  *,
-  step_fn,
-  stream,
-  mesh,
-  num_steps: int,
-  checkpoints,
-  record: RunRecord,
-  workdir: str,
-  log_every: int,
-  desc: str,
-  after_step=None,
-  evaluate=None,
-):
-  """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `num_steps`, the batches
-  read from `stream` and placed on `mesh` ahead of time (`Prefetcher`).
+class LoopRun(Protocol):
+  """What `train_loop` reads of a run (a distillation, a fine-tuning, a multi-task or task
+  distillation run, the benchmark's train program): properties, so that a frozen dataclass's
+  fields and a run's derived values satisfy them alike."""
+
+  @property
+  def config(self) -> Any:
+    """The program's config: its `log_every`."""
+
+  @property
+  def workdir(self) -> str: ...
+
+  @property
+  def mesh(self) -> Any: ...
+
+  @property
+  def stream(self) -> Any:
+    """A resumable batch stream (`data.corpus.BatchStream`)."""
+
+  @property
+  def num_steps(self) -> int: ...
+
+  @property
+  def checkpoints(self) -> Any:
+    """`runs.RunCheckpoints`, or a stand-in that saves nothing."""
+
+  def record(self) -> RunRecord:
+    """What the run is, saved with each checkpoint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopHooks:
+  """What a run adds to the loop beside its step: the progress bar's caption; `after_step(done,
+  state) -> dict`, metrics to add (an evaluation at an epoch end); `evaluate(step, state) -> dict`
+  (the distillation's evaluators), run at step 0 of a fresh run and after every step, its metrics
+  ({} when none is due) logged at that step and given to the checkpoint saved there (a step that
+  scores the metric that picks the best step is saved)."""
+
+  desc: str
+  after_step: Callable[[int, Any], dict] | None = None
+  evaluate: Callable[[int, Any], dict] | None = None
+
+
+def train_loop(run: LoopRun, state, next_batch: int, step_fn, hooks: LoopHooks):
+  """Runs `state, metrics = step_fn(state, batch)` from `state.step` to `run.num_steps`, the
+  batches read from `run.stream` and placed on `run.mesh` ahead of time (`Prefetcher`), logged
+  every `run.config.log_every` steps into `run.workdir` and saved by `run.checkpoints` with
+  `run.record()`, with what `hooks` add.
 
   Nothing is read back from the devices between log steps: the step skips a non-finite update on
   the device (`train_state.guarded_update`), and the loop checks those flags at every log step,
-  before every save and at the end. `after_step(done, state) -> dict` may add metrics (an evaluation
-  at an epoch end). `evaluate(step, state) -> dict` (the distillation's evaluators) runs at step 0
-  of a fresh run and after every step, its metrics ({} when none is due) logged at that step and
-  given to the checkpoint saved there (a step that scores the metric that picks the best step is
-  saved). Returns the last state.
+  before every save and at the end. Returns the last state.
   """
+  stream, mesh, num_steps, checkpoints = run.stream, run.mesh, run.num_steps, run.checkpoints
+  record, workdir, log_every = run.record(), run.workdir, run.config.log_every
+  after_step, evaluate = hooks.after_step, hooks.evaluate
   start = int(host_scalars(state.step))
   fresh = checkpoints.latest_step() is None
   # Afresh, whatever an attempt killed before its first checkpoint logged goes (its step 0 too).
   writer = MetricWriter(workdir, -1 if fresh else start)
   saved_start = False
   if start == 0 and evaluate is not None and fresh:
-    saved_start = _evaluate_start(state, next_batch, evaluate, writer, checkpoints, record, num_steps)
+    saved_start = _evaluate_start(run, state, next_batch, evaluate, writer)
   if start >= num_steps:
     if not saved_start and checkpoints.latest_step() is None:
       # num_steps 0: write the initial state (an ETD-extracted student, say) as the run's step-0 checkpoint.
@@ -304,7 +335,7 @@ def train_loop(
     stream, next_batch, next_batch + max(num_steps - start, 0), partial(parallel.shard_batch, mesh=mesh)
   )
   window, pending = _Window(), []
-  bar = tqdm(total=num_steps, initial=start, desc=desc, unit="step", disable=jax.process_index() != 0)
+  bar = tqdm(total=num_steps, initial=start, desc=hooks.desc, unit="step", disable=jax.process_index() != 0)
   try:
     for step in range(start, num_steps):
       batch, tokens = prefetcher.next()
@@ -340,13 +371,13 @@ def train_loop(
   return state
 
 
-def _evaluate_start(state, next_batch: int, evaluate, writer, checkpoints, record, num_steps: int) -> bool:
+def _evaluate_start(run: LoopRun, state, next_batch: int, evaluate, writer) -> bool:
   """A fresh run's evaluators at step 0, logged; the start saved as step 0 when it ranks (or is the
   whole run). Whether it was saved."""
   scores = evaluate(0, state)
   writer.write(0, scores)
-  if checkpoints.ranks(scores) or num_steps == 0:
-    checkpoints.save(0, state, {"next_batch": next_batch}, record, scores)
+  if run.checkpoints.ranks(scores) or run.num_steps == 0:
+    run.checkpoints.save(0, state, {"next_batch": next_batch}, run.record(), scores)
     return True
   return False
 

@@ -1,5 +1,5 @@
 """Task-distillation objectives of the thesis (section 3.2), each averaged over the batch: a
-registry, `OBJECTIVES[name]`: its loss `(task, student_logits_BxC, batch, temperature)`, the batch
+registry, `LOGIT_OBJECTIVES[name]`: its loss `(task, student_logits_BxC, batch, temperature)`, the batch
 column it compares the student with, and what that asks of a run.
 
 - "mse" (the thesis's choice, eq. 3.4): squared L2 distance between teacher and student logits.
@@ -46,7 +46,7 @@ class TaskObjective:
     return "teacher_logits" if self.from_teacher else "label"
 
 
-OBJECTIVES = {
+LOGIT_OBJECTIVES = {
   "mse": TaskObjective(_logit_mse, from_teacher=True),
   "soft_ce": TaskObjective(_soft_cross_entropy, from_teacher=True, classes_only=True),
   "hard": TaskObjective(_hard_labels, from_teacher=False),
@@ -55,13 +55,13 @@ OBJECTIVES = {
 
 def check_objective(objective: str, num_labels: int, task: str) -> TaskObjective:
   """The registered objective, checked against a task's labels."""
-  if objective not in OBJECTIVES:
-    raise UserError(f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}")
-  if OBJECTIVES[objective].classes_only and num_labels == 1:
+  if objective not in LOGIT_OBJECTIVES:
+    raise UserError(f"objective={objective!r} is not one of {', '.join(LOGIT_OBJECTIVES)}")
+  if LOGIT_OBJECTIVES[objective].classes_only and num_labels == 1:
     raise UserError(f"objective {objective!r} needs class probabilities, but {task} is a regression task: use 'mse'")
-  return OBJECTIVES[objective]
+  return LOGIT_OBJECTIVES[objective]
 
 
 def task_loss(objective: str, task, student_BxC, batch, temperature: float = 1.0):
   """`objective` on a batch holding `teacher_logits` (distillation) or `label` ("hard")."""
-  return OBJECTIVES[objective].loss(task, student_BxC, batch, temperature)
+  return LOGIT_OBJECTIVES[objective].loss(task, student_BxC, batch, temperature)

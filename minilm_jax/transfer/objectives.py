@@ -10,7 +10,7 @@ on BERT-masked inputs (`mlm_head`), every layer of both models (`whole_models`) 
 configured pair, or several layer pairs (`layer_pairs`). The trainer reads only those
 declarations (`Objective`): it has no objective-specific code.
 
-- "minilm": relation KLs of one teacher layer and one student layer (`losses.minilm_loss`).
+- "minilm": relation KLs of one teacher layer and one student layer (`relations.minilm_loss`).
 - "layer_to_layer": the same relation KLs at several layer pairs of TinyBERT's uniform mapping
   (student layer m <- teacher layer m * L / M), transferred to the student's last layer, last two,
   first and last, or all layers (MiniLM supplementary table 8).
@@ -52,7 +52,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import embeddings, layout
 from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
 from minilm_jax.models.heads import LMHead
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 
 LAYER_MAPS = ("last", "last_two", "first_and_last", "all")
 
@@ -85,9 +85,11 @@ def masked_mse(student_BxLxD, teacher_BxLxD, mask_BxL):
   return jnp.sum(sq) / (jnp.maximum(jnp.sum(mask), 1.0) * teacher_BxLxD.shape[-1])
 
 
-def mlm_mask(rng, ids_BxL, mask_BxL, special_ids, mask_id: int, vocab_size: int):
-  """BERT's masking on device: 15% of real, non-special tokens are predicted; 80% of those become
-  [MASK], 10% a random token, 10% stay. Returns (masked ids, float weights of predicted positions)."""
+def mlm_mask(rng, ids_BxL, mask_BxL, masking: tuple, vocab_size: int):
+  """BERT's masking on device, `masking` the tokenizer's (special ids, mask id): 15% of real,
+  non-special tokens are predicted; 80% of those become [MASK], 10% a random token, 10% stay.
+  Returns (masked ids, float weights of predicted positions)."""
+  special_ids, mask_id = masking
   k_choose, k_roll, k_random = jax.random.split(rng, 3)
   candidates = mask_BxL.astype(bool) & ~jnp.isin(ids_BxL, jnp.asarray(special_ids))
   chosen = jax.random.bernoulli(k_choose, 0.15, ids_BxL.shape) & candidates
@@ -147,14 +149,14 @@ class Needs:
   embedding_term: bool = False  # the sentence-embedding term is the objective (weight 1 unless set)
 
 
-REGISTRY: dict = {}
+DISTILLATION_OBJECTIVES: dict = {}
 
 
 def register(name: str, **needs):
   """Decorator: adds `fn(objective, teacher, student, batch, projection) -> terms` as `loss.objective=name`."""
 
   def add(fn):
-    REGISTRY[name] = (fn, Needs(**needs))
+    DISTILLATION_OBJECTIVES[name] = (fn, Needs(**needs))
     return fn
 
   return add
@@ -165,11 +167,9 @@ def _pair(objective):
   return s, t
 
 
-def _hidden_mse(objective, projection, teacher, student, s: int, t: int, mask_BxL):
-  """MSE of student layer s's hidden states (through W_h when the widths differ) against teacher layer t's."""
-  return masked_mse(
-    objective.project(projection, "hidden", student.layers[s].hidden), teacher.layers[t].hidden, mask_BxL
-  )
+def _hidden_mse(objective, projection, teacher_layer, student_layer, mask_BxL):
+  """MSE of a student layer's hidden states (through W_h when the widths differ) against a teacher layer's."""
+  return masked_mse(objective.project(projection, "hidden", student_layer.hidden), teacher_layer.hidden, mask_BxL)
 
 
 def _configured_pairs(loss_config, teacher_layers: int, student_layers: int) -> list:
@@ -182,7 +182,7 @@ def relation_kls(objective, teacher, student, batch, projection) -> dict:
   """The relation KLs at every layer pair (MiniLM: one pair; layer-to-layer: `@<student layer>` each)."""
   terms = {}
   for s, t in objective.pairs:
-    pair = losses.minilm_loss(
+    pair = relations.minilm_loss(
       teacher.layers[t],
       student.layers[s],
       batch["attention_mask"],
@@ -196,7 +196,7 @@ def relation_kls(objective, teacher, student, batch, projection) -> dict:
 
 
 def _attention_kl(objective, teacher_layer, student_layer, mask_BxL) -> dict:
-  return losses.minilm_loss(
+  return relations.minilm_loss(
     teacher_layer, student_layer, mask_BxL, ("qk",), objective.num_relation_heads, objective.query_chunk
   )
 
@@ -215,7 +215,7 @@ def value_mse(objective, teacher, student, batch, projection) -> dict:
 def hidden_mse(objective, teacher, student, batch, projection) -> dict:
   s, t = _pair(objective)
   mask = batch["attention_mask"]
-  hidden = _hidden_mse(objective, projection, teacher, student, s, t, mask)
+  hidden = _hidden_mse(objective, projection, teacher.layers[t], student.layers[s], mask)
   return {**_attention_kl(objective, teacher.layers[t], student.layers[s], mask), "hidden_mse": hidden}
 
 
@@ -225,7 +225,7 @@ def tinybert(objective, teacher, student, batch, projection) -> dict:
   mask = batch["attention_mask"]
   return {
     "attention_mse": attention_score_mse(teacher.layers[t], student.layers[s], mask),
-    "hidden_mse": _hidden_mse(objective, projection, teacher, student, s, t, mask),
+    "hidden_mse": _hidden_mse(objective, projection, teacher.layers[t], student.layers[s], mask),
   }
 
 
@@ -243,7 +243,7 @@ def tinybert_layerwise(objective, teacher, student, batch, projection) -> dict:
   }
   for s, t in objective.pairs:
     terms[f"attention_mse@{s}"] = attention_score_mse(teacher.layers[t], student.layers[s], mask)
-    terms[f"hidden_mse@{s}"] = _hidden_mse(objective, projection, teacher, student, s, t, mask)
+    terms[f"hidden_mse@{s}"] = _hidden_mse(objective, projection, teacher.layers[t], student.layers[s], mask)
   return terms
 
 
@@ -253,7 +253,7 @@ def hidden_states(objective, teacher, student, batch, projection) -> dict:
   terms = {}
   for s, t in objective.pairs:
     suffix = "" if len(objective.pairs) == 1 else f"@{s}"
-    terms[f"hidden_mse{suffix}"] = _hidden_mse(objective, projection, teacher, student, s, t, mask)
+    terms[f"hidden_mse{suffix}"] = _hidden_mse(objective, projection, teacher.layers[t], student.layers[s], mask)
   return terms
 
 
@@ -288,7 +288,7 @@ class Objective:
 
   @property
   def needs(self) -> Needs:
-    return REGISTRY[self.name][1]
+    return DISTILLATION_OBJECTIVES[self.name][1]
 
   @property
   def whole_models(self) -> bool:
@@ -333,14 +333,13 @@ class Objective:
     """The batch both models read: BERT-masked (with `mlm_weights`) for objectives on masked-LM heads."""
     if not self.needs.mlm_head:
       return batch
-    ids, weights = mlm_mask(
-      rng, batch["input_ids"], batch["attention_mask"], self.masking[0], self.masking[1], vocab_size
-    )
+    ids, weights = mlm_mask(rng, batch["input_ids"], batch["attention_mask"], self.masking, vocab_size)
     return {**batch, "input_ids": ids, "mlm_weights": weights}
 
-  def outputs(self, model: Encoder, params, batch: dict, num_layers: int, deterministic=True, rngs=None) -> Outputs:
+  def outputs(self, model: Encoder, params, batch: dict, num_layers: int, rngs=None) -> Outputs:
     """What this objective reads of `model` (the teacher or the student) on `batch`. `params` are the
-    encoder's, with the masked-LM head's under "mlm_head" when the objective runs it."""
+    encoder's, with the masked-LM head's under "mlm_head" when the objective runs it; with `rngs`
+    (dropout's) the model runs in training mode."""
     out = cast(  # flax types apply's result as (output, variables) | output
       EncoderOutput,
       model.apply(
@@ -348,7 +347,7 @@ class Objective:
         batch["input_ids"],
         batch["attention_mask"],
         batch["token_type_ids"],
-        deterministic=deterministic,
+        deterministic=rngs is None,
         rngs=rngs,
         num_layers=num_layers,
       ),
@@ -360,18 +359,16 @@ class Objective:
       )
     return Outputs(out.layers, logits, out.embeddings)
 
-  def student_terms(
-    self, student: Encoder, params, teacher: Outputs, batch: dict, deterministic=True, rngs=None
-  ) -> dict:
+  def student_terms(self, student: Encoder, params, teacher: Outputs, batch: dict, rngs=None) -> dict:
     """The loss terms of student `params` (its encoder's, plus what it learns besides) against the
     teacher's outputs: what the train step differentiates."""
-    student_out = self.outputs(student, params, batch, self.student_layers_needed, deterministic, rngs)
+    student_out = self.outputs(student, params, batch, self.student_layers_needed, rngs)
     return self(teacher, student_out, batch, params.get("projection", {}))
 
   def __call__(self, teacher: Outputs, student: Outputs, batch: dict, projection) -> dict:
     """Loss terms by name; the loss is their sum."""
     teacher = jax.lax.stop_gradient(teacher)
-    terms = REGISTRY[self.name][0](self, teacher, student, batch, projection)
+    terms = DISTILLATION_OBJECTIVES[self.name][0](self, teacher, student, batch, projection)
     if self.embedding_weight > 0:
       mask = batch["attention_mask"]
       t_embedding = embeddings.sentence_embeddings(teacher.layers[-1].hidden, mask, self.pooling)
@@ -407,7 +404,7 @@ def loss_config() -> ml_collections.ConfigDict:
 def uses_embedding_term(loss_config) -> bool:
   """Whether the configured objective includes the sentence-embedding term (and so needs a teacher
   whose pooling it can reproduce)."""
-  registered = REGISTRY.get(loss_config.objective)
+  registered = DISTILLATION_OBJECTIVES.get(loss_config.objective)
   return loss_config.embedding_weight > 0 or (registered is not None and registered[1].embedding_term)
 
 
@@ -423,9 +420,9 @@ def make_objective(
   """The config's objective; `pooling` is the teacher's sentence-embedding pipeline, `masking` the
   tokenizer's (special ids, [MASK] id) for objectives on BERT-masked inputs."""
   name = loss_config.objective
-  if name not in REGISTRY:
-    raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(REGISTRY)}")
-  needs = REGISTRY[name][1]
+  if name not in DISTILLATION_OBJECTIVES:
+    raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(DISTILLATION_OBJECTIVES)}")
+  needs = DISTILLATION_OBJECTIVES[name][1]
   weight = loss_config.embedding_weight
   if needs.embedding_term and weight == 0:  # the term alone: its weight only scales the learning rate
     weight = 1.0
@@ -445,7 +442,7 @@ def make_objective(
   return Objective(
     name=name,
     pairs=tuple(pairs),
-    relations=losses.parse_relations(loss_config.relations),
+    relations=relations.parse_relations(loss_config.relations),
     num_relation_heads=loss_config.num_relation_heads,
     query_chunk=loss_config.query_chunk,
     teacher_width=teacher_config.hidden_size,

@@ -7,7 +7,7 @@ import pytest
 
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import LayerOutput
-from minilm_jax.transfer import losses
+from minilm_jax.transfer import relations
 
 
 def _np_relation(x_h_l_k, y_h_l_k, valid, num_rel):
@@ -47,7 +47,7 @@ MASK = np.array([[1] * 9, [1] * 6 + [0] * 3, [1] * 2 + [0] * 7])
 
 
 @pytest.mark.parametrize(
-  "teacher_shape,student_shape,num_rel,relations",
+  "teacher_shape,student_shape,num_rel,spec",
   [
     ((12, 8), (12, 4), 12, "minilm"),  # v1: same head count, student narrower
     ((12, 8), (6, 4), 4, "minilm"),  # relation heads differ from both head counts
@@ -55,12 +55,12 @@ MASK = np.array([[1] * 9, [1] * 6 + [0] * 3, [1] * 2 + [0] * 7])
     ((4, 6), (2, 6), 3, "qk,vv,kq"),
   ],
 )
-def test_loss_matches_numpy_reference(teacher_shape, student_shape, num_rel, relations):
+def test_loss_matches_numpy_reference(teacher_shape, student_shape, num_rel, spec):
   rng = np.random.default_rng(0)
   t = _random_layer(rng, 3, *teacher_shape[:1], 9, teacher_shape[1], scale=2.0)
   s = _random_layer(rng, 3, *student_shape[:1], 9, student_shape[1])
-  rels = losses.parse_relations(relations)
-  got = losses.minilm_loss(_layer(t), _layer(s), jnp.asarray(MASK), rels, num_rel)
+  rels = relations.parse_relations(spec)
+  got = relations.minilm_loss(_layer(t), _layer(s), jnp.asarray(MASK), rels, num_rel)
   assert set(got) == set(rels)
   for rel in rels:
     np.testing.assert_allclose(float(got[rel]), _np_loss(t, s, MASK, rel, num_rel), rtol=2e-5)
@@ -75,14 +75,14 @@ def test_qk_relation_with_head_count_is_the_attention_distribution():
   ids = jnp.asarray(np.random.default_rng(0).integers(1, 50, (3, 9)))
   out = Encoder(config).apply({"params": params}, ids, jnp.asarray(MASK), return_attention=True)
   layer = out.layers[0]
-  logp = losses.relation_log_probs(layer.q, layer.k, jnp.asarray(MASK), 4)
+  logp = relations.relation_log_probs(layer.q, layer.k, jnp.asarray(MASK), 4)
   np.testing.assert_allclose(np.exp(np.asarray(logp)), np.asarray(layer.attention), atol=1e-6)
 
 
 def test_loss_is_zero_when_student_is_teacher():
   rng = np.random.default_rng(1)
   t = _layer(_random_layer(rng, 3, 12, 9, 8))
-  for rel, value in losses.minilm_loss(t, t, jnp.asarray(MASK), ("qk", "vv", "qq"), 12).items():
+  for rel, value in relations.minilm_loss(t, t, jnp.asarray(MASK), ("qk", "vv", "qq"), 12).items():
     assert float(value) == 0.0, rel
 
 
@@ -90,11 +90,11 @@ def test_padding_does_not_change_the_loss():
   """Extra padding tokens (any values) leave the loss as it was."""
   rng = np.random.default_rng(2)
   t, s = _random_layer(rng, 1, 4, 5, 8), _random_layer(rng, 1, 4, 5, 8)
-  base = losses.minilm_loss(_layer(t), _layer(s), jnp.ones((1, 5)), ("qk", "vv"), 4)
+  base = relations.minilm_loss(_layer(t), _layer(s), jnp.ones((1, 5)), ("qk", "vv"), 4)
   pad = lambda d: {
     n: np.concatenate([x, 100 * rng.standard_normal((1, 4, 3, 8)).astype(np.float32)], 2) for n, x in d.items()
   }
-  padded = losses.minilm_loss(_layer(pad(t)), _layer(pad(s)), jnp.asarray([[1] * 5 + [0] * 3]), ("qk", "vv"), 4)
+  padded = relations.minilm_loss(_layer(pad(t)), _layer(pad(s)), jnp.asarray([[1] * 5 + [0] * 3]), ("qk", "vv"), 4)
   for rel in base:
     np.testing.assert_allclose(float(padded[rel]), float(base[rel]), rtol=1e-6)
 
@@ -105,7 +105,7 @@ def test_gradients_flow_only_into_the_student():
   mask = jnp.ones((2, 5))
 
   def total(teacher, student):
-    return sum(losses.minilm_loss(teacher, student, mask, ("qk", "vv"), 4).values())
+    return sum(relations.minilm_loss(teacher, student, mask, ("qk", "vv"), 4).values())
 
   g_teacher, g_student = jax.grad(total, argnums=(0, 1))(t, s)
   for name in "qkv":
@@ -117,7 +117,7 @@ def test_bfloat16_inputs_are_computed_in_float32():
   rng = np.random.default_rng(4)
   t, s = _random_layer(rng, 2, 4, 5, 8), _random_layer(rng, 2, 4, 5, 8)
   low = lambda d: LayerOutput(**{n: jnp.asarray(x, jnp.bfloat16) for n, x in d.items()}, attention=None, hidden=None)
-  got = losses.minilm_loss(low(t), low(s), jnp.ones((2, 5)), ("qk",), 4)["qk"]
+  got = relations.minilm_loss(low(t), low(s), jnp.ones((2, 5)), ("qk",), 4)["qk"]
   assert got.dtype == jnp.float32
   rounded = {n: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)) for n, x in t.items()}
   rounded_s = {n: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)) for n, x in s.items()}
@@ -126,9 +126,9 @@ def test_bfloat16_inputs_are_computed_in_float32():
 
 def test_bad_relation_specs_are_one_line_errors():
   with pytest.raises(UserError, match="not understood"):
-    losses.parse_relations("qx")
+    relations.parse_relations("qx")
   with pytest.raises(UserError, match="does not divide hidden size 384"):
-    losses.check_relation_heads(256, 768, 384)
+    relations.check_relation_heads(256, 768, 384)
 
 
 @pytest.mark.parametrize("query_chunk", [1, 4, 9, 16])  # 4 leaves a partial last chunk of 9 rows
@@ -139,7 +139,7 @@ def test_chunked_loss_equals_full_loss_and_gradient(query_chunk):
   mask = jnp.asarray(MASK)
 
   def total(student, chunk):
-    return sum(losses.minilm_loss(t, student, mask, ("qk", "vv", "kk"), 4, query_chunk=chunk).values())
+    return sum(relations.minilm_loss(t, student, mask, ("qk", "vv", "kk"), 4, query_chunk=chunk).values())
 
   full, full_grad = jax.value_and_grad(total)(s, 0)
   chunked, chunked_grad = jax.jit(jax.value_and_grad(total), static_argnums=1)(s, query_chunk)

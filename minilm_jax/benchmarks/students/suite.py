@@ -61,9 +61,9 @@ from typing import Any
 import numpy as np
 
 from minilm_jax import runs
-from minilm_jax.benchmarks.student_log import MeasurementLog
-from minilm_jax.benchmarks.student_scores import BASELINES, ModelScores, rank
-from minilm_jax.benchmarks.student_tasks import BenchTask, parse_tasks
+from minilm_jax.benchmarks.students.log import MeasurementLog
+from minilm_jax.benchmarks.students.scores import BASELINES, ModelScores, rank
+from minilm_jax.benchmarks.students.tasks import BenchTask, parse_tasks
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
 from minilm_jax.distill.config import base_config as distill_config

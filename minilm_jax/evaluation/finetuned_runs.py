@@ -40,8 +40,17 @@ def write_predictions(task, predictions, examples, path: str):
       f.write(f"{idx}\t{p if task.labels is None else task.labels[int(p)]}\n")
 
 
-def _run_config(workdir: str, data_dir: str):
-  """(the run's config, with `data_dir` when given; whether it is a multi-task run)."""
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """A run to evaluate: its workdir, its config (with the job's `data_dir` when given), whether it
+  is a multi-task run."""
+
+  workdir: str
+  config: ml_collections.ConfigDict
+  multi_task: bool
+
+
+def _run_config(workdir: str, data_dir: str) -> _Run:
   record = runs.read_record(workdir)
   if not record.tasks:
     raise UserError(
@@ -50,7 +59,7 @@ def _run_config(workdir: str, data_dir: str):
   config = ml_collections.ConfigDict(record.config)
   if data_dir:
     config.data_dir = data_dir
-  return config, record.multi_task
+  return _Run(workdir, config, record.multi_task)
 
 
 @dataclasses.dataclass
@@ -69,18 +78,24 @@ def _splits(task, data_dir: str) -> list:
   return list(task.eval_splits) + tests
 
 
-def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, batch_size: int, prepare: bool):
+def _read_checkpoint(run: _Run, step: int, mesh, batch_size: int, prepare: bool):
   """(params of the checkpoint, and when `prepare` the run's `_TaskEvaluation`s). A fine-tuning run
   has one task; a multi-task run (refined teacher, or LSTM/Transformer student) one per head."""
-  if multi_task:
+  workdir, config = run.workdir, run.config
+  if run.multi_task:
     model, params, tokenizer, tasks, joint = read_multitask_run(workdir, mesh, step)
     if not prepare:
       return params, None
     shardings, dirs = sharding.tree_shardings(params, mesh), task_data_dirs(tasks, config.data_dir)
+
+    def features(task, split: str):
+      examples = task.load(split, dirs[task.name], "")
+      return task_features(joint, task, examples, tokenizer, config.max_seq_length), examples
+
     evaluations = []
     for task in tasks:
       forward = partial(_apply_task, model, task.name)
-      data = {s: _features(task, s, dirs[task.name], joint, tokenizer, config) for s in _splits(task, dirs[task.name])}
+      data = {s: features(task, s) for s in _splits(task, dirs[task.name])}
       evaluations.append(
         _TaskEvaluation(
           task, Predictor(forward, mesh, shardings, batch_size, model_inputs(joint, task)), data, f"{task.name}_"
@@ -100,11 +115,6 @@ def _read_checkpoint(workdir: str, step: int, config, multi_task: bool, mesh, ba
 
 def _apply_task(model, task_name, params, batch):
   return model.apply({"params": params}, batch, task_name)
-
-
-def _features(task, split: str, data_dir: str, joint: bool, tokenizer, config):
-  examples = task.load(split, data_dir, "")
-  return task_features(joint, task, examples, tokenizer, config.max_seq_length), examples
 
 
 def evaluate_runs(
@@ -128,8 +138,8 @@ def evaluate_runs(
   rows, prepared = list[dict](), dict[str, list]()
   for workdir, step in tqdm(jobs, desc="evaluate", unit="checkpoint", disable=jax.process_index() != 0):
     # Once per run, whatever its number of checkpoints: data and compiled forwards.
-    config, multi_task = configs[workdir]
-    params, evaluations = _read_checkpoint(workdir, step, config, multi_task, mesh, batch_size, workdir not in prepared)
+    config = configs[workdir].config
+    params, evaluations = _read_checkpoint(configs[workdir], step, mesh, batch_size, workdir not in prepared)
     evaluations = prepared.setdefault(workdir, evaluations)
     target = out_dir and os.path.join(out_dir, os.path.basename(os.path.normpath(workdir)), f"step_{step}")
     if target:
