@@ -94,6 +94,12 @@ _PROFILE = flags.DEFINE_string(
   "distill: also profile each row's step (jax.profiler, a few steps) into this folder and print where its time goes.",
 )
 _PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
+_FAMILY = flags.DEFINE_bool(
+  "family",
+  False,
+  "distill: the students (--student, or the case's) distilled as one family, the teacher's pass shared, "
+  "against each alone: the measured speed-up beside its ideal from the parts' FLOPs.",
+)
 _TRAIN_STEPS = flags.DEFINE_integer(
   "train_steps",
   5,
@@ -148,16 +154,19 @@ _BATCHES = flags.DEFINE_integer(
 
 SUITES = {
   "distill": lambda: distill.run(
-    _CASE.value,
-    _REPEATS.value,
-    _DTYPE.value,
-    _TEACHER.value,
-    _STUDENT.value,
-    _BATCH.value,
-    _seq_lens(),
-    _PEERS.value,
-    _TRAIN_STEPS.value,
-    _PROFILE.value,
+    distill.Settings(
+      _CASE.value,
+      _REPEATS.value,
+      _DTYPE.value,
+      _TEACHER.value,
+      _STUDENT.value,
+      _BATCH.value,
+      _seq_lens(),
+      _PEERS.value,
+      _TRAIN_STEPS.value,
+      _PROFILE.value,
+      _FAMILY.value,
+    )
   ),
   "kernels": lambda: (kernels.tune if _TUNE.value else kernels.run)(
     _seq_lens() or [128, 512],
@@ -202,7 +211,19 @@ SUITES = {
 # The flags each suite reads (--json: every suite); one given to a suite that does not read it is
 # refused rather than ignored.
 SUITE_FLAGS = {
-  "distill": {"case", "repeats", "dtype", "teacher", "student", "batch", "seq_len", "peers", "train_steps", "profile"},
+  "distill": {
+    "case",
+    "repeats",
+    "dtype",
+    "teacher",
+    "student",
+    "batch",
+    "seq_len",
+    "peers",
+    "train_steps",
+    "profile",
+    "family",
+  },
   "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings", "tune"},
   "inference": {"batches", "dtype", "batch", "seq_len"},
   "memory": set(),

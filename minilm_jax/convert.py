@@ -30,6 +30,7 @@ _SENTENCE_TRANSFORMERS = flags.DEFINE_bool(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "With --to-hf: the run to export.")
 _STEP = flags.DEFINE_integer("step", None, "With --to-hf: the checkpoint step (default: the latest).")
+_STUDENT = flags.DEFINE_string("student", None, "With --to-hf of a family of students: the one to export, by name.")
 _OUT = flags.DEFINE_string(
   "out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf)."
 )
@@ -41,8 +42,8 @@ def main(argv):
   if bool(_FROM_HF.value) == _TO_HF.value or not _OUT.value:
     raise UserError("use either --from-hf <dir> --out <workdir> or --to-hf --workdir <workdir> --out <dir>")
   if _FROM_HF.value:
-    if _SENTENCE_TRANSFORMERS.value or _OVERWRITE.value:
-      raise UserError("--sentence-transformers and --overwrite go with --to-hf: they concern an export")
+    if _SENTENCE_TRANSFORMERS.value or _OVERWRITE.value or _STUDENT.value:
+      raise UserError("--sentence-transformers, --overwrite and --student go with --to-hf: they concern an export")
     # A run is never replaced: --from-hf has no --overwrite, so its refusal offers none.
     source = [("the Hugging Face folder", _FROM_HF.value)]
     try:
@@ -61,7 +62,7 @@ def main(argv):
   if not _WORKDIR.value:
     raise UserError("--to-hf needs --workdir <run to export>")
   with new_directory(_OUT.value, "--out", _OVERWRITE.value, [("the run", _WORKDIR.value)]) as staging:
-    config, head = runs.export_run(_WORKDIR.value, staging, _STEP.value, _SENTENCE_TRANSFORMERS.value)
+    config, head = runs.export_run(_WORKDIR.value, staging, _STEP.value, _SENTENCE_TRANSFORMERS.value, _STUDENT.value)
   kind = (
     "sentence-transformers encoder"
     if _SENTENCE_TRANSFORMERS.value

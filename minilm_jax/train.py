@@ -1,13 +1,15 @@
 """Task-agnostic distillation:
 `python -m minilm_jax.train --config configs/<file>.py --workdir <dir> [--config.<field>=<value>]`.
 
-Rerunning the same command with the same workdir resumes from the latest complete checkpoint.
+Rerunning the same command with the same workdir resumes from the latest complete checkpoint. A
+config with a `family` of students distils them all from one teacher pass a batch (`distill.family`).
 """
 
 from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.cli.program import run_program
+from minilm_jax.distill.family import build_family, is_family
 from minilm_jax.distill.trainer import build_distillation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
@@ -17,7 +19,8 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
-  build_distillation(_CONFIG.value, _WORKDIR.value).run()
+  config = _CONFIG.value
+  (build_family if is_family(config) else build_distillation)(config, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 
 from conftest import VADER_EXCERPT, WORDNET_EXCERPT
 from minilm_jax import runs
-from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed
+from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
 from minilm_jax.distill.trainer import init_state, make_train_step
 from minilm_jax.errors import UserError
@@ -41,8 +41,8 @@ def test_reference_loss_is_ours():
   )
   merged = lambda d, n: torch.tensor(np.asarray(merge_heads(jnp.asarray(d[n]))))  # what the hooks capture
   m = torch.tensor(mask).bool()
-  qk = distill._torch_relation_kl((merged(t, "q"), merged(t, "k")), (merged(s, "q"), merged(s, "k")), m, 12)
-  vv = distill._torch_relation_kl((merged(t, "v"), merged(t, "v")), (merged(s, "v"), merged(s, "v")), m, 12)
+  qk = torch_peer.relation_kl((merged(t, "q"), merged(t, "k")), (merged(s, "q"), merged(s, "k")), m, 12)
+  vv = torch_peer.relation_kl((merged(t, "v"), merged(t, "v")), (merged(s, "v"), merged(s, "v")), m, 12)
   np.testing.assert_allclose(qk.item(), float(ours["qk"]), rtol=1e-5)
   np.testing.assert_allclose(vv.item(), float(ours["vv"]), rtol=1e-5)
 
@@ -118,7 +118,9 @@ def test_bench_distill_paper_case_at_tiny_sizes():
   """The `paper` case's code path (ours bare and through the train program, both PyTorch peers)
   with a tiny teacher and student, on CPU: every column filled, MFU only where a peak is known."""
   rows = distill.run(
-    case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[8], train_steps=2
+    distill.Settings(
+      case="paper", repeats=1, teacher="2x64x4", students=["1x32x4"], batch_size=4, seq_lens=[8], train_steps=2
+    )
   )
   assert [(r["student"], r["seq_len"], r["batch"]) for r in rows] == [("1x32x4", 8, 4)]
   for row in rows:
@@ -206,7 +208,7 @@ def test_bench_bad_shapes_are_one_line_errors():
     ({"case": "huge"}, "unknown distill case"),
   ):
     with pytest.raises(UserError, match=message):
-      distill.run(**kwargs)
+      distill.run(distill.Settings(**kwargs))
 
 
 @pytest.mark.parametrize(
@@ -572,7 +574,7 @@ def test_bench_distill_profiles_where_the_step_time_goes(tmp_path):
   from minilm_jax.benchmarks import profile
 
   out = tmp_path / "profiles"
-  distill.run("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out))
+  distill.run(distill.Settings("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out)))
   table = json.loads((out / "2x32_32" / "parts.json").read_text())
   assert [r["part"] for r in table] == list(profile.PARTS) * distill.PROFILED_STEPS
   assert {r["step"] for r in table} == set(range(distill.PROFILED_STEPS))
@@ -583,7 +585,7 @@ def test_bench_distill_profiles_where_the_step_time_goes(tmp_path):
     assert part["optimizer update"]["ms"] > 0 and 0 <= part["idle"]["share"] < 1
   assert glob.glob(str(out / "2x32_32" / "plugins" / "profile" / "*" / "*.trace.json.gz"))
   with pytest.raises(UserError, match="--profile .* already holds"):
-    distill.run("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out))
+    distill.run(distill.Settings("cpu", 1, "float32", "2x64", ["2x32"], 4, [32], [], 0, str(out)))
 
 
 def test_the_profile_parts_follow_the_name_stack_and_the_kernels():

@@ -206,8 +206,16 @@ def _config_cases():
   "path,variant", _config_cases(), ids=lambda x: os.path.basename(x) if x and "/" in x else str(x)
 )
 def test_every_config_builds(path, variant):
+  """Each config's student (each student of a family config) fits a teacher of the paper's shape."""
+  from minilm_jax.distill.family import is_family, member_configs
+
   module = load_config_module(path)
   config = module.get_config() if variant is None else module.get_config(variant)
+  for student in member_configs(config).values() if is_family(config) else [config]:
+    _check_builds(student)
+
+
+def _check_builds(config):
   student = student_config(config)
   shapes = abstract_params(student)
   assert shapes["layer_0"]["attention"]["query"]["kernel"].shape == (config.student.hidden_size,) * 2

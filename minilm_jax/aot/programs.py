@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.distill import trainer
+from minilm_jax.distill.family import fresh_state, is_family, member_configs
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import run as finetuning
@@ -118,10 +119,21 @@ def train(config, devices, model_shape: str = "") -> Program:
   mesh = parallel.make_mesh(-1, 1, devices)
   tokenizer = _tokenizer(config.teacher.path)
   masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
-  pooling = Pooling(max_seq_length=config.data.max_seq_length)
-  if os.path.isdir(config.teacher.path):  # a hub name is never looked up: offline, mean pooling stands in
-    pooling = trainer.teacher_pooling(config)
-  step = trainer.build_step(config, teacher_config, mesh, masking, pooling)
+
+  def pooling(c):
+    if os.path.isdir(config.teacher.path):  # a hub name is never looked up: offline, mean pooling stands in
+      return trainer.teacher_pooling(c)
+    return Pooling(max_seq_length=config.data.max_seq_length)
+
+  # A family (`distill.family`): every student's step, trained together by the family's.
+  members = member_configs(config) if is_family(config) else {"": config}
+  steps = {n: trainer.build_step(c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
+  step = next(iter(steps.values()))
+  train_step, state = step.train_step, step.abstract_state()
+  if is_family(config):
+    learners = {n: trainer.Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
+    train_step = trainer.make_family_step(step.teacher, learners, mesh, config.optimizer.accumulate_steps)
+    state = jax.eval_shape(partial(fresh_state, steps), jax.random.key(0), {})
   replicated = parallel.replicated(mesh)
   teacher = abstract_params(teacher_config)
   if step.objective.needs.mlm_head:
@@ -135,14 +147,14 @@ def train(config, devices, model_shape: str = "") -> Program:
     }
   batch, length = config.batch_size, config.data.max_seq_length
   args = (
-    parallel.placed(step.abstract_state(), replicated),
+    parallel.placed(state, replicated),
     _inputs(mesh, batch, length),
     parallel.placed(teacher, replicated),
     _rng(mesh),
   )
   flops = None
   objective = step.objective
-  if objective.name == "minilm" and len(objective.pairs) == 1 and objective.embedding_weight == 0:
+  if objective.name == "minilm" and len(objective.pairs) == 1 and objective.embedding_weight == 0 and len(steps) == 1:
     student_layer, teacher_layer = objective.pairs[0]
     per_token = distill_flops_per_token(
       LossLayer(teacher_config, teacher_layer),
@@ -151,7 +163,7 @@ def train(config, devices, model_shape: str = "") -> Program:
       len(objective.relations),
     ) + _rematerialised_scores_flops_per_token(step.student.config, student_layer, length)
     flops = float(per_token) * batch * length
-  return Program("train", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
+  return Program("train", train_step, args, batch * length, flops, "batch_size", batch, mesh)
 
 
 def _finetuning_step(config, devices, model_shape: str):

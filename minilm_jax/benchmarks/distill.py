@@ -16,7 +16,6 @@ GPUs and TPUs, the device's measured peak (`memory_stats`); the peers' `torch.cu
 (CUDA only).
 """
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -29,13 +28,14 @@ import datasets
 import jax
 import numpy as np
 
-from minilm_jax.benchmarks import profile
+from minilm_jax.benchmarks import profile, torch_peer
 from minilm_jax.cli.outputs import check_new_directory, check_writable, write_json
 from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.devices.timing import block, median_seconds, peak_flops
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill.trainer import build_step, init_state
+from minilm_jax.distill.family import fresh_state
+from minilm_jax.distill.trainer import Learner, build_step, init_state, make_family_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
@@ -132,12 +132,15 @@ class _OurStep:
       partial(init_state, built.student, built.tx, built.objective), out_shardings=parallel.replicated(self.mesh)
     )
     self.state = self.init(jax.random.key(0))
-    params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
-    self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
-    self.rng = jax.random.key(2)
+    self._place_teacher(teacher_config, teacher_params)
 
   def __call__(self, state, batch):
     return self.step(state, batch, self.teacher_params, self.rng)
+
+  def _place_teacher(self, teacher_config, teacher_params):
+    params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
+    self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
+    self.rng = jax.random.key(2)
 
   def bare_seconds(self, batch, repeats):
     batch = parallel.shard_batch(batch, self.mesh)
@@ -193,6 +196,20 @@ class _OurStep:
     return rows[-1]["step_time_s"]
 
 
+class _FamilyStep(_OurStep):
+  """The `train` program's step of a family (`distill.family`: the teacher once a batch, each
+  student's update) over the measurements' students, on one device, timed as `_OurStep` is."""
+
+  def __init__(self, teacher_config, teacher_params, configs: dict):
+    self.mesh = parallel.make_mesh(1)
+    steps = {n: build_step(c, teacher_config, self.mesh, masking=(), pooling=Pooling()) for n, c in configs.items()}
+    learners = {n: Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
+    self.step = make_family_step(next(iter(steps.values())).teacher, learners, self.mesh)
+    init = jax.jit(partial(fresh_state, steps), out_shardings=parallel.replicated(self.mesh))
+    self.state = init(jax.random.key(0), {})
+    self._place_teacher(teacher_config, teacher_params)
+
+
 def device_peak_bytes() -> int | None:
   """The first device's peak bytes in use in this process so far (GPUs and TPUs; None on CPUs).
   JAX cannot reset it, so it is one step's real peak only for the first row a process measures,
@@ -245,170 +262,133 @@ class _NoCheckpoints:
     pass
 
 
-def _torch_relation_kl(teacher_xy, student_xy, mask, num_heads):
-  """MiniLM's relation KL in PyTorch, of the teacher's (x, y) relation against the student's."""
-  import torch
-
-  def log_probs(x, y):
-    b, l, h = x.shape
-    x = x.view(b, l, num_heads, h // num_heads).transpose(1, 2)
-    y = y.view(b, l, num_heads, h // num_heads).transpose(1, 2)
-    scores = (x.float() @ y.float().transpose(-1, -2)) / math.sqrt(h // num_heads)
-    return torch.log_softmax(scores.masked_fill(~mask[:, None, None, :], -1e9), dim=-1)
-
-  t, s = log_probs(*teacher_xy), log_probs(*student_xy)
-  p = t.exp()
-  kl = torch.where(p > 0, p * (t - s), torch.zeros_like(p)).sum(-1)
-  real = mask.float()
-  return ((kl * real[:, None, :]).sum((1, 2)) / (num_heads * real.sum(-1))).mean()
-
-
-def _torch_step(m: Measurement, batch, compiled: bool):
-  """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
-  import torch
-  import transformers
-
-  device = "cuda" if torch.cuda.is_available() else "cpu"
-
-  def bert(c):
-    return transformers.BertConfig(
-      vocab_size=c.vocab_size,
-      hidden_size=c.hidden_size,
-      num_hidden_layers=c.num_layers,
-      num_attention_heads=c.num_heads,
-      intermediate_size=c.intermediate_size,
-      max_position_embeddings=c.max_position_embeddings,
-      attn_implementation="sdpa",
-    )
-
-  teacher = transformers.BertModel(bert(m.teacher_config)).eval().to(device)
-  student = transformers.BertModel(bert(m.student_config)).train().to(device)
-  captured: dict[str, Any] = {}
-
-  def capture(model, prefix):
-    attention = model.encoder.layer[-1].attention.self
-    for name in ("query", "key", "value"):
-      getattr(attention, name).register_forward_hook(lambda m, i, o, key=prefix + name: captured.__setitem__(key, o))
-
-  capture(teacher, "t_")
-  capture(student, "s_")
-  optimizer = torch.optim.AdamW(
-    student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, fused=device == "cuda"
-  )
-  inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
-  mask = inputs["attention_mask"].bool()
-  autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if m.dtype == "bfloat16" else contextlib.nullcontext
-  num_relation_heads = m.num_relation_heads
-
-  def loss_of(inputs, mask):
-    with autocast():
-      with torch.no_grad():
-        teacher(**inputs)
-      student(**inputs)
-    # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
-    t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
-    s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
-    return sum(
-      _torch_relation_kl((t[x], t[y]), (s[x], s[y]), mask, num_relation_heads)
-      for x, y in (("query", "key"), ("value", "value"))
-    )
-
-  loss_fn = torch.compile(loss_of) if compiled else loss_of
-
-  def run():
-    loss = loss_fn(inputs, mask)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    if device == "cuda":
-      torch.cuda.synchronize()
-
-  return run, device
-
-
-def _torch_seconds(m: Measurement, batch, compiled: bool, repeats: int):
-  import torch
-
-  run, device = _torch_step(m, batch, compiled)
-  if device == "cuda":
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-  seconds = median_seconds(run, repeats)
-  peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-  del run
-  if device == "cuda":
-    torch.cuda.empty_cache()
-  return seconds, peak
-
-
 def _gib(n):
   return None if n is None else n / 2**30
 
 
-def run(
-  case: str = "cpu",
-  repeats: int = 3,
-  dtype: str = "float32",
-  teacher: str | None = None,
-  students=None,
-  batch_size: int | None = None,
-  seq_lens=None,
-  peers=PEERS,
-  train_steps: int = 5,
-  profile_dir: str = "",
-):
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What `bench distill` measures (its flags): the case, or the teacher, students, batch and
+  lengths that replace the case's; the dtype and repeats; the PyTorch peers and the train program's
+  steps; a folder for the steps' profiles; `family`: the students as one family against each alone."""
+
+  case: str = "cpu"
+  repeats: int = 3
+  dtype: str = "float32"
+  teacher: str | None = None
+  students: Any = None
+  batch_size: int | None = None
+  seq_lens: Any = None
+  peers: Any = PEERS
+  train_steps: int = 5
+  profile_dir: str = ""
+  family: bool = False
+
+
+def run(settings: Settings = Settings()):
   """One row per (teacher, student, length) of `case`, each override replacing the case's value.
   The relations have the teacher's head count (12 for the paper's shapes) where it divides the
   student's width. With `profile_dir`, each row's step is also profiled (`profile.PROFILED_STEPS`
   steps, their traces in `<profile_dir>/<student>_<length>/`), its table printed and written there
-  as `parts.json`."""
-  if case not in CASES:
-    raise UserError(f"unknown distill case {case!r}: choose one of {', '.join(CASES)}")
-  if profile_dir:  # a profile is a result: never written over or into an earlier one
-    check_new_directory(profile_dir, "--profile", overwrite=False, overwritable=False)
-    check_writable(profile_dir, "--profile")  # the trace is written after the measurement: not lost then
-  unknown = sorted(set(peers) - set(PEERS))
+  as `parts.json`. With `family`, one row per (teacher, length): the students as one family
+  (`_family_row`)."""
+  s = settings
+  if s.case not in CASES:
+    raise UserError(f"unknown distill case {s.case!r}: choose one of {', '.join(CASES)}")
+  if s.family and s.profile_dir:
+    raise UserError("--family with --profile: profile the students' steps without --family")
+  if s.profile_dir:  # a profile is a result: never written over or into an earlier one
+    check_new_directory(s.profile_dir, "--profile", overwrite=False, overwritable=False)
+    check_writable(s.profile_dir, "--profile")  # the trace is written after the measurement: not lost then
+  unknown = sorted(set(s.peers) - set(PEERS))
   if unknown:
     raise UserError(f"unknown PyTorch peers {unknown}: choose from {', '.join(PEERS)}")
-  entries = CASES[case]
-  if teacher or students:  # another model pair: one entry, the rest from the case's first
-    entries = [(teacher or entries[0][0], students or entries[0][1], *entries[0][2:])]
+  entries = CASES[s.case]
+  if s.teacher or s.students:  # another model pair: one entry, the rest from the case's first
+    entries = [(s.teacher or entries[0][0], s.students or entries[0][1], *entries[0][2:])]
   rows = []
   for case_teacher, case_students, case_batch, case_lens in entries:
-    teacher_config, teacher_params, teacher_name = load_teacher(case_teacher)
-    for student_spec in students or case_students:
-      shape = parse_shape(student_spec)
-      student_config = teacher_config.replace(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_heads=shape.num_heads,
-        intermediate_size=shape.intermediate_size,
-      )
-      num_relation_heads = teacher_config.num_heads
-      if shape.hidden_size % num_relation_heads:
-        num_relation_heads = math.gcd(teacher_config.hidden_size, shape.hidden_size)
-      for length in seq_lens or case_lens:
-        if length > teacher_config.max_position_embeddings:
-          raise UserError(
-            f"--seq_len {length} exceeds the teacher's {teacher_config.max_position_embeddings} positions"
-          )
-        n = batch_size or case_batch
-        if n < 1 or length < 2:
-          raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
-        m = Measurement(
-          teacher_config,
-          teacher_params,
-          teacher_name,
-          student_config,
-          student_spec,
-          num_relation_heads,
-          n,
-          length,
-          dtype,
-        )
-        where = os.path.join(profile_dir, f"{student_spec}_{length}") if profile_dir else ""
-        rows.append(_row(m, repeats, train_steps, peers, where))
+    teacher = load_teacher(case_teacher)
+    for length in s.seq_lens or case_lens:
+      measurements = [
+        _measurement(teacher, spec, s.batch_size or case_batch, length, s.dtype) for spec in case_students
+      ]
+      if s.family:
+        rows.append(_family_row(measurements, s.repeats))
+        continue
+      for m in measurements:
+        where = os.path.join(s.profile_dir, f"{m.student_spec}_{length}") if s.profile_dir else ""
+        rows.append(_row(m, s.repeats, s.train_steps, s.peers, where))
   return rows
+
+
+def _measurement(teacher: tuple, student_spec: str, n: int, length: int, dtype: str) -> Measurement:
+  """The measurement of the student `student_spec` of `teacher` (`load_teacher`'s) at `n` x `length`."""
+  teacher_config, teacher_params, teacher_name = teacher
+  shape = parse_shape(student_spec)
+  student_config = teacher_config.replace(
+    num_layers=shape.num_layers,
+    hidden_size=shape.hidden_size,
+    num_heads=shape.num_heads,
+    intermediate_size=shape.intermediate_size,
+  )
+  num_relation_heads = teacher_config.num_heads
+  if shape.hidden_size % num_relation_heads:
+    num_relation_heads = math.gcd(teacher_config.hidden_size, shape.hidden_size)
+  if length > teacher_config.max_position_embeddings:
+    raise UserError(f"--seq_len {length} exceeds the teacher's {teacher_config.max_position_embeddings} positions")
+  if n < 1 or length < 2:
+    raise UserError(f"--batch {n} / --seq_len {length}: use a batch of at least 1 and a length of at least 2")
+  return Measurement(
+    teacher_config, teacher_params, teacher_name, student_config, student_spec, num_relation_heads, n, length, dtype
+  )
+
+
+def family_ideal_speedup(ms: list) -> float:
+  """What a family of the measurements' students saves at best, from the parts' FLOPs
+  (`models/flops.py`): K x (teacher + student) over teacher + K x student, each student its own."""
+  teacher_part, students = 0.0, []
+  for m in ms:
+    teacher_read, student_read = (LossLayer(c, c.num_layers - 1) for c in (m.teacher_config, m.student_config))
+    parts = distill_step_flops_by_part(teacher_read, student_read, m.batch, m.length)
+    teacher_part = parts.pop("teacher forward")
+    students.append(sum(parts.values()))
+  return (len(ms) * teacher_part + sum(students)) / (teacher_part + sum(students))
+
+
+def _family_row(ms: list, repeats: int) -> dict:
+  """The measurements' students distilled as one family (`distill.family`: the teacher's pass once a
+  batch) against each distilled alone, in this process: tokens/s, the family's speed-up over the
+  separate steps' total time beside its ideal (`family_ideal_speedup`), and the memory of each."""
+  first = ms[0]
+  batch = random_batch(first.batch, first.length, first.teacher_config.vocab_size)
+  separate, separate_bytes = [], 0
+  for m in ms:
+    alone = _OurStep(m.teacher_config, m.teacher_params, step_config(m))
+    seconds, footprint, _ = alone.bare_seconds(batch, repeats)
+    separate.append(seconds)
+    separate_bytes += footprint or 0
+    del alone
+  # Named by place too: a family of one shape thrice is three students.
+  configs = {f"{i}_{m.student_spec}": step_config(m) for i, m in enumerate(ms)}
+  family = _FamilyStep(first.teacher_config, first.teacher_params, configs)
+  seconds, footprint, device_peak = family.bare_seconds(batch, repeats)
+  tokens, speedup, ideal = first.batch * first.length, sum(separate) / seconds, family_ideal_speedup(ms)
+  return {
+    "teacher": first.teacher_name,
+    "family": ",".join(m.student_spec for m in ms),
+    "batch": first.batch,
+    "seq_len": first.length,
+    "dtype": first.dtype,
+    "family_tokens_per_s": tokens / seconds,
+    "separate_tokens_per_s": tokens / sum(separate),
+    "speedup": speedup,
+    "ideal_speedup": ideal,
+    "of_ideal": speedup / ideal,
+    "family_mem_gib": _gib(footprint),
+    "separate_mem_gib": _gib(separate_bytes) if separate_bytes else None,
+    "family_device_peak_gib": _gib(device_peak),
+  }
 
 
 def _row(m: Measurement, repeats: int, train_steps: int, peers, profile_dir: str) -> dict:
@@ -446,7 +426,7 @@ def _row(m: Measurement, repeats: int, train_steps: int, peers, profile_dir: str
     "ours_device_peak_gib": _gib(device_peak),
   }
   for peer in (p for p in PEERS if p in peers):
-    peer_seconds, peer_peak = _torch_seconds(m, batch, peer == "compile", repeats)
+    peer_seconds, peer_peak = torch_peer.seconds_and_peak(m, batch, peer == "compile", repeats)
     row.update(
       {
         f"torch_{peer}_tokens_per_s": tokens / peer_seconds,

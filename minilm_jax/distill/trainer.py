@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -81,41 +82,106 @@ def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   return TrainState.fresh({**params, **objective.init_learned(rng, student.config)}, tx)
 
 
+@dataclasses.dataclass(frozen=True)
+class Learner:
+  """One student of a train step: its encoder, the objective it learns by, its optimizer."""
+
+  student: Encoder
+  objective: Objective
+  tx: optax.GradientTransformation
+  schedule: Callable
+
+
 def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, accumulate_steps: int = 1):
   """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated.
   `teacher_params` are the encoder's, with its masked-LM head under "mlm_head" when the objective
   runs it. With `accumulate_steps` K each device's batch runs as K micro-batches (teacher included)
   whose gradients are averaged before the one update. `metrics["skipped"]` is 1 where a non-finite
   loss or update was not applied (`guarded_update`)."""
+  return _train_step(teacher, {"": Learner(student, objective, tx, schedule)}, mesh, accumulate_steps, family=False)
+
+
+def make_family_step(teacher: Encoder, learners: dict, mesh, accumulate_steps: int = 1):
+  """The train step of several students (`learners`, by name) of one teacher: the teacher runs once
+  a batch, as deep as the deepest layer any student reads, and each student takes its own loss,
+  gradient and update from it (`make_train_step`'s, student by student). The state is one
+  `TrainState` whose `params` and `opt_state` are keyed by student; the metrics are each student's
+  under its name (`<name>/loss`, ...), with `loss` their sum, `lr` the first's and `skipped` any."""
+  return _train_step(teacher, learners, mesh, accumulate_steps, family=True)
+
+
+def _member_states(state: TrainState, names, family: bool) -> dict:
+  if not family:
+    return {"": state}
+  return {n: TrainState(state.step, state.params[n], state.opt_state[n]) for n in names}
+
+
+def _joined(states: dict, metrics: dict, family: bool) -> tuple:
+  """The step's (state, metrics) from each student's: as they are for one student, keyed by name
+  for a family."""
+  if not family:
+    return states[""], metrics[""]
+  first = next(iter(states.values()))
+  state = TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
+  flat = {f"{n}/{k}": v for n, m in metrics.items() for k, v in m.items()}
+  rows = list(metrics.values())
+  total = {
+    "loss": sum(m["loss"] for m in rows),
+    "lr": rows[0]["lr"],
+    "skipped": jnp.max(jnp.stack([m["skipped"] for m in rows])),
+  }
+  return state, {**total, **flat}
+
+
+def _train_step(teacher: Encoder, learners: dict, mesh, accumulate_steps: int, family: bool):
+  # Every student reads the same inputs (a family has no masking objective: `family.build_family`),
+  # so the teacher's pass over them is shared; each student reads the layers its objective needs.
+  first = next(iter(learners.values())).objective
+  depth = max(learner.objective.teacher_layers_needed for learner in learners.values())
 
   def per_device(state, batch, teacher_params, rng):
+    states = _member_states(state, learners, family)
     step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
 
     def value_and_grad(params, micro_batch, index):
       micro_rng = step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)
       dropout_rng, inputs_rng = jax.random.split(micro_rng)
-      inputs = objective.inputs(inputs_rng, micro_batch, teacher.config.vocab_size)
+      inputs = first.inputs(inputs_rng, micro_batch, teacher.config.vocab_size)
       # The teacher runs only up to the deepest layer the loss reads, deterministically. The named
       # scopes (here and the optimizer's) put the step's parts apart in a profile (`bench distill --profile`).
       with jax.named_scope("teacher"):
-        teacher_out = objective.outputs(teacher, teacher_params, inputs, objective.teacher_layers_needed)
+        teacher_out = first.outputs(teacher, teacher_params, inputs, depth)
 
       def loss_fn(params):
-        terms = objective.student_terms(student, params, teacher_out, inputs, {"dropout": dropout_rng})
-        return sum(terms.values()), terms
+        terms = {
+          name: learner.objective.student_terms(
+            learner.student,
+            params[name],
+            teacher_out._replace(layers=teacher_out.layers[: learner.objective.teacher_layers_needed]),
+            inputs,
+            {"dropout": dropout_rng},
+          )
+          for name, learner in learners.items()
+        }
+        losses = {name: sum(t.values()) for name, t in terms.items()}
+        return sum(losses.values()), (losses, terms)
 
       return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
     # Cast the replicated parameters to device-varying: their gradient is then this device's own,
     # and the pmean below is the one and only reduction (without the cast, JAX >= 0.7 already sums
     # the gradient over devices and a pmean on top would scale it by the device count).
-    params = jax.lax.pcast(state.params, parallel.DATA, to="varying")
-    (loss, terms), grads = accumulated_value_and_grad(value_and_grad, params, batch, accumulate_steps)
+    params = jax.lax.pcast({name: s.params for name, s in states.items()}, parallel.DATA, to="varying")
+    (_, (losses, terms)), grads = accumulated_value_and_grad(value_and_grad, params, batch, accumulate_steps)
     grads = jax.lax.pmean(grads, parallel.DATA)
-    metrics = jax.lax.pmean({"loss": loss, **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
-    with jax.named_scope("optimizer"):
-      new_state, skipped = guarded_update(state, grads, metrics["loss"], tx)
-    return new_state, {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step), "skipped": skipped}
+    new_states, metrics = {}, {}
+    for name, learner in learners.items():
+      own = jax.lax.pmean({"loss": losses[name], **{f"loss_{k}": v for k, v in terms[name].items()}}, parallel.DATA)
+      with jax.named_scope("optimizer"):
+        new_states[name], skipped = guarded_update(states[name], grads[name], own["loss"], learner.tx)
+      lr = learner.schedule(states[name].step)
+      metrics[name] = {**own, "grad_norm": optax.tree.norm(grads[name]), "lr": lr, "skipped": skipped}
+    return _joined(new_states, metrics, family)
 
   step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
   return jax.jit(step, donate_argnums=0)
@@ -207,7 +273,7 @@ class Distillation:
   step: DistillationStep
   teacher_params: dict  # on the mesh; with the masked-LM head under "mlm_head" when the objective runs it
   stream: BatchStream
-  heldout: dict | None  # the corpus blocks training never reads (`_heldout_record`)
+  heldout: dict | None  # the corpus blocks training never reads (`heldout_record`)
   evaluators: evaluators.Evaluators
   untrained: tuple  # parameters this objective leaves as initialised (an export names them)
   checkpoints: runs.RunCheckpoints
@@ -240,17 +306,7 @@ class Distillation:
     return self.config.num_steps
 
   def record(self) -> RunRecord:
-    return RunRecord(
-      DISTILLATION,
-      self.student.config,
-      json.loads(self.config.to_json()),
-      untrained=self.untrained,
-      heldout=self.heldout,
-      sentence_embedding={
-        **self.objective.pooling.to_dict(),
-        "dense": self.objective.projection_shapes().get("embedding"),
-      },
-    )
+    return student_record(self.config, self.step, self.untrained, self.heldout)
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
@@ -272,7 +328,23 @@ class Distillation:
     return state
 
 
-def _heldout_record(heldout) -> dict | None:
+def student_record(config, step: DistillationStep, untrained: tuple, heldout: dict | None) -> RunRecord:
+  """What a distilled student is: its encoder, its config, what its objective never trained, the
+  blocks it never read and its sentence embeddings' pipeline."""
+  return RunRecord(
+    DISTILLATION,
+    step.student.config,
+    json.loads(config.to_json()),
+    untrained=untrained,
+    heldout=heldout,
+    sentence_embedding={
+      **step.objective.pooling.to_dict(),
+      "dense": step.objective.projection_shapes().get("embedding"),
+    },
+  )
+
+
+def heldout_record(heldout) -> dict | None:
   """The run record's account of the blocks training never reads: their count, and where they are
   in the corpus (the first of them; in several languages, each language's row ranges)."""
   if heldout is None:
@@ -285,42 +357,110 @@ def _heldout_record(heldout) -> dict | None:
   return {"blocks": len(heldout), "first_block": heldout.start}
 
 
-@lock.released_on_error
-def build_distillation(config, workdir: str, mesh=None) -> Distillation:
-  """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
-  the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
-  the ETD start): every error a config can cause surfaces here, before any compute."""
-  begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
-  evaluators.check_specs(config, evaluators.DISTILLATION_PROVIDES)
+@dataclasses.dataclass(frozen=True)
+class Shared:
+  """What every student of a run shares, read once: the run's config, workdir and mesh, the teacher
+  (its architecture, weights, masked-LM head, sentence pipeline) and tokenizer, the masking ids;
+  once `read_corpus` has read it, the corpus's batch stream, its held-out blocks and their collate
+  function."""
+
+  config: Any
+  workdir: str
+  mesh: Mesh
+  teacher: Any  # hf.LoadedModel
+  masking: tuple  # (special token ids, mask id)
+  placed: dict  # the teacher's parameters replicated on the mesh, once for every student
+  stream: BatchStream | None = None
+  heldout: Any = None
+  collate: Callable | None = None
+
+  @property
+  def tokenizer(self):
+    return self.teacher.tokenizer
+
+  def teacher_on_mesh(self, needs_mlm_head: bool) -> dict:
+    """The teacher's parameters as the step reads them, replicated on the mesh."""
+    if not needs_mlm_head:
+      return self.placed
+    return {**self.placed, "mlm_head": jax.device_put(self.teacher.mlm_head, parallel.replicated(self.mesh))}
+
+
+def read_teacher(config, workdir: str, mesh) -> Shared:
+  """The teacher of a run (`begin_run` checked it), checked against `config` (what every student
+  shares: its `data` block)."""
   language_list(config.data)
-  if config.student.init not in ("random", "etd"):
-    raise UserError(f"student.init={config.student.init!r}: use random or etd")
   # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
   # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
   teacher = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True)
-  teacher_config, teacher_params, tokenizer, _, mlm_head = teacher[:5]
-  evaluators.check_lengths(config, teacher_config.max_position_embeddings)
-  masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
+  evaluators.check_lengths(config, teacher.config.max_position_embeddings)
+  masking = (tuple(teacher.tokenizer.all_special_ids), teacher.tokenizer.mask_token_id)
   mesh = mesh or parallel.make_mesh()
-  step = build_step(config, teacher_config, mesh, masking, teacher_pooling(config, teacher.sentence_pipeline))
-  if step.objective.needs.mlm_head and mlm_head is None:
-    raise UserError(
-      f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
-      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
-    )
-  step_teacher = {**teacher_params, "mlm_head": mlm_head} if step.objective.needs.mlm_head else teacher_params
-  step_teacher = jax.device_put(step_teacher, parallel.replicated(mesh))
-  blocks, collate = corpus_blocks(config.data, tokenizer, os.path.join(workdir, "data"))
+  return Shared(config, workdir, mesh, teacher, masking, jax.device_put(teacher.params, parallel.replicated(mesh)))
+
+
+def read_corpus(shared: Shared, students: list) -> Shared:
+  """`shared` with the corpus read: its batch stream and held-out blocks. With `data.epochs` the
+  step count is known now, and set in the run's config and in each of `students`' configs."""
+  config = shared.config
+  blocks, collate = corpus_blocks(config.data, shared.tokenizer, os.path.join(shared.workdir, "data"))
   blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(blocks, config.batch_size, config.seed, collate, *process, f"corpus {config.data.corpus}")
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
-    config.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
-    step = build_step(config, teacher_config, mesh, masking, step.objective.pooling)
-  heldout_stream, heldout_step = _heldout_evaluation(heldout, config, collate, step, mesh)
+    for c in [config, *students]:
+      c.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
+  return dataclasses.replace(shared, stream=stream, heldout=heldout, collate=collate)
+
+
+def check_settings(config):
+  """What a student's config says that needs no teacher: its evaluators and its start."""
+  evaluators.check_specs(config, evaluators.DISTILLATION_PROVIDES)
+  if config.student.init not in ("random", "etd"):
+    raise UserError(f"student.init={config.student.init!r}: use random or etd")
+
+
+def check_student(shared: Shared, config) -> DistillationStep:
+  """A student's settings checked against the teacher and the mesh before the corpus is read (a
+  corpus of hours is not tokenised for a config that cannot run): its step, built."""
+  teacher = shared.teacher
+  step = build_step(
+    config, teacher.config, shared.mesh, shared.masking, teacher_pooling(config, teacher.sentence_pipeline)
+  )
+  if step.objective.needs.mlm_head and teacher.mlm_head is None:
+    raise UserError(
+      f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
+    )
+  if config.student.init == "etd":  # the extraction's shape checks, before its corpus is read
+    etd.check_extractable(teacher.config, step.student.config)
+    etd.select_layers(teacher.config.num_layers, step.student.config.num_layers, config.etd.layers)
+  return step
+
+
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """One student of a run: its step, the teacher's parameters as its step reads them, its
+  evaluators, the parameters its objective never trains, and its ETD start."""
+
+  config: Any
+  step: DistillationStep
+  teacher_params: dict
+  evaluators: evaluators.Evaluators
+  untrained: tuple
+  start_params: dict | None  # ETD's extraction; None: random init, or a run that resumes
+
+
+def build_student(shared: Shared, config, resumes: bool) -> Student:
+  """A student of `shared`'s teacher as `config` (its own, or a family member's) says, every error
+  its settings can cause raised here (`check_student`, again: the corpus may have set the step
+  count); its ETD start only when the run does not resume."""
+  teacher, mesh = shared.teacher, shared.mesh
+  step = check_student(shared, config)
+  step_teacher = shared.teacher_on_mesh(step.objective.needs.mlm_head)
+  heldout_stream, heldout_step = _heldout_evaluation(shared.heldout, config, shared.collate, step, mesh)
   context = evaluators.Context(
     mesh,
-    tokenizer,
+    shared.tokenizer,
     step.student,
     step.objective.pooling,
     config.data.max_seq_length,
@@ -337,34 +477,49 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   untrained = untrained_student_parameters(
     step.teacher, step.student, step.objective, step_teacher, step.abstract_state().params
   )
+  start = None
+  if config.student.init == "etd" and not resumes:
+    start = etd.initial_student_params(
+      config.etd,
+      teacher.config,
+      jax.device_get(teacher.params),
+      teacher.mlm_head,
+      step.student.config,
+      lambda n: corpus_first_sentences(config.data, os.path.join(shared.workdir, "data"), n),
+      shared.tokenizer,
+      config.data.max_seq_length,
+    )
+  return Student(config, step, step_teacher, evaluators.Evaluators(config, context), tuple(untrained), start)
+
+
+@lock.released_on_error
+def build_distillation(config, workdir: str, mesh=None) -> Distillation:
+  """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
+  the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
+  the ETD start): every error a config can cause surfaces here, before any compute."""
+  begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
+  check_settings(config)
+  shared = read_teacher(config, workdir, mesh)
+  check_student(shared, config)
+  shared = read_corpus(shared, [])
+  assert shared.stream is not None  # read_corpus reads it
   checkpoints = runs.RunCheckpoints(
     workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
   )
-  student_params = None
-  if config.student.init == "etd" and checkpoints.latest_step() is None:
-    student_params = etd.initial_student_params(
-      config.etd,
-      teacher_config,
-      jax.device_get(teacher_params),
-      mlm_head,
-      step.student.config,
-      lambda n: corpus_first_sentences(config.data, os.path.join(workdir, "data"), n),
-      tokenizer,
-      config.data.max_seq_length,
-    )
+  student = build_student(shared, config, resumes=checkpoints.latest_step() is not None)
   return Distillation(
     config,
     workdir,
-    mesh,
-    tokenizer,
-    step,
-    step_teacher,
-    stream,
-    _heldout_record(heldout),
-    evaluators.Evaluators(config, context),
-    tuple(untrained),
+    shared.mesh,
+    shared.tokenizer,
+    student.step,
+    student.teacher_params,
+    shared.stream,
+    heldout_record(shared.heldout),
+    student.evaluators,
+    student.untrained,
     checkpoints,
-    student_params,
+    student.start_params,
   )
 
 

@@ -16,16 +16,19 @@ from minilm_jax.runs.checkpoints import is_run
 from minilm_jax.runs.reading import read_run
 
 
-def export_run(workdir: str, out_dir: str, step: int | None = None, sentence_transformers: bool = False):
+def export_run(
+  workdir: str, out_dir: str, step: int | None = None, sentence_transformers: bool = False, student: str | None = None
+):
   """A run's checkpoint as a Hugging Face directory (with its task head, if it has one); with
   `sentence_transformers`, also the files that make it a `SentenceTransformer` computing the
-  embeddings the run was distilled for (its teacher's pooling, the learned Dense map if any).
-  Parameters the run's objective never trained are named in a warning."""
+  embeddings the run was distilled for (its teacher's pooling, the learned Dense map if any); of a
+  family of students, the one named `student`. Parameters the run's objective never trained are
+  named in a warning."""
   if not is_run(workdir):
     raise UserError(
       f"{workdir} is not a run's workdir (no checkpoints/): pass the --workdir of a train or finetune run"
     )
-  run = read_run(workdir, step, sentence_pipeline=sentence_transformers)  # one opening of the checkpoints
+  run = read_run(workdir, step, sentence_pipeline=sentence_transformers, student=student)  # one opening
   config, params, tokenizer, head, record = run.config, run.params, run.tokenizer, run.head, run.record
   if sentence_transformers and head is not None:
     raise UserError(

@@ -66,16 +66,23 @@ def read_run(
   mesh=None,
   tokenizer: bool = True,
   sentence_pipeline: bool = False,
+  student: str | None = None,
 ) -> hf.LoadedModel:
   """A run's checkpoint (latest, or `step`): its encoder config, task head (None for an encoder, and
   for a multi-task run, whose shared encoder alone is read), params and (unless `tokenizer` is
   False: more checkpoints of a run already read) its tokenizer, and its record; with
   `sentence_pipeline`, its sentence embeddings' pooling and Dense kernel (`sentence_pipeline`). The
   checkpoints are opened once. With `mesh`, the parameters are restored straight onto it, sharded by
-  `parallel`'s rules."""
+  `parallel`'s rules. A family of students (`distill.family`) is read one `student` at a time:
+  that student's record and parameters, as if it had been distilled alone."""
   ckpt = RunCheckpoints(workdir, read_only=True)
   try:
     record = ckpt.read_record(step)
+    if student is not None and not record.students:
+      raise UserError(f"--student {student}: {workdir} holds one student, not a family: leave --student out")
+    under = (student,) if record.students else ()  # where the student's parameters are in the state
+    if record.students and student is not None:  # without a name, `transformer` says which there are
+      record = record.member(student, workdir)
     config = record.transformer(workdir).replace(dtype=dtype)
     head = None if record.multi_task else record.head
     abstract = abstract_model_params(config, head)
@@ -84,8 +91,8 @@ def read_run(
     if record.multi_task:  # only the encoder of {"body": {"encoder": ...}, "head_<task>": ...}
       params = ckpt.restore_params({"body": {"encoder": abstract}}, step)["body"]["encoder"]
     else:
-      params = ckpt.restore_params(abstract, step)
-    pipeline = _sentence_pipeline(ckpt, record, step) if sentence_pipeline else None
+      params = _restore_under(ckpt, abstract, step, under)
+    pipeline = _sentence_pipeline(ckpt, record, step, under) if sentence_pipeline else None
   finally:
     ckpt.close()
   return hf.LoadedModel(
@@ -135,7 +142,18 @@ def sentence_pipeline_of(path: str, default_length: int):
   return embeddings.read_pipeline(local_dir(path), default_length)
 
 
-def _sentence_pipeline(ckpt: RunCheckpoints, record: RunRecord, step: int | None):
+def _restore_under(ckpt: RunCheckpoints, abstract, step: int | None, under: tuple):
+  """The parameters `abstract` describes, found under the keys `under` of the saved parameters (a
+  family's student's: `(name,)`; () for a run of one model)."""
+  for key in reversed(under):
+    abstract = {key: abstract}
+  params = ckpt.restore_params(abstract, step)
+  for key in under:
+    params = params[key]
+  return params
+
+
+def _sentence_pipeline(ckpt: RunCheckpoints, record: RunRecord, step: int | None, under: tuple = ()):
   """A run's sentence embeddings: its teacher's pooling and the map to the teacher's width that the
   embedding objective learnt (mean pooling for other runs)."""
   embedding = record.sentence_embedding or {}
@@ -144,7 +162,7 @@ def _sentence_pipeline(ckpt: RunCheckpoints, record: RunRecord, step: int | None
   if not embedding.get("dense"):
     return pooling, None
   target = {"projection": {"embedding": {"kernel": jax.ShapeDtypeStruct(tuple(embedding["dense"]), jnp.float32)}}}
-  return pooling, ckpt.restore_params(target, step)["projection"]["embedding"]["kernel"]
+  return pooling, _restore_under(ckpt, target, step, under)["projection"]["embedding"]["kernel"]
 
 
 def load_tokenizer_of(path: str, what: str = "model"):

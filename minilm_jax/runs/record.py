@@ -56,19 +56,35 @@ class RunRecord:
   heldout: dict | None = None  # the corpus blocks a distillation never trained on
   sentence_embedding: dict | None = None  # the teacher's pooling and the learnt Dense map's shape
   source: str | None = None  # the Hugging Face directory a converted run holds
+  # A family of students distilled together (`distill.family`): each student's own record, by name;
+  # the family's `encoder` is None and its `config` the family's.
+  students: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise UserError(f"unknown run kind {self.kind!r}: known kinds are {', '.join(KINDS)}")
 
   def transformer(self, where: str) -> EncoderConfig:
-    """The run's Transformer encoder; a one-line error for a student that has none."""
+    """The run's Transformer encoder; a one-line error for a student that has none, and for a
+    family, whose students each have their own (`member`)."""
+    if self.students:
+      raise UserError(
+        f"{where} holds a family of students ({', '.join(self.students)}): name one, e.g. "
+        f"python -m minilm_jax.convert --to-hf --student {next(iter(self.students))} exports it"
+      )
     if self.encoder is None:
       raise UserError(
         f"{where} holds a {self.student.get('kind')} student, which has no Transformer encoder to load or "
         f"export: its dev metrics are in results.json"
       )
     return self.encoder
+
+  def member(self, name: str | None, where: str) -> "RunRecord":
+    """The record of the family's student `name`; a one-line error for a name it lacks."""
+    if name not in self.students:
+      names = ", ".join(self.students)
+      raise UserError(f"--student {name}: {where}'s students are {names}: name one of them")
+    return RunRecord.from_json(self.students[name])
 
   @property
   def multi_task(self) -> bool:
@@ -102,6 +118,8 @@ class RunRecord:
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     out["encoder"] = None if self.encoder is None else self.encoder.to_dict()
+    if not self.students:  # one student's record is written as it was before families
+      del out["students"]
     return {"version": VERSION, **out}
 
   @classmethod

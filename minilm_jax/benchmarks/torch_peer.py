@@ -1,0 +1,108 @@
+"""The PyTorch peer of the distillation step (`bench distill`'s `eager` and `compile` rows):
+transformers' BERT teacher and student at the measurement's shapes, MiniLM's Q-K and V-V relation
+KLs of their last layers' queries, keys and values (captured by forward hooks), AdamW, on CUDA when
+torch has it."""
+
+import contextlib
+import math
+from typing import Any
+
+from minilm_jax.devices.timing import median_seconds
+
+
+def relation_kl(teacher_xy, student_xy, mask, num_heads):
+  """MiniLM's relation KL in PyTorch, of the teacher's (x, y) relation against the student's."""
+  import torch
+
+  def log_probs(x, y):
+    b, l, h = x.shape
+    x = x.view(b, l, num_heads, h // num_heads).transpose(1, 2)
+    y = y.view(b, l, num_heads, h // num_heads).transpose(1, 2)
+    scores = (x.float() @ y.float().transpose(-1, -2)) / math.sqrt(h // num_heads)
+    return torch.log_softmax(scores.masked_fill(~mask[:, None, None, :], -1e9), dim=-1)
+
+  t, s = log_probs(*teacher_xy), log_probs(*student_xy)
+  p = t.exp()
+  kl = torch.where(p > 0, p * (t - s), torch.zeros_like(p)).sum(-1)
+  real = mask.float()
+  return ((kl * real[:, None, :]).sum((1, 2)) / (num_heads * real.sum(-1))).mean()
+
+
+def _step(m, batch, compiled: bool):
+  """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
+  import torch
+  import transformers
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+
+  def bert(c):
+    return transformers.BertConfig(
+      vocab_size=c.vocab_size,
+      hidden_size=c.hidden_size,
+      num_hidden_layers=c.num_layers,
+      num_attention_heads=c.num_heads,
+      intermediate_size=c.intermediate_size,
+      max_position_embeddings=c.max_position_embeddings,
+      attn_implementation="sdpa",
+    )
+
+  teacher = transformers.BertModel(bert(m.teacher_config)).eval().to(device)
+  student = transformers.BertModel(bert(m.student_config)).train().to(device)
+  captured: dict[str, Any] = {}
+
+  def capture(model, prefix):
+    attention = model.encoder.layer[-1].attention.self
+    for name in ("query", "key", "value"):
+      getattr(attention, name).register_forward_hook(lambda m, i, o, key=prefix + name: captured.__setitem__(key, o))
+
+  capture(teacher, "t_")
+  capture(student, "s_")
+  optimizer = torch.optim.AdamW(
+    student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, fused=device == "cuda"
+  )
+  inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
+  mask = inputs["attention_mask"].bool()
+  autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if m.dtype == "bfloat16" else contextlib.nullcontext
+  num_relation_heads = m.num_relation_heads
+
+  def loss_of(inputs, mask):
+    with autocast():
+      with torch.no_grad():
+        teacher(**inputs)
+      student(**inputs)
+    # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
+    t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
+    s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
+    return sum(
+      relation_kl((t[x], t[y]), (s[x], s[y]), mask, num_relation_heads)
+      for x, y in (("query", "key"), ("value", "value"))
+    )
+
+  loss_fn = torch.compile(loss_of) if compiled else loss_of
+
+  def run():
+    loss = loss_fn(inputs, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if device == "cuda":
+      torch.cuda.synchronize()
+
+  return run, device
+
+
+def seconds_and_peak(m, batch, compiled: bool, repeats: int):
+  """(median seconds of a step, CUDA's peak bytes or None) of the peer at `m`'s shapes (a
+  `distill.Measurement`), compiled by `torch.compile` or eager."""
+  import torch
+
+  run, device = _step(m, batch, compiled)
+  if device == "cuda":
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+  seconds = median_seconds(run, repeats)
+  peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+  del run
+  if device == "cuda":
+    torch.cuda.empty_cache()
+  return seconds, peak

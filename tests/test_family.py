@@ -1,0 +1,159 @@
+"""A family of students distilled from one teacher in one run (`distill.family`): each student ends
+as it would alone, one checkpoint holds them all, one exports, and a config that cannot run is one
+line before any work."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from conftest import ROOT, tiny_config, xla_flags
+from minilm_jax import runs
+from minilm_jax.devices import parallel
+from minilm_jax.distill.family import build_family, member_configs
+from minilm_jax.distill.trainer import build_distillation
+from minilm_jax.errors import UserError
+
+# Three students of other depths, widths, objectives, rates and dropout; one learns the teacher's
+# first layer (the teacher then runs as deep as the others need: its last).
+STUDENTS = (
+  dict(name="2x16", student=dict(dropout=0.1)),
+  dict(name="1x32", student=dict(num_layers=1, hidden_size=32, intermediate_size=64), optimizer=dict(lr=5e-4)),
+  dict(name="3x16", student=dict(num_layers=3), loss=dict(objective="hidden_mse"), teacher=dict(layer=0)),
+)
+
+
+def _family_config(teacher, corpus, **overrides):
+  c = tiny_config(teacher, corpus, **{"num_steps": 4, **overrides})
+  with c.unlocked():
+    c.family = STUDENTS
+  return c
+
+
+def _flat(params) -> dict:
+  return traverse_util.flatten_dict(jax.device_get(params), sep="/")
+
+
+def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teacher, tiny_corpus, tmp_path):
+  """On the 8 fake devices, 4 steps: every student's parameters equal those of the student
+  distilled alone from its own config (same seed, same batches), its metrics are logged under its
+  name, and `convert --to-hf --student` writes the one named, equal to the lone run's export."""
+  mesh = parallel.make_mesh()
+  assert mesh.shape[parallel.DATA] == 8
+  config = _family_config(tiny_teacher, tiny_corpus)
+  family_state = build_family(config, str(tmp_path / "family"), mesh=mesh).run()
+  for name, member in member_configs(config).items():
+    alone = build_distillation(member, str(tmp_path / name), mesh=mesh).run()
+    theirs, ours = _flat(alone.params), _flat(family_state.params[name])
+    assert theirs.keys() == ours.keys()
+    for key in theirs:
+      np.testing.assert_allclose(ours[key], theirs[key], rtol=2e-5, atol=2e-6, err_msg=f"{name}: {key}")
+  rows = [json.loads(line) for line in open(tmp_path / "family" / "metrics.jsonl")]
+  assert {"loss", "2x16/loss", "1x32/loss", "3x16/loss", "3x16/loss_hidden_mse", "1x32/lr"} <= set(rows[-1])
+  assert rows[-1]["loss"] == pytest.approx(sum(rows[-1][f"{n['name']}/loss"] for n in STUDENTS), rel=1e-5)
+  record = runs.read_record(str(tmp_path / "family"))
+  assert list(record.students) == ["2x16", "1x32", "3x16"] and record.encoder is None
+  with pytest.raises(UserError, match="holds a family of students"):
+    runs.load_encoder(str(tmp_path / "family"))
+
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
+  for workdir, student, out in (("family", "1x32", "from_family"), ("1x32", None, "alone")):
+    command = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", str(tmp_path / workdir)]
+    command += ["--out", str(tmp_path / out)] + (["--student", student] if student else [])
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "wrote 1x32 encoder" in proc.stderr, proc.stderr[-2000:]
+  exported = [runs.load_encoder(str(tmp_path / out)) for out in ("from_family", "alone")]
+  assert exported[0].config == exported[1].config
+  for key, value in _flat(exported[1].params).items():
+    np.testing.assert_allclose(_flat(exported[0].params)[key], value, rtol=2e-5, atol=2e-6, err_msg=key)
+
+
+def test_a_family_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
+  """Stopped at step 2 and run again to 4, a family ends where its uninterrupted run ends."""
+  whole = build_family(_family_config(tiny_teacher, tiny_corpus), str(tmp_path / "whole")).run()
+  half = _family_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.every": 2})
+  build_family(half, str(tmp_path / "resumed")).run()
+  again = build_family(_family_config(tiny_teacher, tiny_corpus), str(tmp_path / "resumed")).run()
+  assert int(again.step) == 4
+  for key, value in _flat(whole.params).items():
+    np.testing.assert_allclose(_flat(again.params)[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.parametrize(
+  "family, message",
+  [
+    ((dict(name="a"), dict(name="a")), "two students are named 'a'"),
+    ((dict(student=dict(num_layers=1)),), "family entry 0 has no name"),
+    ((dict(name="a", loss=dict(num_relation_heads=3)),), "family student a: .*num_relation_heads=3 does not divide"),
+    ((dict(name="a", teacher=dict(layer=7)),), "family student a: teacher.layer=7 but the model has 2 layers"),
+    ((dict(name="a", data=dict(max_seq_length=16)),), "family student a: 'data' is the family's"),
+    ((dict(name="a", teacher=dict(path="x")),), "family student a: teacher.path is no field a student sets alone"),
+    ((dict(name="a", optimizer=dict(accumulate_steps=2)),), "optimizer.accumulate_steps is the family's"),
+    ((dict(name="a", loss=dict(objective="mlm_kd")),), "masks the inputs the teacher reads"),
+    ((dict(name="a", optimizer=dict(lr=-1.0)),), "family student a: optimizer.lr"),
+  ],
+)
+def test_a_family_that_cannot_run_is_one_line_before_any_work(tiny_mlm_teacher, tiny_corpus, tmp_path, family, message):
+  config = tiny_config(tiny_mlm_teacher, tiny_corpus)
+  with config.unlocked():
+    config.family = family
+  with pytest.raises(UserError, match=message):
+    build_family(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+@pytest.mark.slow
+def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_teacher, tiny_corpus, tmp_path):
+  """`python -m minilm_jax.train` with a family config, then `convert --to-hf --student` naming none
+  of the family, and a lone run given `--student`: one line each, exit 2."""
+  config = tmp_path / "family.py"
+  config.write_text(
+    "import sys\n"
+    f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+    "from conftest import tiny_config\n"
+    f"from test_family import STUDENTS\n\n\n"
+    "def get_config():\n"
+    f"  c = tiny_config({tiny_teacher!r}, {tiny_corpus!r}, num_steps=2)\n"
+    "  c.family = STUDENTS\n"
+    "  return c\n"
+  )
+  env = {**os.environ, "XLA_FLAGS": xla_flags(2)}
+  workdir = str(tmp_path / "family")
+  train = [sys.executable, "-m", "minilm_jax.train", "--config", str(config), "--workdir", workdir]
+  proc = subprocess.run(train, cwd=ROOT, env=env, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert runs.read_record(workdir).students.keys() == {"2x16", "1x32", "3x16"}
+  convert = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", str(tmp_path / "x")]
+  proc = subprocess.run(convert + ["--student", "4x16"], cwd=ROOT, env=env, capture_output=True, text=True)
+  assert proc.returncode == 2 and "--student 4x16" in proc.stderr and "2x16, 1x32, 3x16" in proc.stderr
+  proc = subprocess.run(convert, cwd=ROOT, env=env, capture_output=True, text=True)
+  assert proc.returncode == 2 and "holds a family of students" in proc.stderr and "--student" in proc.stderr
+  assert not os.path.exists(tmp_path / "x")
+
+
+def test_bench_distill_family_times_the_family_against_each_student_alone():
+  """`bench distill --family` at a tiny size: one row per length, the family's tokens/s and its
+  speed-up over the separate steps beside the ideal from the parts' FLOPs, computed here by hand."""
+  from minilm_jax.benchmarks import distill
+  from minilm_jax.models import flops
+
+  settings = distill.Settings(teacher="2x64", students=["2x32", "1x32", "2x32"], batch_size=4, seq_lens=[16])
+  rows = distill.run(dataclasses.replace(settings, repeats=1, family=True))
+  assert len(rows) == 1 and rows[0]["family"] == "2x32,1x32,2x32" and rows[0]["family_tokens_per_s"] > 0
+  assert rows[0]["speedup"] > 0 and rows[0]["of_ideal"] == pytest.approx(rows[0]["speedup"] / rows[0]["ideal_speedup"])
+  teacher = flops.parse_shape("2x64")
+  parts = [
+    flops.distill_step_flops_by_part(flops.LossLayer(teacher, 1), flops.LossLayer(flops.parse_shape(s), n - 1), 4, 16)
+    for s, n in (("2x32", 2), ("1x32", 1), ("2x32", 2))
+  ]
+  t = parts[0]["teacher forward"]
+  students = [sum(v for k, v in p.items() if k != "teacher forward") for p in parts]
+  assert rows[0]["ideal_speedup"] == pytest.approx((3 * t + sum(students)) / (t + sum(students)))
+  with pytest.raises(UserError, match="--family with --profile"):
+    distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))
