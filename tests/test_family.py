@@ -10,6 +10,7 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
@@ -157,3 +158,29 @@ def test_bench_distill_family_times_the_family_against_each_student_alone():
   assert rows[0]["ideal_speedup"] == pytest.approx((3 * t + sum(students)) / (t + sum(students)))
   with pytest.raises(UserError, match="--family with --profile"):
     distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))
+
+
+def test_a_config_of_one_student_runs_as_before_families(tiny_teacher, tiny_corpus, tmp_path):
+  """Without `family` a run is one student's, as it was: its record has no `students`, its state's
+  parameters are the encoder's own (no student key above them), its metrics carry no student's name."""
+  from minilm_jax.runs.checkpoints import RunCheckpoints
+
+  workdir = str(tmp_path / "one")
+  state = build_distillation(tiny_config(tiny_teacher, tiny_corpus), workdir).run()
+  assert {"embeddings", "layer_0", "layer_1"} <= set(state.params) and "" not in state.params
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  meta = ckpt.manager.restore(ckpt.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  ckpt.close()
+  assert "students" not in meta and meta["kind"] == "distillation" and meta["encoder"]["num_layers"] == 2
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert set(rows[-1]) == {
+    "step",
+    "loss",
+    "loss_qk",
+    "loss_vv",
+    "grad_norm",
+    "lr",
+    "skipped",
+    "step_time_s",
+    "tokens_per_s",
+  }
