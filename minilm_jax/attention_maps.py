@@ -11,7 +11,7 @@ from absl import flags
 
 from minilm_jax import runs
 from minilm_jax.cli.program import run_program
-from minilm_jax.distill.trainer import resolve_layer
+from minilm_jax.distill.step import resolve_layer
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.reports.plots import attention_figure

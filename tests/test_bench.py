@@ -18,7 +18,7 @@ from conftest import VADER_EXCERPT, WORDNET_EXCERPT
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
-from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.distill.step import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
@@ -533,7 +533,7 @@ def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_co
   """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
   from minilm_jax.benchmarks.students import suite as students
-  from minilm_jax.distill.trainer import build_step
+  from minilm_jax.distill.step import build_step
   from minilm_jax.models.embeddings import Pooling
 
   teacher_config = runs.encoder_config_of(tiny_teacher)

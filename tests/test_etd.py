@@ -310,7 +310,7 @@ def test_distillation_starts_from_the_extracted_student(tiny_teacher, tiny_corpu
   params = runs.read_run(str(tmp_path / "etd")).params
   teacher_config = hf.read_config(tiny_teacher)
   teacher_params = hf.load(tiny_teacher).params
-  from minilm_jax.distill.trainer import student_config
+  from minilm_jax.distill.step import student_config
 
   student = student_config(config, teacher_config)
   expected = etd.extract(

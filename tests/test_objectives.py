@@ -8,7 +8,8 @@ import pytest
 
 from conftest import TEST_VOCAB_SIZE, tiny_config
 from minilm_jax.devices import parallel
-from minilm_jax.distill.trainer import build_distillation, init_state, make_train_step
+from minilm_jax.distill.step import init_state, make_train_step
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
 from minilm_jax.transfer import objectives, relations

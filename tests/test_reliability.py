@@ -366,6 +366,8 @@ def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
       f"--config.student.vocab_size={TEST_VOCAB_SIZE}",
       "--config.student.hidden_size=16",
       "--config.student.num_heads=4",
+      "--config.student.num_layers=2",  # a student ETD can take from the tiny teacher: its shape is
+      "--config.student.intermediate_size=32",  # checked before the corpus is written
       "--config.loss.num_relation_heads=4",
       "--config.data.max_seq_length=32",
       "--config.data.corpus=demo",

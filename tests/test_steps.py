@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from minilm_jax.devices import parallel
-from minilm_jax.distill.trainer import init_state, make_train_step
+from minilm_jax.distill.step import init_state, make_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.models import sharding

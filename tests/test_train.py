@@ -26,7 +26,8 @@ from conftest import (
 )
 from minilm_jax import runs
 from minilm_jax.devices import parallel
-from minilm_jax.distill.trainer import build_distillation, init_state, student_config
+from minilm_jax.distill.step import init_state, student_config
+from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.evaluators import evaluator
 from minilm_jax.models.encoder import Encoder, abstract_params

@@ -2,7 +2,7 @@
 the function the program runs, with its mesh, shardings, donation, dtype, accumulation and
 chunking, and the abstract arguments it is called with.
 
-- `train`: `distill.trainer.build_step`'s step (state, batch, teacher params, rng);
+- `train`: `distill.step.build_step`'s step (state, batch, teacher params, rng);
 - `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng);
 - `evaluate`: the same config's prediction step (`finetuning.steps.Predictor`'s function: the task
   model's outputs, or a sequence-to-sequence task's beam search), at `eval_batch_size`.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from minilm_jax import runs
 from minilm_jax.devices import parallel
-from minilm_jax.distill import trainer
+from minilm_jax.distill import step as distill_step
 from minilm_jax.distill.family import fresh_state, is_family, member_configs
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor
@@ -122,17 +122,17 @@ def train(config, devices, model_shape: str = "") -> Program:
 
   def pooling(c):
     if os.path.isdir(config.teacher.path):  # a hub name is never looked up: offline, mean pooling stands in
-      return trainer.teacher_pooling(c)
+      return distill_step.teacher_pooling(c)
     return Pooling(max_seq_length=config.data.max_seq_length)
 
   # A family (`distill.family`): every student's step, trained together by the family's.
   members = member_configs(config) if is_family(config) else {"": config}
-  steps = {n: trainer.build_step(c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
+  steps = {n: distill_step.build_step(c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
   step = next(iter(steps.values()))
   train_step, state = step.train_step, step.abstract_state()
   if is_family(config):
-    learners = {n: trainer.Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
-    train_step = trainer.make_family_step(step.teacher, learners, mesh, config.optimizer.accumulate_steps)
+    learners = {n: distill_step.Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
+    train_step = distill_step.make_family_step(step.teacher, learners, mesh, config.optimizer.accumulate_steps)
     state = jax.eval_shape(partial(fresh_state, steps), jax.random.key(0), {})
   replicated = parallel.replicated(mesh)
   teacher = abstract_params(teacher_config)

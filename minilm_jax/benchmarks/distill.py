@@ -2,7 +2,7 @@
 shapes a user trains at, in one process.
 
 - ours, bare step: teacher forward + student forward/backward + MiniLM loss + AdamW, jitted
-  (`distill.trainer.build_step` on a config, as the `train` program builds it), on random full blocks.
+  (`distill.step.build_step` on a config, as the `train` program builds it), on random full blocks.
 - ours, train program: the same step driven by the training loop (`loop.train_loop`: the batch
   stream collating packed blocks, prefetching onto the devices, metrics), end to end.
 - PyTorch peers: transformers' `BertModel` teacher (under `no_grad`) and student with SDPA
@@ -35,7 +35,7 @@ from minilm_jax.devices import parallel
 from minilm_jax.devices.timing import block, median_seconds, peak_flops
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill.family import fresh_state
-from minilm_jax.distill.trainer import Learner, build_step, init_state, make_family_step
+from minilm_jax.distill.step import Learner, build_step, init_state, make_family_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
@@ -120,7 +120,7 @@ def step_config(m: Measurement):
 
 
 class _OurStep:
-  """The `train` program's jitted step (`distill.trainer.build_step` on the measurement's config)
+  """The `train` program's jitted step (`distill.step.build_step` on the measurement's config)
   on one device, its state, and the arguments it is called with."""
 
   def __init__(self, teacher_config, teacher_params, config):

@@ -7,7 +7,7 @@ only a student reads (its `student`, `loss`, `etd` and `optimizer` fields, and `
 teacher layer it learns); the teacher, the corpus and its batch order, the batch size, the steps,
 the dtype, the seed, the evaluators and the checkpoints are the family's. Each student is built as
 the student of its own config would be (`trainer.build_student`) and trained by the family's step
-(`trainer.make_family_step`) as it would be alone: the same parameters after the same steps, from
+(`step.make_family_step`) as it would be alone: the same parameters after the same steps, from
 the same seed and batches. This module is the one place that knows there are several.
 
 One run record and one checkpoint hold every student (the state's `params` and `opt_state` keyed by
@@ -29,16 +29,14 @@ from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
+from minilm_jax.distill.step import Learner, init_state, make_family_step
 from minilm_jax.distill.trainer import (
-  Learner,
   Shared,
   Student,
   build_student,
   check_settings,
   check_student,
   heldout_record,
-  init_state,
-  make_family_step,
   read_corpus,
   read_teacher,
   student_record,
@@ -107,7 +105,7 @@ def _override(c, name: str, block: str, fields):
 
 def fresh_state(steps: dict, rng, starts: dict) -> TrainState:
   """The family's train state at step 0: each student's (`steps`: name -> `DistillationStep`) fresh
-  state as it would start alone (`trainer.init_state`, from `rng` and its ETD start, or random),
+  state as it would start alone (`step.init_state`, from `rng` and its ETD start, or random),
   their parameters and optimizer states keyed by name."""
   states = {n: init_state(s.student, s.tx, s.objective, rng, starts.get(n)) for n, s in steps.items()}
   first = next(iter(states.values()))
