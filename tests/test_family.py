@@ -30,27 +30,44 @@ STUDENTS = (
 )
 
 
-def _family_config(teacher, corpus, **overrides):
+def _family_config(teacher, corpus, students=STUDENTS, **overrides):
   c = tiny_config(teacher, corpus, **{"num_steps": 4, **overrides})
   with c.unlocked():
-    c.family = STUDENTS
+    c.family = students
   return c
+
+
+def _check_one_students_run(workdir: str, state):
+  """A run of one student is as it was before families: its record has no `students`, its state's
+  parameters are the encoder's own (no student key above them), its metrics carry no student's name."""
+  from minilm_jax.runs.checkpoints import RunCheckpoints
+
+  assert {"embeddings", "layer_0"} <= set(state.params) and "" not in state.params
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  meta = ckpt.manager.restore(ckpt.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  ckpt.close()
+  assert "students" not in meta and meta["kind"] == "distillation"
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert all("/" not in key for key in rows[-1]) and {"loss", "grad_norm", "lr", "skipped"} <= set(rows[-1])
 
 
 def _flat(params) -> dict:
   return traverse_util.flatten_dict(jax.device_get(params), sep="/")
 
 
+@pytest.mark.slow
 def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teacher, tiny_corpus, tmp_path):
   """On the 8 fake devices, 4 steps: every student's parameters equal those of the student
-  distilled alone from its own config (same seed, same batches), its metrics are logged under its
-  name, and `convert --to-hf --student` writes the one named, equal to the lone run's export."""
+  distilled alone from its own config (same seed, same batches; each lone run as runs were before
+  families), its metrics are logged under its name, and its export (`convert --to-hf --student`'s)
+  equals the lone run's export."""
   mesh = parallel.make_mesh()
   assert mesh.shape[parallel.DATA] == 8
   config = _family_config(tiny_teacher, tiny_corpus)
   family_state = build_family(config, str(tmp_path / "family"), mesh=mesh).run()
   for name, member in member_configs(config).items():
     alone = build_distillation(member, str(tmp_path / name), mesh=mesh).run()
+    _check_one_students_run(str(tmp_path / name), alone)
     theirs, ours = _flat(alone.params), _flat(family_state.params[name])
     assert theirs.keys() == ours.keys()
     for key in theirs:
@@ -63,24 +80,25 @@ def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teache
   with pytest.raises(UserError, match="holds a family of students"):
     runs.load_encoder(str(tmp_path / "family"))
 
-  env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
   for workdir, student, out in (("family", "1x32", "from_family"), ("1x32", None, "alone")):
-    command = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", str(tmp_path / workdir)]
-    command += ["--out", str(tmp_path / out)] + (["--student", student] if student else [])
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0 and "wrote 1x32 encoder" in proc.stderr, proc.stderr[-2000:]
+    config, _ = runs.export_run(str(tmp_path / workdir), str(tmp_path / out), student=student)
+    assert (config.num_layers, config.hidden_size) == (1, 32)
+  with pytest.raises(UserError, match="holds one student, not a family: leave --student out"):
+    runs.export_run(str(tmp_path / "1x32"), str(tmp_path / "refused"), student="1x32")
   exported = [runs.load_encoder(str(tmp_path / out)) for out in ("from_family", "alone")]
   assert exported[0].config == exported[1].config
   for key, value in _flat(exported[1].params).items():
     np.testing.assert_allclose(_flat(exported[0].params)[key], value, rtol=2e-5, atol=2e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_a_family_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
   """Stopped at step 2 and run again to 4, a family ends where its uninterrupted run ends."""
-  whole = build_family(_family_config(tiny_teacher, tiny_corpus), str(tmp_path / "whole")).run()
-  half = _family_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.every": 2})
+  students = STUDENTS[1:]  # one of another width and rate, one from the teacher's first layer
+  whole = build_family(_family_config(tiny_teacher, tiny_corpus, students), str(tmp_path / "whole")).run()
+  half = _family_config(tiny_teacher, tiny_corpus, students, num_steps=2, **{"checkpoint.every": 2})
   build_family(half, str(tmp_path / "resumed")).run()
-  again = build_family(_family_config(tiny_teacher, tiny_corpus), str(tmp_path / "resumed")).run()
+  again = build_family(_family_config(tiny_teacher, tiny_corpus, students), str(tmp_path / "resumed")).run()
   assert int(again.step) == 4
   for key, value in _flat(whole.params).items():
     np.testing.assert_allclose(_flat(again.params)[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
@@ -111,8 +129,9 @@ def test_a_family_that_cannot_run_is_one_line_before_any_work(tiny_mlm_teacher, 
 
 @pytest.mark.slow
 def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_teacher, tiny_corpus, tmp_path):
-  """`python -m minilm_jax.train` with a family config, then `convert --to-hf --student` naming none
-  of the family, and a lone run given `--student`: one line each, exit 2."""
+  """`python -m minilm_jax.train` with a family config, then `convert --to-hf --student` naming one
+  of the family (it writes that student), naming none of them, and naming no student: one line
+  each, exit 2, nothing written."""
   config = tmp_path / "family.py"
   config.write_text(
     "import sys\n"
@@ -131,56 +150,35 @@ def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_tea
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert runs.read_record(workdir).students.keys() == {"2x16", "1x32", "3x16"}
   convert = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", str(tmp_path / "x")]
+  proc = subprocess.run(convert + ["--student", "1x32"], cwd=ROOT, env=env, capture_output=True, text=True)
+  assert proc.returncode == 0 and "wrote 1x32 encoder" in proc.stderr, proc.stderr[-2000:]
+  assert runs.load_encoder(str(tmp_path / "x")).config.hidden_size == 32
+  convert[-1] = str(tmp_path / "y")
   proc = subprocess.run(convert + ["--student", "4x16"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert proc.returncode == 2 and "--student 4x16" in proc.stderr and "2x16, 1x32, 3x16" in proc.stderr
   proc = subprocess.run(convert, cwd=ROOT, env=env, capture_output=True, text=True)
   assert proc.returncode == 2 and "holds a family of students" in proc.stderr and "--student" in proc.stderr
-  assert not os.path.exists(tmp_path / "x")
+  assert not os.path.exists(tmp_path / "y")
 
 
+@pytest.mark.slow
 def test_bench_distill_family_times_the_family_against_each_student_alone():
   """`bench distill --family` at a tiny size: one row per length, the family's tokens/s and its
   speed-up over the separate steps beside the ideal from the parts' FLOPs, computed here by hand."""
   from minilm_jax.benchmarks import distill
   from minilm_jax.models import flops
 
-  settings = distill.Settings(teacher="2x64", students=["2x32", "1x32", "2x32"], batch_size=4, seq_lens=[16])
+  settings = distill.Settings(teacher="2x64", students=["2x32", "1x32", "1x32"], batch_size=4, seq_lens=[16])
   rows = distill.run(dataclasses.replace(settings, repeats=1, family=True))
-  assert len(rows) == 1 and rows[0]["family"] == "2x32,1x32,2x32" and rows[0]["family_tokens_per_s"] > 0
+  assert len(rows) == 1 and rows[0]["family"] == "2x32,1x32,1x32" and rows[0]["family_tokens_per_s"] > 0
   assert rows[0]["speedup"] > 0 and rows[0]["of_ideal"] == pytest.approx(rows[0]["speedup"] / rows[0]["ideal_speedup"])
   teacher = flops.parse_shape("2x64")
   parts = [
     flops.distill_step_flops_by_part(flops.LossLayer(teacher, 1), flops.LossLayer(flops.parse_shape(s), n - 1), 4, 16)
-    for s, n in (("2x32", 2), ("1x32", 1), ("2x32", 2))
+    for s, n in (("2x32", 2), ("1x32", 1), ("1x32", 1))
   ]
   t = parts[0]["teacher forward"]
   students = [sum(v for k, v in p.items() if k != "teacher forward") for p in parts]
   assert rows[0]["ideal_speedup"] == pytest.approx((3 * t + sum(students)) / (t + sum(students)))
   with pytest.raises(UserError, match="--family with --profile"):
     distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))
-
-
-def test_a_config_of_one_student_runs_as_before_families(tiny_teacher, tiny_corpus, tmp_path):
-  """Without `family` a run is one student's, as it was: its record has no `students`, its state's
-  parameters are the encoder's own (no student key above them), its metrics carry no student's name."""
-  from minilm_jax.runs.checkpoints import RunCheckpoints
-
-  workdir = str(tmp_path / "one")
-  state = build_distillation(tiny_config(tiny_teacher, tiny_corpus), workdir).run()
-  assert {"embeddings", "layer_0", "layer_1"} <= set(state.params) and "" not in state.params
-  ckpt = RunCheckpoints(workdir, read_only=True)
-  meta = ckpt.manager.restore(ckpt.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-  ckpt.close()
-  assert "students" not in meta and meta["kind"] == "distillation" and meta["encoder"]["num_layers"] == 2
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-  assert set(rows[-1]) == {
-    "step",
-    "loss",
-    "loss_qk",
-    "loss_vv",
-    "grad_norm",
-    "lr",
-    "skipped",
-    "step_time_s",
-    "tokens_per_s",
-  }
