@@ -172,6 +172,9 @@ def test_bench_distill_family_times_the_family_against_each_student_alone():
   rows = distill.run(dataclasses.replace(settings, repeats=1, family=True))
   assert len(rows) == 1 and rows[0]["family"] == "2x32,1x32,1x32" and rows[0]["family_tokens_per_s"] > 0
   assert rows[0]["speedup"] > 0 and rows[0]["of_ideal"] == pytest.approx(rows[0]["speedup"] / rows[0]["ideal_speedup"])
+  row = rows[0]  # the ideal the measured teacher pass gives: the separate steps less two of their three
+  assert row["teacher_forward_ms"] > 0 and row["measured_ideal_speedup"] > 1
+  assert row["of_measured_ideal"] == pytest.approx(row["speedup"] / row["measured_ideal_speedup"])
   teacher = flops.parse_shape("2x64")
   parts = [
     flops.distill_step_flops_by_part(flops.LossLayer(teacher, 1), flops.LossLayer(flops.parse_shape(s), n - 1), 4, 16)

@@ -204,10 +204,20 @@ class _FamilyStep(_OurStep):
     self.mesh = parallel.make_mesh(1)
     steps = {n: build_step(c, teacher_config, self.mesh, masking=(), pooling=Pooling()) for n, c in configs.items()}
     learners = {n: Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
-    self.step = make_family_step(next(iter(steps.values())).teacher, learners, self.mesh)
+    first = next(iter(steps.values()))
+    self.step = make_family_step(first.teacher, learners, self.mesh)
     init = jax.jit(partial(fresh_state, steps), out_shardings=parallel.replicated(self.mesh))
     self.state = init(jax.random.key(0), {})
     self._place_teacher(teacher_config, teacher_params)
+    depth = max(s.objective.teacher_layers_needed for s in steps.values())
+    self.teacher_forward = jax.jit(lambda params, batch: first.objective.outputs(first.teacher, params, batch, depth))
+
+  def teacher_seconds(self, batch, repeats: int) -> float:
+    """The teacher's forward pass alone, as deep as the family reads it: what each student's own
+    run computes again, and the family once."""
+    batch = parallel.shard_batch(batch, self.mesh)
+    block(self.teacher_forward(self.teacher_params, batch))  # compiled before the timing
+    return median_seconds(lambda: block(self.teacher_forward(self.teacher_params, batch)), repeats)
 
 
 def device_peak_bytes() -> int | None:
@@ -359,7 +369,9 @@ def family_ideal_speedup(ms: list) -> float:
 def _family_row(ms: list, repeats: int) -> dict:
   """The measurements' students distilled as one family (`distill.family`: the teacher's pass once a
   batch) against each distilled alone, in this process: tokens/s, the family's speed-up over the
-  separate steps' total time beside its ideal (`family_ideal_speedup`), and the memory of each."""
+  separate steps' total time beside its ideal from the FLOPs (`family_ideal_speedup`) and the one
+  the measured teacher pass gives (the separate steps less all but one of their teacher passes),
+  and the memory of each."""
   first = ms[0]
   batch = random_batch(first.batch, first.length, first.teacher_config.vocab_size)
   separate, separate_bytes = [], 0
@@ -373,7 +385,9 @@ def _family_row(ms: list, repeats: int) -> dict:
   configs = {f"{i}_{m.student_spec}": step_config(m) for i, m in enumerate(ms)}
   family = _FamilyStep(first.teacher_config, first.teacher_params, configs)
   seconds, footprint, device_peak = family.bare_seconds(batch, repeats)
+  teacher = family.teacher_seconds(batch, repeats)
   tokens, speedup, ideal = first.batch * first.length, sum(separate) / seconds, family_ideal_speedup(ms)
+  measured_ideal = sum(separate) / (sum(separate) - (len(ms) - 1) * teacher)
   return {
     "teacher": first.teacher_name,
     "family": ",".join(m.student_spec for m in ms),
@@ -385,6 +399,9 @@ def _family_row(ms: list, repeats: int) -> dict:
     "speedup": speedup,
     "ideal_speedup": ideal,
     "of_ideal": speedup / ideal,
+    "teacher_forward_ms": 1e3 * teacher,
+    "measured_ideal_speedup": measured_ideal,
+    "of_measured_ideal": speedup / measured_ideal,
     "family_mem_gib": _gib(footprint),
     "separate_mem_gib": _gib(separate_bytes) if separate_bytes else None,
     "family_device_peak_gib": _gib(device_peak),
