@@ -57,14 +57,17 @@ def _flat(params) -> dict:
 
 @pytest.mark.slow
 def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teacher, tiny_corpus, tmp_path):
-  """On the 8 fake devices, 4 steps: every student's parameters equal those of the student
-  distilled alone from its own config (same seed, same batches; each lone run as runs were before
-  families), its metrics are logged under its name, and its export (`convert --to-hf --student`'s)
-  equals the lone run's export."""
+  """On the 8 fake devices, 4 steps, stopped after 2 and resumed: every student's parameters equal
+  those of the student distilled alone from its own config without a stop (same seed, same batches;
+  each lone run as runs were before families), its metrics are logged under its name, and its export
+  (`convert --to-hf --student`'s) equals the lone run's export."""
   mesh = parallel.make_mesh()
   assert mesh.shape[parallel.DATA] == 8
+  half = _family_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.every": 2})
+  assert int(build_family(half, str(tmp_path / "family"), mesh=mesh).run().step) == 2
   config = _family_config(tiny_teacher, tiny_corpus)
   family_state = build_family(config, str(tmp_path / "family"), mesh=mesh).run()
+  assert int(family_state.step) == 4
   for name, member in member_configs(config).items():
     alone = build_distillation(member, str(tmp_path / name), mesh=mesh).run()
     _check_one_students_run(str(tmp_path / name), alone)
@@ -89,19 +92,6 @@ def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teache
   assert exported[0].config == exported[1].config
   for key, value in _flat(exported[1].params).items():
     np.testing.assert_allclose(_flat(exported[0].params)[key], value, rtol=2e-5, atol=2e-6, err_msg=key)
-
-
-@pytest.mark.slow
-def test_a_family_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
-  """Stopped at step 2 and run again to 4, a family ends where its uninterrupted run ends."""
-  students = STUDENTS[1:]  # one of another width and rate, one from the teacher's first layer
-  whole = build_family(_family_config(tiny_teacher, tiny_corpus, students), str(tmp_path / "whole")).run()
-  half = _family_config(tiny_teacher, tiny_corpus, students, num_steps=2, **{"checkpoint.every": 2})
-  build_family(half, str(tmp_path / "resumed")).run()
-  again = build_family(_family_config(tiny_teacher, tiny_corpus, students), str(tmp_path / "resumed")).run()
-  assert int(again.step) == 4
-  for key, value in _flat(whole.params).items():
-    np.testing.assert_allclose(_flat(again.params)[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
 
 
 @pytest.mark.parametrize(
@@ -130,8 +120,8 @@ def test_a_family_that_cannot_run_is_one_line_before_any_work(tiny_mlm_teacher, 
 @pytest.mark.slow
 def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_teacher, tiny_corpus, tmp_path):
   """`python -m minilm_jax.train` with a family config, then `convert --to-hf --student` naming one
-  of the family (it writes that student), naming none of them, and naming no student: one line
-  each, exit 2, nothing written."""
+  of the family (it writes that student) and naming none of them: one line, exit 2, nothing written
+  (naming no student: `export_run`'s refusal, in the test above and here in process)."""
   config = tmp_path / "family.py"
   config.write_text(
     "import sys\n"
@@ -140,7 +130,7 @@ def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_tea
     f"from test_family import STUDENTS\n\n\n"
     "def get_config():\n"
     f"  c = tiny_config({tiny_teacher!r}, {tiny_corpus!r}, num_steps=2)\n"
-    "  c.family = STUDENTS\n"
+    "  c.family = STUDENTS[:2]\n"
     "  return c\n"
   )
   env = {**os.environ, "XLA_FLAGS": xla_flags(2)}
@@ -148,40 +138,42 @@ def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_tea
   train = [sys.executable, "-m", "minilm_jax.train", "--config", str(config), "--workdir", workdir]
   proc = subprocess.run(train, cwd=ROOT, env=env, capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert runs.read_record(workdir).students.keys() == {"2x16", "1x32", "3x16"}
+  assert runs.read_record(workdir).students.keys() == {"2x16", "1x32"}
   convert = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", str(tmp_path / "x")]
   proc = subprocess.run(convert + ["--student", "1x32"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert proc.returncode == 0 and "wrote 1x32 encoder" in proc.stderr, proc.stderr[-2000:]
   assert runs.load_encoder(str(tmp_path / "x")).config.hidden_size == 32
   convert[-1] = str(tmp_path / "y")
   proc = subprocess.run(convert + ["--student", "4x16"], cwd=ROOT, env=env, capture_output=True, text=True)
-  assert proc.returncode == 2 and "--student 4x16" in proc.stderr and "2x16, 1x32, 3x16" in proc.stderr
-  proc = subprocess.run(convert, cwd=ROOT, env=env, capture_output=True, text=True)
-  assert proc.returncode == 2 and "holds a family of students" in proc.stderr and "--student" in proc.stderr
+  assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+  assert "--student 4x16" in proc.stderr and "2x16, 1x32" in proc.stderr
+  with pytest.raises(UserError, match="holds a family of students.*--student"):
+    runs.export_run(workdir, str(tmp_path / "y"))
   assert not os.path.exists(tmp_path / "y")
 
 
 @pytest.mark.slow
 def test_bench_distill_family_times_the_family_against_each_student_alone():
   """`bench distill --family` at a tiny size: one row per length, the family's tokens/s and its
-  speed-up over the separate steps beside the ideal from the parts' FLOPs, computed here by hand."""
+  speed-up over the separate steps beside the ideal from the parts' FLOPs, computed here by hand;
+  two students of one shape are two students."""
   from minilm_jax.benchmarks import distill
   from minilm_jax.models import flops
 
-  settings = distill.Settings(teacher="2x64", students=["2x32", "1x32", "1x32"], batch_size=4, seq_lens=[16])
+  settings = distill.Settings(teacher="2x64", students=["2x32", "2x32"], batch_size=4, seq_lens=[16])
   rows = distill.run(dataclasses.replace(settings, repeats=1, family=True))
-  assert len(rows) == 1 and rows[0]["family"] == "2x32,1x32,1x32" and rows[0]["family_tokens_per_s"] > 0
+  assert len(rows) == 1 and rows[0]["family"] == "2x32,2x32" and rows[0]["family_tokens_per_s"] > 0
   assert rows[0]["speedup"] > 0 and rows[0]["of_ideal"] == pytest.approx(rows[0]["speedup"] / rows[0]["ideal_speedup"])
-  row = rows[0]  # the ideal the measured teacher pass gives: the separate steps less two of their three
+  row = rows[0]  # the ideal the measured teacher pass gives: the separate steps less one of their two
   assert row["teacher_forward_ms"] > 0 and row["measured_ideal_speedup"] > 1
   assert row["of_measured_ideal"] == pytest.approx(row["speedup"] / row["measured_ideal_speedup"])
   teacher = flops.parse_shape("2x64")
   parts = [
     flops.distill_step_flops_by_part(flops.LossLayer(teacher, 1), flops.LossLayer(flops.parse_shape(s), n - 1), 4, 16)
-    for s, n in (("2x32", 2), ("1x32", 1), ("1x32", 1))
+    for s, n in (("2x32", 2), ("2x32", 2))
   ]
   t = parts[0]["teacher forward"]
   students = [sum(v for k, v in p.items() if k != "teacher forward") for p in parts]
-  assert rows[0]["ideal_speedup"] == pytest.approx((3 * t + sum(students)) / (t + sum(students)))
+  assert rows[0]["ideal_speedup"] == pytest.approx((2 * t + sum(students)) / (t + sum(students)))
   with pytest.raises(UserError, match="--family with --profile"):
     distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))

@@ -29,7 +29,7 @@ from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill.step import Learner, init_state, make_family_step
+from minilm_jax.distill.step import Learner, init_state, keyed_state, make_family_step
 from minilm_jax.distill.trainer import (
   Shared,
   Student,
@@ -107,9 +107,7 @@ def fresh_state(steps: dict, rng, starts: dict) -> TrainState:
   """The family's train state at step 0: each student's (`steps`: name -> `DistillationStep`) fresh
   state as it would start alone (`step.init_state`, from `rng` and its ETD start, or random),
   their parameters and optimizer states keyed by name."""
-  states = {n: init_state(s.student, s.tx, s.objective, rng, starts.get(n)) for n, s in steps.items()}
-  first = next(iter(states.values()))
-  return TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
+  return keyed_state({n: init_state(s.student, s.tx, s.objective, rng, starts.get(n)) for n, s in steps.items()})
 
 
 def _as_student(name: str, fn, *args):

@@ -101,13 +101,19 @@ def _member_states(state: TrainState, names, family: bool) -> dict:
   return {n: TrainState(state.step, state.params[n], state.opt_state[n]) for n in names}
 
 
+def keyed_state(states: dict) -> TrainState:
+  """One train state of a family from each student's (name -> `TrainState`, all at one step): their
+  parameters and optimizer states keyed by name, as the family's step and checkpoint hold them."""
+  first = next(iter(states.values()))
+  return TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
+
+
 def _joined(states: dict, metrics: dict, family: bool) -> tuple:
   """The step's (state, metrics) from each student's: as they are for one student, keyed by name
   for a family."""
   if not family:
     return states[""], metrics[""]
-  first = next(iter(states.values()))
-  state = TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
+  state = keyed_state(states)
   flat = {f"{n}/{k}": v for n, m in metrics.items() for k, v in m.items()}
   rows = list(metrics.values())
   total = {
