@@ -29,7 +29,7 @@ from minilm_jax.models.encoder import Encoder
 from minilm_jax.models.heads import apply_model
 from minilm_jax.runs import lock
 from minilm_jax.task_distill.config import left_to_run, mkd_config, task_distillation_config
-from minilm_jax.task_distill.run import build_task_distillation
+from minilm_jax.task_distill.run import build_task_distillation, run_lr_grid
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.inputs import task_features
 from minilm_jax.transfer.objectives import Outputs
@@ -295,11 +295,17 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   losses = {row["lr"]: row["dev_loss"] for row in grid["rows"]}
   assert set(losses) == {1e-5, 5e-5} and grid["best"]["lr"] == min(losses, key=losses.get)
   assert f"lr {grid['best']['lr']:g}" in proc.stdout
-  # A finished grid reruns: each rate's run resumes at its end, the rows the same.
-  again = run_distill_task("configs/task/mkd_finetune.py", tmp_path / "grid", *overrides)
-  assert again.returncode == 0, again.stderr[-3000:]
+  # A finished grid reruns (in this process: the program's path is the run above): each rate's run
+  # resumes at its end, the rows the same.
+  grid_config = load_config_module(os.path.join(ROOT, "configs", "task", "mkd_finetune.py")).get_config()
+  grid_config.tasks, grid_config.teacher, grid_config.data_dir = c.tasks, teacher, c.data_dir
+  grid_config.student.from_run, grid_config.max_seq_length, grid_config.epochs = mkd_dir, 32, 1
+  grid_config.batch_size, grid_config.augment.enabled, grid_config.mesh.data = 200, False, 2
+  grid_config.lr_grid = "1e-5,5e-5"
+  rows, _ = run_lr_grid(grid_config, str(tmp_path / "grid"))
+  assert {row["lr"]: row["dev_loss"] for row in rows} == pytest.approx(losses, rel=1e-5)
   rerun = json.load(open(tmp_path / "grid" / "lr_grid.json"))
-  assert {row["lr"]: row["dev_loss"] for row in rerun["rows"]} == losses
+  assert {row["lr"]: row["dev_loss"] for row in rerun["rows"]} == pytest.approx(losses, rel=1e-5)
   # The one-line errors of the last stage: a student field that contradicts the run's, no run.
   c.student.hidden = 999
   with pytest.raises(UserError, match=r"student.hidden=999 contradicts student.from_run=.*hidden=8"):
@@ -418,9 +424,6 @@ def test_a_grid_over_other_rates_adds_to_the_earlier_one(tmp_path):
   with pytest.raises(UserError, match="is not a learning-rate grid this program wrote"):
     read_grid(str(tmp_path / "notes.json"))
   assert (tmp_path / "notes.json").read_text() == '["mine"]'
-  from minilm_jax.task_distill.config import task_distillation_config
-  from minilm_jax.task_distill.run import run_lr_grid
-
   c = task_distillation_config()
   c.lr_grid = "1e-5,5e-5,1e-05"
   with pytest.raises(UserError, match="names a learning rate twice"):
