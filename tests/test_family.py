@@ -94,6 +94,33 @@ def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teache
     np.testing.assert_allclose(_flat(exported[0].params)[key], value, rtol=2e-5, atol=2e-6, err_msg=key)
 
 
+@pytest.mark.slow
+def test_each_student_is_evaluated_under_its_name_and_summarised_at_the_end(
+  tiny_teacher, tiny_corpus, tmp_path, capsys
+):
+  """A family's evaluators run for every student, logged as <name>/eval/...; the run ends with each
+  student's table (the teacher, its start, its last step), as a lone run ends with its own."""
+  from conftest import SENTENCES
+  from minilm_jax.evaluation.evaluators import evaluator
+
+  sts = tmp_path / "sts.tsv"
+  pairs = zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])
+  sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{a}\t{b}\t{i % 5}.0\n" for i, (a, b) in enumerate(pairs)))
+  config = _family_config(tiny_teacher, tiny_corpus, STUDENTS[:2], num_steps=2, **{"data.heldout_blocks": 8})
+  config.eval_batch_size = 8
+  config.evaluators.heldout = evaluator("heldout", 2)
+  config.evaluators.sts = evaluator("sts", 2, file=str(sts), max_seq_length=16)
+  build_family(config, str(tmp_path / "family"), mesh=parallel.make_mesh(2)).run()
+  rows = [json.loads(line) for line in open(tmp_path / "family" / "metrics.jsonl")]
+  evaluated = {k for r in rows if r["step"] == 2 for k in r}
+  for name in ("2x16", "1x32"):
+    assert {f"{name}/eval/heldout/loss", f"{name}/eval/sts/spearman"} <= evaluated, sorted(evaluated)
+  out = capsys.readouterr().out
+  for name in ("2x16", "1x32"):
+    table = out[out.index(f"{name}:\n") :]
+    assert "| teacher |" in table and "| start (step 0): random init |" in table and "| student (step 2) |" in table
+
+
 @pytest.mark.parametrize(
   "family, message",
   [

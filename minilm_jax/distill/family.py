@@ -37,6 +37,7 @@ from minilm_jax.distill.trainer import (
   check_settings,
   check_student,
   heldout_record,
+  print_summary,
   read_corpus,
   read_teacher,
   student_record,
@@ -177,6 +178,8 @@ class Family:
     evaluate = self.evaluate if any(s.evaluators for s in self.students.values()) else None
     hooks = LoopHooks(f"distill {','.join(self.students)}", evaluate=evaluate)
     state = train_loop(self, state, next_batch, step_fn, hooks)
+    for name, s in self.students.items():
+      print_summary(s.config, self.workdir, s.evaluators, s.teacher_params, state.params[name], name)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 

@@ -93,13 +93,22 @@ class Distillation:
 
     evaluate = (lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None
     state = train_loop(self, state, next_batch, step_fn, LoopHooks("distill", evaluate=evaluate))
-    if self.evaluators:
-      speed = self.evaluators.speed(state.params)  # on every process: the encoders run on the whole mesh
-      if jax.process_index() == 0:  # the one that wrote metrics.jsonl
-        sizes = {"teacher": parameter_count(self.teacher_params), "student": parameter_count(state.params)}
-        print("\n" + evaluators.summary(self.config, self.workdir, speed, sizes), flush=True)  # below the bars
+    print_summary(self.config, self.workdir, self.evaluators, self.teacher_params, state.params)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
+
+
+def print_summary(config, workdir: str, run_evaluators, teacher_params, params, student: str = "") -> None:
+  """The run's evaluations as one table below the progress bars (`evaluators.summary`), with the
+  teacher's and the student's sizes and speeds; for a family's `student`, its own rows under its
+  name. Nothing without evaluators."""
+  if not run_evaluators:
+    return
+  speed = run_evaluators.speed(params)  # on every process: the encoders run on the whole mesh
+  if jax.process_index() == 0:  # the one that wrote metrics.jsonl
+    sizes = {"teacher": parameter_count(teacher_params), "student": parameter_count(params)}
+    table = evaluators.summary(config, workdir, speed, sizes, student)
+    print("\n" + (f"{student}:\n" if student and table else "") + table, flush=True)
 
 
 def student_record(config, step: DistillationStep, untrained: tuple, heldout: dict | None) -> RunRecord:

@@ -434,13 +434,23 @@ def probe_accuracy(train_NxD, train_y, dev_MxD, dev_y) -> float:
   return float(np.mean(probe_correct(train_NxD, train_y, dev_MxD, dev_y)))
 
 
-def summary(config, workdir: str, speed: dict, sizes: dict) -> str:
-  """The run's evaluations as one table, read from its metrics.jsonl: the teacher, the student it
-  started from (step 0), the last evaluated step and (with `checkpoint.best`) the best one; their
-  sizes and sentences/s; and the change of each score from the start to the last step."""
+def _metric_rows(workdir: str, student: str) -> list:
+  """The rows of the run's metrics.jsonl; for a family's `student`, its metrics alone, named as a
+  lone run's (`<student>/eval/...` as `eval/...`)."""
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
-  evaluated = [r for r in rows if any(k.startswith("eval/") for k in r)]
+  if not student:
+    return rows
+  prefix = f"{student}/"
+  return [{"step": r["step"], **{k[len(prefix) :]: v for k, v in r.items() if k.startswith(prefix)}} for r in rows]
+
+
+def summary(config, workdir: str, speed: dict, sizes: dict, student: str = "") -> str:
+  """The run's evaluations as one table, read from its metrics.jsonl: the teacher, the student it
+  started from (step 0), the last evaluated step and (with `checkpoint.best`) the best one; their
+  sizes and sentences/s; and the change of each score from the start to the last step. For a
+  family's `student`, the metrics logged under its name."""
+  evaluated = [r for r in _metric_rows(workdir, student) if any(k.startswith("eval/") for k in r)]
   if not evaluated:
     return ""
   # Scores, not the heldout's separate loss terms (those are in metrics.jsonl).
