@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,6 +303,30 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
     tiny_config(tiny_teacher, tiny_corpus, num_steps=2, log_every=2, **{"checkpoint.every": 2}), workdir
   ).run()
   assert runs.RunCheckpoints(workdir, read_only=True).latest_step() == 2
+
+
+def test_resuming_from_a_teacher_rebuilt_at_its_path_is_refused_before_writing(tiny_teacher, tiny_corpus, tmp_path):
+  """The teacher's path cannot change on resume (the config check above); a teacher retrained or
+  rebuilt at that path is found by the digest of its weights, which the record keeps."""
+  import torch
+  import transformers
+
+  teacher, workdir = str(tmp_path / "teacher"), str(tmp_path / "w")
+  shutil.copytree(tiny_teacher, teacher)
+  build_distillation(tiny_config(teacher, tiny_corpus, num_steps=1), workdir).run()
+  assert len(runs.read_record(workdir).teacher_weights) == 64
+  model = transformers.BertModel.from_pretrained(teacher)
+  with torch.no_grad():
+    model.embeddings.word_embeddings.weight[5] += 0.01  # one row of one matrix: retrained a little
+  model.save_pretrained(teacher)
+  checkpoints = os.path.join(workdir, "checkpoints")
+  before = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(checkpoints, "**"), recursive=True)}
+  with pytest.raises(
+    UserError, match=f"teacher.path={teacher} holds other weights than the teacher {workdir} started from"
+  ):
+    build_distillation(tiny_config(teacher, tiny_corpus, num_steps=2), workdir)
+  assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(checkpoints, "**"), recursive=True)} == before
+  assert not os.path.exists(os.path.join(workdir, "run.lock"))  # released: the workdir is free again
 
 
 # What a newcomer must never see first: the accelerator plugins' start-up lines (the `aot` extra puts

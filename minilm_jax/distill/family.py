@@ -144,7 +144,10 @@ class Family:
   def record(self) -> RunRecord:
     heldout = heldout_record(self.shared.heldout)
     students = {n: student_record(s.config, s.step, s.untrained, heldout).to_json() for n, s in self.students.items()}
-    return RunRecord(DISTILLATION, None, json.loads(self.config.to_json()), heldout=heldout, students=students)
+    config = json.loads(self.config.to_json())
+    return RunRecord(
+      DISTILLATION, None, config, heldout=heldout, students=students, teacher_weights=self.shared.teacher_weights
+    )
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or every student fresh at batch 0 (each

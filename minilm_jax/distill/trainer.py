@@ -26,6 +26,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.runs import lock
+from minilm_jax.runs.checkpoints import weights_digest
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.training.loop import LoopHooks, begin_run, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import (
@@ -52,6 +53,7 @@ class Distillation:
   untrained: tuple  # parameters this objective leaves as initialised (an export names them)
   checkpoints: runs.RunCheckpoints
   student_params: dict | None  # ETD's extraction; None: random init, or a run that resumes
+  teacher_weights: str  # the teacher's digest, kept in the record for resumes (`check_same_teacher`)
 
   @property
   def teacher(self) -> Encoder:
@@ -80,7 +82,8 @@ class Distillation:
     return self.config.num_steps
 
   def record(self) -> RunRecord:
-    return student_record(self.config, self.step, self.untrained, self.heldout)
+    record = student_record(self.config, self.step, self.untrained, self.heldout)
+    return dataclasses.replace(record, teacher_weights=self.teacher_weights)
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
@@ -153,6 +156,7 @@ class Shared:
   teacher: Any  # hf.LoadedModel
   masking: tuple  # (special token ids, mask id)
   placed: dict  # the teacher's parameters replicated on the mesh, once for every student
+  teacher_weights: str  # their digest, kept in the run's record (`check_same_teacher`)
   stream: BatchStream | None = None
   heldout: Any = None
   collate: Callable | None = None
@@ -178,7 +182,28 @@ def read_teacher(config, workdir: str, mesh) -> Shared:
   evaluators.check_lengths(config, teacher.config.max_position_embeddings)
   masking = (tuple(teacher.tokenizer.all_special_ids), teacher.tokenizer.mask_token_id)
   mesh = mesh or parallel.make_mesh()
-  return Shared(config, workdir, mesh, teacher, masking, jax.device_put(teacher.params, parallel.replicated(mesh)))
+  weights = weights_digest(teacher.params)
+  check_same_teacher(config.teacher.path, workdir, weights)
+  placed = jax.device_put(teacher.params, parallel.replicated(mesh))
+  return Shared(config, workdir, mesh, teacher, masking, placed, weights)
+
+
+def check_same_teacher(teacher_path: str, workdir: str, weights: str):
+  """A run resumes only from the teacher it started with: its `teacher.path` cannot change (the
+  config check), but a model rebuilt or retrained at that path would teach the rest of the run
+  something else. Runs whose record predates the digest resume as before."""
+  if not runs.is_run(workdir):
+    return
+  ckpt = runs.RunCheckpoints(workdir, read_only=True)
+  try:
+    saved = ckpt.read_record().teacher_weights if ckpt.latest_step() is not None else None
+  finally:
+    ckpt.close()
+  if saved is not None and saved != weights:
+    raise UserError(
+      f"teacher.path={teacher_path} holds other weights than the teacher {workdir} started from "
+      f"(digest {saved[:12]}, now {weights[:12]}): put that teacher back, or start a new --workdir"
+    )
 
 
 def read_corpus(shared: Shared, students: list) -> Shared:
@@ -303,6 +328,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     student.untrained,
     checkpoints,
     student.start_params,
+    shared.teacher_weights,
   )
 
 

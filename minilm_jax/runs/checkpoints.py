@@ -17,6 +17,7 @@ import traceback
 from typing import NoReturn
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
@@ -49,6 +50,18 @@ def step_digest(workdir: str, step: int, *more_dirs: str) -> str:
         digest.update(os.path.relpath(path, root).encode() + b"\0")
         with open(path, "rb") as f:
           digest.update(hashlib.file_digest(f, "sha256").digest())
+  return digest.hexdigest()
+
+
+def weights_digest(params) -> str:
+  """A digest of a model's parameters as read (each array's path, dtype, shape and bytes): what a
+  run keeps of its teacher, so that a resume finds out whether the teacher at its path is still the
+  one it started from."""
+  digest = hashlib.sha256()
+  for path, value in sorted(jax.tree_util.tree_flatten_with_path(params)[0], key=lambda p: jax.tree_util.keystr(p[0])):
+    array = np.ascontiguousarray(jax.device_get(value))
+    digest.update(f"{jax.tree_util.keystr(path)}\0{array.dtype}\0{array.shape}\0".encode())
+    digest.update(array.tobytes())
   return digest.hexdigest()
 
 

@@ -59,6 +59,8 @@ class RunRecord:
   # A family of students distilled together (`distill.family`): each student's own record, by name;
   # the family's `encoder` is None and its `config` the family's.
   students: dict = dataclasses.field(default_factory=dict)
+  # A distillation's teacher as it read it (`checkpoints.weights_digest`): a resume compares it.
+  teacher_weights: str | None = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -120,6 +122,8 @@ class RunRecord:
     out["encoder"] = None if self.encoder is None else self.encoder.to_dict()
     if not self.students:  # one student's record is written as it was before families
       del out["students"]
+    if self.teacher_weights is None:  # the runs that distil from no teacher's weights
+      del out["teacher_weights"]
     return {"version": VERSION, **out}
 
   @classmethod
