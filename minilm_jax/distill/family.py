@@ -182,7 +182,7 @@ class Family:
     hooks = LoopHooks(f"distill {','.join(self.students)}", evaluate=evaluate)
     state = train_loop(self, state, next_batch, step_fn, hooks)
     for name, s in self.students.items():
-      print_summary(s.config, self.workdir, s.evaluators, s.teacher_params, state.params[name], name)
+      print_summary(s, self.workdir, state.params[name], name)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 

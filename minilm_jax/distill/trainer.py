@@ -96,22 +96,23 @@ class Distillation:
 
     evaluate = (lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None
     state = train_loop(self, state, next_batch, step_fn, LoopHooks("distill", evaluate=evaluate))
-    print_summary(self.config, self.workdir, self.evaluators, self.teacher_params, state.params)
+    alone = Student(self.config, self.step, self.teacher_params, self.evaluators, self.untrained, self.student_params)
+    print_summary(alone, self.workdir, state.params)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 
 
-def print_summary(config, workdir: str, run_evaluators, teacher_params, params, student: str = "") -> None:
-  """The run's evaluations as one table below the progress bars (`evaluators.summary`), with the
-  teacher's and the student's sizes and speeds; for a family's `student`, its own rows under its
-  name. Nothing without evaluators."""
-  if not run_evaluators:
+def print_summary(student: "Student", workdir: str, params, name: str = "") -> None:
+  """The run's evaluations of `student` (trained to `params`) as one table below the progress bars
+  (`evaluators.summary`), with the teacher's and the student's sizes and speeds; for a family's
+  student `name`, its own rows under its name. Nothing without evaluators."""
+  if not student.evaluators:
     return
-  speed = run_evaluators.speed(params)  # on every process: the encoders run on the whole mesh
+  speed = student.evaluators.speed(params)  # on every process: the encoders run on the whole mesh
   if jax.process_index() == 0:  # the one that wrote metrics.jsonl
-    sizes = {"teacher": parameter_count(teacher_params), "student": parameter_count(params)}
-    table = evaluators.summary(config, workdir, speed, sizes, student)
-    print("\n" + (f"{student}:\n" if student and table else "") + table, flush=True)
+    sizes = {"teacher": parameter_count(student.teacher_params), "student": parameter_count(params)}
+    table = evaluators.summary(student.config, workdir, speed, sizes, name)
+    print("\n" + (f"{name}:\n" if name and table else "") + table, flush=True)
 
 
 def student_record(config, step: DistillationStep, untrained: tuple, heldout: dict | None) -> RunRecord:
