@@ -28,7 +28,7 @@ from minilm_jax.models.encoder import Encoder
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import LoopHooks, begin_run, steps_of_epochs, train_loop
+from minilm_jax.training.loop import LoopHooks, begin_run, resumed_record, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import (
   TrainState,
   restore_or_init,
@@ -193,13 +193,8 @@ def check_same_teacher(teacher_path: str, workdir: str, weights: str):
   """A run resumes only from the teacher it started with: its `teacher.path` cannot change (the
   config check), but a model rebuilt or retrained at that path would teach the rest of the run
   something else. Runs whose record predates the digest resume as before."""
-  if not runs.is_run(workdir):
-    return
-  ckpt = runs.RunCheckpoints(workdir, read_only=True)
-  try:
-    saved = ckpt.read_record().teacher_weights if ckpt.latest_step() is not None else None
-  finally:
-    ckpt.close()
+  record = resumed_record(workdir)
+  saved = None if record is None else record.teacher_weights
   if saved is not None and saved != weights:
     raise UserError(
       f"teacher.path={teacher_path} holds other weights than the teacher {workdir} started from "

@@ -168,18 +168,25 @@ _MAY_CHANGE_ON_RESUME = (
 )
 
 
+def resumed_record(workdir: str) -> RunRecord | None:
+  """The record of the run a program at `workdir` would resume (its newest readable checkpoint's),
+  or None where there is none to resume."""
+  if not is_run(workdir):
+    return None
+  ckpt = RunCheckpoints(workdir, read_only=True)
+  try:
+    return ckpt.read_record() if ckpt.latest_step() is not None else None
+  finally:
+    ckpt.close()
+
+
 def _check_resumable(config, workdir: str):
   """A workdir that holds a run is resumed only with that run's config, but for the fields that
   may change between restarts; anything else is refused with the differing fields."""
-  if not is_run(workdir):
+  record = resumed_record(workdir)
+  if record is None:
     return
-  ckpt = RunCheckpoints(workdir, read_only=True)
-  try:
-    if ckpt.latest_step() is None:
-      return
-    saved = traverse_util.flatten_dict(ckpt.read_record().config, sep=".")
-  finally:
-    ckpt.close()
+  saved = traverse_util.flatten_dict(record.config, sep=".")
   now = traverse_util.flatten_dict(json.loads(config.to_json()), sep=".")
   # Fields on one side only come from another version of this program, not from the user.
   differing = sorted(
