@@ -189,7 +189,7 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
     config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
   student = build_distillation(config, str(tmp_path / "student"))
   assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.teacher_params), assistant_params)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.parts.teacher_params), assistant_params)
   student.run()
   assert opened.count(os.path.abspath(assistant)) == 1, opened
   teacher_rows = [m for m in read_metrics(str(tmp_path / "student")) if "eval/short/teacher/mrr@10" in m]

@@ -45,15 +45,19 @@ class Distillation:
   workdir: str
   mesh: Mesh
   tokenizer: Any
-  step: DistillationStep
-  teacher_params: dict  # on the mesh; with the masked-LM head under "mlm_head" when the objective runs it
+  parts: "Student"  # its step, the teacher as the step reads it, evaluators, untrained names, ETD start
   stream: BatchStream
   heldout: dict | None  # the corpus blocks training never reads (`heldout_record`)
-  evaluators: evaluators.Evaluators
-  untrained: tuple  # parameters this objective leaves as initialised (an export names them)
   checkpoints: runs.RunCheckpoints
-  student_params: dict | None  # ETD's extraction; None: random init, or a run that resumes
   teacher_weights: str  # the teacher's digest, kept in the record for resumes (`check_same_teacher`)
+
+  @property
+  def step(self) -> DistillationStep:
+    return self.parts.step
+
+  @property
+  def evaluators(self) -> evaluators.Evaluators:
+    return self.parts.evaluators
 
   @property
   def teacher(self) -> Encoder:
@@ -73,7 +77,7 @@ class Distillation:
     return restore_or_init(
       self.checkpoints,
       partial(init_state, self.student, self.step.tx, self.objective),
-      (rng, self.student_params),
+      (rng, self.parts.start_params),
       parallel.replicated(self.mesh),
     )
 
@@ -82,7 +86,7 @@ class Distillation:
     return self.config.num_steps
 
   def record(self) -> RunRecord:
-    record = student_record(self.config, self.step, self.untrained, self.heldout)
+    record = student_record(self.config, self.step, self.parts.untrained, self.heldout)
     return dataclasses.replace(record, teacher_weights=self.teacher_weights)
 
   def run(self) -> TrainState:
@@ -92,12 +96,11 @@ class Distillation:
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
 
     def step_fn(state, batch):
-      return self.step.train_step(state, batch, self.teacher_params, dropout_rng)
+      return self.step.train_step(state, batch, self.parts.teacher_params, dropout_rng)
 
     evaluate = (lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None
     state = train_loop(self, state, next_batch, step_fn, LoopHooks("distill", evaluate=evaluate))
-    alone = Student(self.config, self.step, self.teacher_params, self.evaluators, self.untrained, self.student_params)
-    print_summary(alone, self.workdir, state.params)
+    print_summary(self.parts, self.workdir, state.params)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 
@@ -316,14 +319,10 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     workdir,
     shared.mesh,
     shared.tokenizer,
-    student.step,
-    student.teacher_params,
+    student,
     shared.stream,
     heldout_record(shared.heldout),
-    student.evaluators,
-    student.untrained,
     checkpoints,
-    student.start_params,
     shared.teacher_weights,
   )
 
