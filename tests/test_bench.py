@@ -4,6 +4,7 @@ unused layers cost nothing, and the program writes the rows it prints."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 from functools import partial
@@ -387,7 +388,7 @@ def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took
 
 
 @pytest.mark.slow
-def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path):
+def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path, caplog):
   """A second stage (the teacher's logits and layers on the augmented set, from the evenly spaced
   layers), one learning three teachers (the teacher fine-tuned with seeds 0, 1, 2) with the score
   of their mean logits, and a first stage fine-tuned for the second stage's steps: all scored and
@@ -412,6 +413,20 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   cached = sorted(os.listdir(tmp_path / "measured_models" / "cache"))
   # the augmented set, each teacher's logits on it and on the dev set (the ensemble's)
   assert sorted(os.path.splitext(c)[1] for c in cached) == [".npy"] * 6 + [".parquet"], cached
+  # A machine without the kept runs fine-tunes one again when a measurement needs it (here the
+  # ensemble's, taken out of the log), and says so where it scores otherwise than the logged seed.
+  shutil.rmtree(teacher_runs[0])  # seed 0's: the names of seeds 1 and 2 sort after it
+  entries = [json.loads(line) for line in measured]
+  logged = [e for e in entries if json.loads(e["key"])[2] == 0 and json.loads(e["key"])[0]["distill"] is None]
+  assert len(logged) == 1
+  logged[0]["value"] += 0.25  # as another machine's run of seed 0 scored
+  results.write_text("".join(json.dumps(e) + "\n" for e in entries if json.loads(e["key"])[2] != several[0]))
+  with caplog.at_level("WARNING"):
+    again = {r["model"]: r for r in suite(models=("teacher", several[0]))}
+  assert os.path.isfile(os.path.join(teacher_runs[0], "results.json"))
+  assert "the teacher fine-tuned again on vader_movies with seed 0 scores" in caplog.text
+  assert again["teacher"]["vader_movies/ft"] == pytest.approx(logged[0]["value"], abs=1e-4)  # the row: the log's
+  ensemble_again = again[several[0]]["vader_movies/ft"]
   by_model = {r["model"]: r for r in rows}
   for name in models:
     assert 0.0 <= by_model[name]["vader_movies/ft"] <= 1.0
@@ -429,6 +444,7 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   )
   ensemble = np.mean(mean.argmax(-1) == np.asarray(dev["label"]))
   assert by_model["teacher_ensemble3"]["vader_movies/ft"] == pytest.approx(ensemble, abs=1e-4)
+  assert ensemble_again == pytest.approx(ensemble, abs=1e-4)  # this machine's refit: its first run again
   assert "ft_gap_closed" in by_model["uniform_layers+task_kd"] and "vader_movies/probe" not in by_model[models[2]]
   # The longer one-stage row trains as many epochs as the augmented set is times the training set.
   long_runs = [json.loads(line) for line in measured if "steps_of" in line]

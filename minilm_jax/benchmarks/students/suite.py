@@ -350,7 +350,27 @@ class _Suite:
     if not os.path.isfile(os.path.join(path, "results.json")):
       epochs, lr = self.finetuning
       _finetune(self.teacher, t, seed, epochs, self.length, lr, self.mesh, path)
+      self._say_if_refit_differs(t, seed, path)
     return path
+
+  def _say_if_refit_differs(self, t: BenchTask, seed: int, path: str):
+    """One warning line when a teacher run fine-tuned again (its kept run is not on this machine)
+    scores otherwise than the teacher row's logged seed: another machine's or version's floating
+    point, whose difference the rows that learn from this run inherit."""
+    logged = (self.model("teacher").key, f"{t.name}={t.data_dir}", seed)
+    if logged not in self.log:
+      return
+    score, was = _teacher_score("", lambda: path, t), self.log[logged]["value"]
+    if score != was:
+      logging.warning(
+        "bench students: the teacher fine-tuned again on %s with seed %d scores %.4f where %s holds %.4f "
+        "(another machine or version): the rows measured from now on learn from this run",
+        t.label,
+        seed,
+        score,
+        self.log.path,
+        was,
+      )
 
   def teacher_runs(self, t: BenchTask, count: int) -> str:
     """`distill.teacher` for the teacher runs of seeds 0 to `count` - 1: a comma list."""
