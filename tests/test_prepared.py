@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import datasets
 import numpy as np
 import pytest
 from hypothesis import event, given
@@ -176,3 +177,34 @@ def test_damaged_prepared_corpora_load_or_are_one_line_naming_the_file(prepared,
     except UserError as e:
       assert "\n" not in str(e) and name in str(e), str(e)
       event(f"{how}: one line")
+
+
+def test_a_remote_corpus_prepared_again_is_copied_again(prepared, tiny_teacher, tmp_path, monkeypatch):
+  """A host copies a remote corpus's shards once into its cache (here a local directory read as a
+  remote one would be). Prepared anew with as many rows, its shards are as big as before, yet the
+  run reads the new blocks: the manifest, with each shard's sha256, says the corpus changed."""
+  import shutil
+
+  from minilm_jax.data import prepared as prepared_module
+
+  monkeypatch.setattr(prepared_module, "_on_this_host", lambda directory: False)
+  tokenizer = runs.load_tokenizer_of(tiny_teacher)
+  remote, cache = str(tmp_path / "remote"), str(tmp_path / "cache")
+  shutil.copytree(prepared, remote)
+  first = PreparedBlocks(remote, tokenizer, 32, cache)
+  rows = np.arange(len(first))
+  before = first[rows]["input_ids"]
+  assert PreparedBlocks(remote, tokenizer, 32, cache)[rows]["input_ids"].tolist() == before.tolist()  # kept
+  # Prepared again: every block's tokens in reverse order between [CLS] and [SEP], as many rows.
+  blocks = [list(b[:1]) + list(b[1 : n - 1][::-1]) + list(b[n - 1 : n]) for b, n in zip(before, first[rows]["lengths"])]
+  shutil.rmtree(remote)
+  manifest = json.load(open(os.path.join(prepared, "manifest.json")))
+  prepared_module.write_prepared(
+    datasets.Dataset.from_dict({"input_ids": blocks}), tokenizer, 32, remote, len(manifest["shards"]), []
+  )
+  assert [os.path.getsize(os.path.join(remote, s["blocks"])) for s in manifest["shards"]] == [
+    os.path.getsize(os.path.join(prepared, s["blocks"])) for s in manifest["shards"]
+  ]
+  after = PreparedBlocks(remote, tokenizer, 32, cache)[rows]["input_ids"]
+  assert after.tolist() != before.tolist()
+  np.testing.assert_array_equal(after[:, 0], before[:, 0])  # [CLS] still first

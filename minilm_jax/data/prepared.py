@@ -1,7 +1,8 @@
 """A corpus tokenised and packed once (`python -m minilm_jax.prepare_data`), read by every process.
 
 Layout of a prepared directory (local, or any `etils.epath` location such as `gs://`):
-  manifest.json                 tokenizer identity, max_seq_length, counts, shards, source files,
+  manifest.json                 tokenizer identity, max_seq_length, counts, shards (each with its
+                                sha256), source files,
                                 and for a corpus in several languages each one's block count, in order
   blocks-00000-of-00004.npy     int32 [rows, max_seq_length]: `[CLS] ... [SEP]` blocks, padded
   lengths-00000-of-00004.npy    int32 [rows]: each block's real length
@@ -61,7 +62,11 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
     for kind, array in (("blocks", ids), ("lengths", lengths)):
       with (out / names[kind]).open("wb") as f:
         np.save(f, array)
-    shards.append({"rows": len(lengths), **names})
+    # What the shard holds: two preparations with as many rows have files of the same size, and a
+    # host's copy of a remote corpus is kept only while the manifest it was copied with is the same.
+    digest = hashlib.sha256(np.ascontiguousarray(ids).data)
+    digest.update(np.ascontiguousarray(lengths).data)
+    shards.append({"rows": len(lengths), **names, "sha256": digest.hexdigest()})
     tokens += int(lengths.sum())
   manifest = {
     "format": FORMAT,
@@ -116,6 +121,11 @@ def _shard(path, directory: str, rows: int) -> np.ndarray:
   return array
 
 
+def _on_this_host(directory: str) -> bool:
+  """A prepared directory every process reads in place (memory-mapped), not one copied here first."""
+  return os.path.isdir(directory)
+
+
 class PreparedBlocks:
   """The blocks of a prepared directory: `len()`, and `blocks[indices]` -> {"input_ids", "lengths"}
   (numpy, in the order of `indices`), what `BatchStream` gathers and `collate_prepared` pads."""
@@ -129,7 +139,7 @@ class PreparedBlocks:
       )
     self.manifest = _read_manifest(root / MANIFEST, directory)
     self._check(directory, tokenizer, max_seq_length)
-    local = root if os.path.isdir(directory) else self._copy_local(root, cache_dir)
+    local = root if _on_this_host(directory) else self._copy_local(root, cache_dir)
     self._ids = [_shard(local / s["blocks"], directory, s["rows"]) for s in self.manifest["shards"]]
     self._lengths = [_shard(local / s["lengths"], directory, s["rows"]) for s in self.manifest["shards"]]
     self._starts = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
@@ -160,14 +170,20 @@ class PreparedBlocks:
       )
 
   def _copy_local(self, root, cache_dir: str):
-    """Remote shards copied once into `cache_dir` (a file that is already there whole is kept)."""
+    """Remote shards copied once into `cache_dir`: a file already there whole is kept while the
+    corpus is the one it was copied from (the manifest copied last, after its shards, says which;
+    each shard's sha256 is in it), and every shard is copied again after the corpus was prepared anew."""
     local = epath.Path(cache_dir) / "prepared"
     local.mkdir(parents=True, exist_ok=True)
+    copied = local / MANIFEST
+    same = copied.exists() and copied.read_text() == json.dumps(self.manifest)
+    copied.unlink(missing_ok=True)  # until every shard of this manifest is here
     for shard in tqdm(self.manifest["shards"], desc="copy prepared shards", unit="shard"):
       for name in (shard["blocks"], shard["lengths"]):
         target = local / name
-        if not target.exists() or target.stat().length != (root / name).stat().length:
+        if not same or not target.exists() or target.stat().length != (root / name).stat().length:
           (root / name).copy(target, overwrite=True)
+    copied.write_text(json.dumps(self.manifest))
     return local
 
   def __len__(self) -> int:
