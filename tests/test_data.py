@@ -182,3 +182,11 @@ def test_the_demo_corpus_is_harvested_once_per_machine_and_copied(tmp_path, monk
   monkeypatch.setenv("MINILM_JAX_CACHE", str(tmp_path / "not_a_folder"))
   third = open(demo_corpus.write_demo_corpus(str(tmp_path / "c" / "demo_corpus.txt"))).read()
   assert len(harvests) == 2 and third == first
+  # A version of the package that harvests otherwise (here: the first sentence of each paragraph)
+  # harvests anew rather than copying the corpus the shared folder holds.
+  monkeypatch.setenv("MINILM_JAX_CACHE", str(tmp_path / "shared"))
+  sentences = demo_corpus._sentences
+  monkeypatch.setattr(demo_corpus, "_sentences", lambda doc: list(sentences(doc))[:1])
+  fourth = open(demo_corpus.write_demo_corpus(str(tmp_path / "d" / "demo_corpus.txt"))).read()
+  assert len(harvests) == 3 and len(fourth) < len(first)
+  assert len(os.listdir(tmp_path / "shared")) == 2  # each version's harvest

@@ -14,6 +14,7 @@ line, a blank line between documents), the same on every run:
 import ast
 import contextlib
 import hashlib
+import inspect
 import os
 import re
 import sys
@@ -50,8 +51,7 @@ def write_demo_corpus(path: str) -> str:
   if os.path.exists(path):
     return path
   stdlib = sysconfig.get_paths()["stdlib"]
-  key = hashlib.sha256(f"{sys.version}\n{stdlib}".encode()).hexdigest()[:16]
-  shared = os.path.join(shared_cache_dir(), f"demo_corpus-{key}.txt")
+  shared = os.path.join(shared_cache_dir(), f"demo_corpus-{_harvest_key(stdlib)}.txt")
   try:
     with open(shared, encoding="utf-8") as f:
       return _write_text(path, f.read())
@@ -62,6 +62,15 @@ def write_demo_corpus(path: str) -> str:
   with contextlib.suppress(OSError):  # a cache folder that cannot be written: only the run's copy is
     _write_text(shared, text)
   return _write_text(path, text)
+
+
+def _harvest_key(stdlib: str) -> str:
+  """What the harvest depends on: the Python (its version and standard library) and the code that
+  reads it (its source and patterns), so that a version of this package that harvests otherwise
+  harvests anew instead of copying an older version's corpus."""
+  code = "".join(inspect.getsource(f) for f in (_stdlib_documents, _docstrings, _sentences, _documents_text))
+  text = f"{sys.version}\n{stdlib}\n{_SENTENCE_END.pattern}\n{_PROSE.pattern}\n{code}"
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def shared_cache_dir() -> str:
