@@ -140,6 +140,12 @@ _RESULTS = flags.DEFINE_string(
   "file measures only what it lacks (the suite takes hours: a stopped one resumes, more seeds add to it); "
   "the distilled students are kept beside it.",
 )
+_LOGGED_ONLY = flags.DEFINE_bool(
+  "logged_only",
+  False,
+  "students: print the rows of what --results holds, measuring nothing (a suite still running, or stopped); "
+  "a row that lacks fine-tunings counts them (ft_missing) and gives no mean over tasks.",
+)
 _TARGET_LENGTH = flags.DEFINE_integer(
   "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1
 )
@@ -196,6 +202,7 @@ SUITES = {
     corpus=_CORPUS.value,
     results=_RESULTS.value,
     models=tuple(_MODELS.value or students.BASELINES + tuple(students.RECIPES)),
+    logged_only=_LOGGED_ONLY.value,
   ),
   "generate": lambda: generation.run(
     (_STUDENT.value or ["6x384"])[0],

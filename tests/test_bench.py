@@ -330,6 +330,15 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   probes = suite(seeds=0)  # the frozen probes alone, all from the results file
   assert [r["mean/probe"] for r in probes] == [r["mean/probe"] for r in rows] and "mean/ft" not in probes[0]
   assert results.read_text().splitlines() == measured
+  # What the file holds, measuring nothing: a third seed is missing on each task of each row.
+  logged = suite(seeds=3, logged_only=True)
+  assert results.read_text().splitlines() == measured
+  for row, full in zip(logged, rows):
+    assert row["ft_missing"] == 2 and "mean/ft" not in row and row["mean/probe"] == full["mean/probe"]
+    assert [row[f"vader_movies/{k}"] for k in ("ft", "ft_std")] == [full[f"vader_movies/{k}"] for k in ("ft", "ft_std")]
+  assert "ft_missing" not in suite(logged_only=True)[0]
+  with pytest.raises(UserError, match="--logged_only prints what a --results file holds: give its --results"):
+    suite(results="", logged_only=True)
   # The baselines are not distilled: another budget or corpus reuses their scores.
   other_corpus = tmp_path / "other_corpus.txt"
   other_corpus.write_text("Another corpus, which the baselines never read.\n", encoding="utf-8")

@@ -23,12 +23,13 @@ class ModelScores:
   distill_minutes: float = 0.0
   finetune_minutes: list = dataclasses.field(default_factory=list)  # of each fine-tuning (second stages: theirs)
   finetuned: dict[str, list] = dataclasses.field(default_factory=dict)  # task -> score per seed
+  finetuned_missing: int = 0  # fine-tunings (task x seed) a log-only view lacks
   # task -> whether the frozen probe gets each dev example right (None: a sentence-pair task, no probe)
   probe: dict[str, np.ndarray | None] = dataclasses.field(default_factory=dict)
 
   def finetuned_mean(self) -> float | None:
-    """The mean over tasks of the mean over seeds (None without fine-tuning)."""
-    if not all(self.finetuned.values()):
+    """The mean over tasks of the mean over seeds (None without fine-tuning, or with some missing)."""
+    if self.finetuned_missing or not all(self.finetuned.values()):
       return None
     return float(np.mean(list(self.finetuned.values())))
 
@@ -52,6 +53,8 @@ class ModelScores:
     row["distill_min"] = round(self.distill_minutes, 1)
     if self.finetune_minutes:
       row["ft_min"] = round(float(np.mean(self.finetune_minutes)), 2)
+    if self.finetuned_missing:
+      row["ft_missing"] = self.finetuned_missing
     for t in tasks:
       if self.finetuned.get(t):
         row[f"{t}/ft"] = round(float(np.mean(self.finetuned[t])), 4)
@@ -59,7 +62,7 @@ class ModelScores:
       if t in self.probe:
         correct = self.probe[t]
         row[f"{t}/probe"] = None if correct is None else round(float(correct.mean()), 4)
-    if len(self.finetuned) == len(tasks) and all(self.finetuned.values()):
+    if len(self.finetuned) == len(tasks) and self.finetuned_mean() is not None:
       per_seed_mean = self.per_seed_mean()
       row["mean/ft"], row["mean/ft_std"] = round(float(per_seed_mean.mean()), 4), round(_std(per_seed_mean), 4)
     probe_mean = self.probe_mean()

@@ -224,13 +224,17 @@ class _Model:
   mesh: Any
   log: MeasurementLog
   key: dict  # what its scores depend on besides the task and seed
+  logged_only: bool = False  # measure nothing: what the log lacks is None
   path: str | None = None
   distill_minutes: float = 0.0
 
-  def measured(self, task: BenchTask, what, measure: Callable[[str], Any]):
-    """`what` ("probe_correct" or a seed) of `task`: from the log, else `measure(model path)` now."""
+  def measured(self, task: BenchTask, what, measure: Callable[[str], Any]) -> dict | None:
+    """`what` ("probe_correct" or a seed) of `task`'s log entry: from the log, else `measure(model
+    path)` now (None, with `logged_only`)."""
     key = (self.key, f"{task.name}={task.data_dir}", what)
     if key not in self.log:
+      if self.logged_only:
+        return None
       path = self._path()
       started = time.perf_counter()
       value = measure(path)
@@ -266,6 +270,7 @@ def run(
   mesh=None,
   results: str = "",
   size_factor: int = 10,
+  logged_only: bool = False,
 ) -> list:
   """One row per model: its fine-tuned (mean and standard deviation over seeds) and frozen-probe dev
   scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
@@ -274,7 +279,9 @@ def run(
   distilled students beside it (`<results>_models/`). `seeds`: fine-tunings per model and
   task, with seeds `first_seed` on (a host adding seeds to rows measured elsewhere); 0: the frozen
   probes alone.
-  `size_factor`: the second stages' augmented sets, at most that many times the training set."""
+  `size_factor`: the second stages' augmented sets, at most that many times the training set.
+  `logged_only`: the rows of what `results` holds, measuring nothing (a suite still running, or
+  stopped): each row counts the fine-tunings it lacks (`ft_missing`)."""
   teacher = teacher or demo_teacher()
   try:
     shape = tuple(int(n) for n in student.split("x"))
@@ -287,6 +294,8 @@ def run(
   bench_tasks = parse_tasks(tasks)
   mesh = parallel.make_mesh() if mesh is None else mesh
   teacher_config = runs.encoder_config_of(teacher, what="--teacher")
+  if logged_only and not results:
+    raise UserError("--logged_only prints what a --results file holds: give its --results")
   log = MeasurementLog(results)
   with tempfile.TemporaryDirectory() as tmp:
     suite = _Suite(
@@ -301,6 +310,7 @@ def run(
       mesh,
       log,
       tmp,
+      logged_only,
     )
     log.say_if_none_match([suite.row_model(name).key for name in models])
     scores = {name: suite.measure(name, bench_tasks) for name in models}
@@ -324,6 +334,7 @@ class _Suite:
   mesh: Any
   log: MeasurementLog
   tmp: str
+  logged_only: bool = False
 
   @property
   def length(self) -> int:
@@ -339,7 +350,8 @@ class _Suite:
     epochs, lr = self.finetuning
     key = {**distilled, "finetune_epochs": epochs, "finetune_lr": lr, "length": self.length}
     key.update({"second_stage": second} if second else {})
-    return _Model(name, self.teacher, config, self.log.model_dir(self.tmp, name, distilled), self.mesh, self.log, key)
+    path = self.log.model_dir(self.tmp, name, distilled)
+    return _Model(name, self.teacher, config, path, self.mesh, self.log, key, self.logged_only)
 
   def teacher_run(self, t: BenchTask, seed: int = 0) -> str:
     """The teacher fine-tuned on `t` with `seed` (the teacher row's), kept: the second stages learn
@@ -408,9 +420,13 @@ class _Suite:
       # `+long`: on the gold labels for as many steps as its second stage's epochs over the augmented set
       epochs = self.augmented_epochs(t) if "steps_of" in spec else self.finetuning[0]
       if not spec:
-        correct = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=self.mesh))["value"]
-        scores.probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
-      entries = [model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed)) for seed in self.seeds]
+        probed = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=self.mesh))
+        if probed is not None:
+          correct = probed["value"]
+          scores.probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
+      tried = [model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed)) for seed in self.seeds]
+      entries = [e for e in tried if e is not None]
+      scores.finetuned_missing += len(tried) - len(entries)
       scores.finetuned[t.label] = [e["value"] for e in entries]
       scores.finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
       scores.distill_minutes = self.log.distill_minutes(model.key)
@@ -427,9 +443,9 @@ class _Suite:
       score = partial(
         _ensemble_score, teacher_runs=partial(teacher_runs, t), task=t, length=self.length, mesh=self.mesh
       )
-      scores.finetuned[t.label] = [
-        model.measured(t, name, partial(score, cache_dir=self.log.cache_dir(self.tmp)))["value"]
-      ]
+      entry = model.measured(t, name, partial(score, cache_dir=self.log.cache_dir(self.tmp)))
+      scores.finetuned[t.label] = [] if entry is None else [entry["value"]]
+      scores.finetuned_missing += entry is None
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
     return scores
 
