@@ -352,6 +352,8 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   results.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
   (again,) = suite(seeds=3, models=models[2:], tasks=tasks[:1])
   assert again["distill_min"] == 33.6 and len(results.read_text().splitlines()) == len(measured) + 1
+  # and this process's CPU time beside the wall-clock minutes: comparable when the suite shared the machine
+  assert again["ft_cpu_min"] > 0 and "distill_cpu_min" in again
   # Seeds from a given one (a host adding to rows whose first seeds were measured elsewhere): seed 3 alone.
   (added,) = suite(seeds=1, first_seed=3, models=models[2:], tasks=tasks[:1])
   (entry,) = [json.loads(line) for line in results.read_text().splitlines()[len(measured) + 1 :]]
@@ -383,17 +385,18 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
 def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took(tmp_path):
   """A second stage measured after the `+long` row, whose run distilled their common first stage,
   finds the student distilled in moments: its row reports the time the `+long` row's run logged."""
-  from minilm_jax.benchmarks.students.log import MeasurementLog
+  from minilm_jax.benchmarks.students.log import MeasurementLog, Spent
 
   distilled = {"distill": {"num_steps": 500}, "teacher": "all-MiniLM-L6-v2"}
   finetuning = {"finetune_epochs": 3, "finetune_lr": 1e-4, "length": 64}
   long = {**distilled, **finetuning, "second_stage": {"steps_of": "embedding_etd_lr5e4+task_kd"}}
   second = {**distilled, **finetuning, "second_stage": {"layers": "tinybert_layerwise", "augment": True}}
   path = str(tmp_path / "measured.jsonl")
-  MeasurementLog(path).add((long, "vader_movies=", 0), 0.789, distill_minutes=15.2)
+  MeasurementLog(path).add((long, "vader_movies=", 0), 0.789, Spent(15.2, 29.8), Spent(3.1, 5.9))
   log = MeasurementLog(path)  # a later run, reading the file
-  assert log.distill_minutes(second) == log.distill_minutes({**distilled, **finetuning}) == 15.2
-  assert log.distill_minutes({**second, "teacher": "another teacher"}) == 0.0
+  assert log.distillation_spent(second) == log.distillation_spent({**distilled, **finetuning}) == Spent(15.2, 29.8)
+  assert log.distillation_spent({**second, "teacher": "another teacher"}) == Spent(0.0, None)
+  assert log[(long, "vader_movies=", 0)]["cpu_minutes"] == 5.9
 
 
 @pytest.mark.slow

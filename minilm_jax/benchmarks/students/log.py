@@ -2,12 +2,33 @@
 by what determines them in a JSON Lines file, so that a suite of hours that stops resumes from it,
 and its distilled models and caches kept beside that file."""
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import time
 
 from minilm_jax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Spent:
+  """How long a measurement or a distillation took, in minutes: wall-clock, and this process's CPU
+  time (all its threads; None in entries logged before it was), which stays comparable when the suite
+  shared its machine at low priority and its wall-clock minutes did not."""
+
+  minutes: float = 0.0
+  cpu_minutes: float | None = None
+
+  @staticmethod
+  def clock() -> tuple:
+    return time.perf_counter(), time.process_time()
+
+  @classmethod
+  def since(cls, started: tuple) -> "Spent":
+    wall, cpu = started
+    return cls((time.perf_counter() - wall) / 60, (time.process_time() - cpu) / 60)
 
 
 def distilled_of(model_key: dict) -> dict:
@@ -68,20 +89,22 @@ class MeasurementLog:
   def __getitem__(self, key) -> dict:
     return self.entries[self._key(key)]
 
-  def distill_minutes(self, model_key) -> float:
+  def distillation_spent(self, model_key) -> Spent:
     """How long the model's distillation took: the longest time logged with any measurement of the
     same distilled model (the run that distilled it logs the whole time; a later run finds it
     distilled and takes moments), whichever row measured it: a second stage's first stage may
     have been distilled by the `+long` row's run, or the reverse."""
     model = self._key(distilled_of(model_key))
-    times = [
-      e["distill_minutes"] for k, e in self.entries.items() if self._key(distilled_of(json.loads(k)[0])) == model
-    ]
-    return max(times, default=0.0)
+    same = [e for k, e in self.entries.items() if self._key(distilled_of(json.loads(k)[0])) == model]
+    cpu = [e["distill_cpu_minutes"] for e in same if e.get("distill_cpu_minutes") is not None]
+    return Spent(max((e["distill_minutes"] for e in same), default=0.0), max(cpu, default=None))
 
-  def add(self, key, value, distill_minutes: float, minutes: float | None = None):
-    """`minutes`: how long the measurement took (a fine-tuning's)."""
-    entry = {"key": self._key(key), "value": value, "distill_minutes": distill_minutes, "minutes": minutes}
+  def add(self, key, value, distillation: Spent, spent: Spent | None = None):
+    """`spent`: how long the measurement took (a fine-tuning's); `distillation`: its model's."""
+    entry = {"key": self._key(key), "value": value, "distill_minutes": distillation.minutes}
+    entry.update({"distill_cpu_minutes": distillation.cpu_minutes} if distillation.cpu_minutes is not None else {})
+    entry["minutes"] = None if spent is None else spent.minutes
+    entry.update({"cpu_minutes": spent.cpu_minutes} if spent is not None else {})
     self.entries[entry["key"]] = entry
     if self.path:
       with open(self.path, "a", encoding="utf-8") as f:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from minilm_jax.benchmarks.students.log import Spent
+
 # The rows that are not distilled: the teacher, and what a user gets without distillation (the
 # teacher's first or evenly spaced layers, a random student of the same shape). Every other row is a
 # distilled student, whose share of the gap from the better layer-dropping baseline is reported.
@@ -20,8 +22,8 @@ class ModelScores:
   model: str
   student: str
   distill_tokens: int
-  distill_minutes: float = 0.0
-  finetune_minutes: list = dataclasses.field(default_factory=list)  # of each fine-tuning (second stages: theirs)
+  distillation: Spent = Spent()
+  finetune_spent: list[Spent] = dataclasses.field(default_factory=list)  # each fine-tuning's (second stages: theirs)
   finetuned: dict[str, list] = dataclasses.field(default_factory=dict)  # task -> score per seed
   finetuned_missing: int = 0  # fine-tunings (task x seed) a log-only view lacks
   # task -> whether the frozen probe gets each dev example right (None: a sentence-pair task, no probe)
@@ -50,9 +52,14 @@ class ModelScores:
 
   def row(self, tasks) -> dict:
     row: dict[str, Any] = {"model": self.model, "student": self.student, "distill_tokens": self.distill_tokens}
-    row["distill_min"] = round(self.distill_minutes, 1)
-    if self.finetune_minutes:
-      row["ft_min"] = round(float(np.mean(self.finetune_minutes)), 2)
+    row["distill_min"] = round(self.distillation.minutes, 1)
+    if self.distillation.cpu_minutes is not None:
+      row["distill_cpu_min"] = round(self.distillation.cpu_minutes, 1)
+    if self.finetune_spent:
+      row["ft_min"] = round(float(np.mean([s.minutes for s in self.finetune_spent])), 2)
+      cpu = [s.cpu_minutes for s in self.finetune_spent if s.cpu_minutes is not None]
+      if len(cpu) == len(self.finetune_spent):  # every fine-tuning's: a mean of some would compare other runs
+        row["ft_cpu_min"] = round(float(np.mean(cpu)), 2)
     if self.finetuned_missing:
       row["ft_missing"] = self.finetuned_missing
     for t in tasks:

@@ -53,7 +53,6 @@ import json
 import logging
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -61,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from minilm_jax import runs
-from minilm_jax.benchmarks.students.log import MeasurementLog
+from minilm_jax.benchmarks.students.log import MeasurementLog, Spent
 from minilm_jax.benchmarks.students.scores import BASELINES, ModelScores, rank
 from minilm_jax.benchmarks.students.tasks import BenchTask, parse_tasks
 from minilm_jax.data import augment
@@ -226,7 +225,7 @@ class _Model:
   key: dict  # what its scores depend on besides the task and seed
   logged_only: bool = False  # measure nothing: what the log lacks is None
   path: str | None = None
-  distill_minutes: float = 0.0
+  distillation: Spent = Spent()
 
   def measured(self, task: BenchTask, what, measure: Callable[[str], Any]) -> dict | None:
     """`what` ("probe_correct" or a seed) of `task`'s log entry: from the log, else `measure(model
@@ -236,20 +235,20 @@ class _Model:
       if self.logged_only:
         return None
       path = self._path()
-      started = time.perf_counter()
+      started = Spent.clock()
       value = measure(path)
-      self.log.add(key, value, self.distill_minutes, (time.perf_counter() - started) / 60)
-    self.distill_minutes = self.log.distill_minutes(self.key)
+      self.log.add(key, value, self.distillation, Spent.since(started))
+    self.distillation = self.log.distillation_spent(self.key)
     return self.log[key]
 
   def _path(self) -> str:
     if self.path is None:
-      started = time.perf_counter()
+      started = Spent.clock()
       self.path = self.teacher
       if self.config is not None:
         self.path = self.workdir
         build_distillation(self.config, self.path, self.mesh).run()
-      self.distill_minutes = (time.perf_counter() - started) / 60 if self.name in RECIPES else 0.0
+      self.distillation = Spent.since(started) if self.name in RECIPES else Spent(0.0, 0.0)
     return self.path
 
 
@@ -428,8 +427,8 @@ class _Suite:
       entries = [e for e in tried if e is not None]
       scores.finetuned_missing += len(tried) - len(entries)
       scores.finetuned[t.label] = [e["value"] for e in entries]
-      scores.finetune_minutes += [e.get("minutes") or 0.0 for e in entries]
-      scores.distill_minutes = self.log.distill_minutes(model.key)
+      scores.finetune_spent += [Spent(e.get("minutes") or 0.0, e.get("cpu_minutes")) for e in entries]
+      scores.distillation = self.log.distillation_spent(model.key)
       # each result as it is done: the suite is long
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
     return scores
