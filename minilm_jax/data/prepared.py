@@ -22,6 +22,7 @@ from etils import epath
 from tqdm import tqdm
 
 from minilm_jax.data.corpus import pad_blocks
+from minilm_jax.data.files import written_whole
 from minilm_jax.data.languages import LanguageBlocks, language_list, language_spans, load_corpus
 from minilm_jax.errors import UserError
 
@@ -171,19 +172,21 @@ class PreparedBlocks:
 
   def _copy_local(self, root, cache_dir: str):
     """Remote shards copied once into `cache_dir`: a file already there whole is kept while the
-    corpus is the one it was copied from (the manifest copied last, after its shards, says which;
-    each shard's sha256 is in it), and every shard is copied again after the corpus was prepared anew."""
+    corpus is the one it was copied from (the manifest copied after its shards says which; each
+    shard's sha256 is in it), and every shard is copied again after the corpus was prepared anew (a
+    copy cut short keeps the older manifest, so the next run copies again too)."""
     local = epath.Path(cache_dir) / "prepared"
     local.mkdir(parents=True, exist_ok=True)
     copied = local / MANIFEST
     same = copied.exists() and copied.read_text() == json.dumps(self.manifest)
-    copied.unlink(missing_ok=True)  # until every shard of this manifest is here
     for shard in tqdm(self.manifest["shards"], desc="copy prepared shards", unit="shard"):
       for name in (shard["blocks"], shard["lengths"]):
         target = local / name
         if not same or not target.exists() or target.stat().length != (root / name).stat().length:
           (root / name).copy(target, overwrite=True)
-    copied.write_text(json.dumps(self.manifest))
+    if not same:  # whole or not at all: another process of this host may be reading it
+      with written_whole(str(copied)) as pending, open(pending, "w", encoding="utf-8") as f:
+        f.write(json.dumps(self.manifest))
     return local
 
   def __len__(self) -> int:
