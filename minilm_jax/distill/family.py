@@ -191,7 +191,7 @@ class Family:
 def build_family(config, workdir: str, mesh=None) -> Family:
   """Reads the teacher and the corpus once, builds and validates every student of `config.family`
   against them and the mesh (each error said of its student), and returns the run's parts."""
-  begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
+  resumed = begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
   if config.checkpoint.best:
     raise UserError(
       f"checkpoint.best={config.checkpoint.best} picks one step for one student: a family keeps its "
@@ -201,7 +201,7 @@ def build_family(config, workdir: str, mesh=None) -> Family:
   for name, c in members.items():
     _as_student(name, check_ranges, c, distill_config.RANGES)
     _as_student(name, check_settings, c)
-  shared = read_teacher(config, workdir, mesh)
+  shared = read_teacher(config, workdir, mesh, resumed)
   for name, c in members.items():
     step = _as_student(name, check_student, shared, c)
     if step.objective.needs.mlm_head:

@@ -28,7 +28,7 @@ from minilm_jax.models.encoder import Encoder
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import LoopHooks, begin_run, resumed_record, steps_of_epochs, train_loop
+from minilm_jax.training.loop import LoopHooks, begin_run, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import (
   TrainState,
   restore_or_init,
@@ -176,9 +176,9 @@ class Shared:
     return {**self.placed, "mlm_head": jax.device_put(self.teacher.mlm_head, parallel.replicated(self.mesh))}
 
 
-def read_teacher(config, workdir: str, mesh) -> Shared:
-  """The teacher of a run (`begin_run` checked it), checked against `config` (what every student
-  shares: its `data` block)."""
+def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Shared:
+  """The teacher of a run (`begin_run` checked it and read `resumed`, the record of the run it
+  resumes), checked against `config` (what every student shares: its `data` block)."""
   language_list(config.data)
   # The masked-LM head (soft labels, ETD-Impt) comes from the same read of the teacher's weights.
   # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
@@ -187,16 +187,16 @@ def read_teacher(config, workdir: str, mesh) -> Shared:
   masking = (tuple(teacher.tokenizer.all_special_ids), teacher.tokenizer.mask_token_id)
   mesh = mesh or parallel.make_mesh()
   weights = weights_digest(teacher.params)
-  check_same_teacher(config.teacher.path, workdir, weights)
+  check_same_teacher(config.teacher.path, workdir, weights, resumed)
   placed = jax.device_put(teacher.params, parallel.replicated(mesh))
   return Shared(config, workdir, mesh, teacher, masking, placed, weights)
 
 
-def check_same_teacher(teacher_path: str, workdir: str, weights: str):
+def check_same_teacher(teacher_path: str, workdir: str, weights: str, record: RunRecord | None):
   """A run resumes only from the teacher it started with: its `teacher.path` cannot change (the
   config check), but a model rebuilt or retrained at that path would teach the rest of the run
-  something else. Runs whose record predates the digest resume as before."""
-  record = resumed_record(workdir)
+  something else (`record`: the resumed run's). Runs whose record predates the digest resume as
+  before."""
   saved = None if record is None else record.teacher_weights
   if saved is not None and saved != weights:
     raise UserError(
@@ -304,9 +304,9 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
   the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
   the ETD start): every error a config can cause surfaces here, before any compute."""
-  begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
+  resumed = begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
   check_settings(config)
-  shared = read_teacher(config, workdir, mesh)
+  shared = read_teacher(config, workdir, mesh, resumed)
   check_student(shared, config)
   shared = read_corpus(shared, [])
   assert shared.stream is not None  # read_corpus reads it

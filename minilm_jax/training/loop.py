@@ -137,12 +137,13 @@ def check_contradictions(config, pairs=()):
       )
 
 
-def begin_run(config, workdir: str, ranges: dict, contradictions=()):
+def begin_run(config, workdir: str, ranges: dict, contradictions=()) -> RunRecord | None:
   """Checks shared by every training program before anything is loaded or written: a workdir to
   write to, fields in `ranges` (the program's config module's `RANGES`), no two fields that
   contradict (`check_contradictions`, with the program's `contradictions`), (with several
   processes) that every process was started with the same config, and that no other program runs
-  on the workdir (`runs.lock`: from here until the run's last write, it is this run's)."""
+  on the workdir (`runs.lock`: from here until the run's last write, it is this run's). Returns the
+  record of the run it resumes (None for a new run), read once for every check of the start."""
   if not workdir:
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
   if os.path.isfile(workdir):
@@ -150,9 +151,11 @@ def begin_run(config, workdir: str, ranges: dict, contradictions=()):
   check_ranges(config, ranges)
   check_contradictions(config, contradictions)
   check_same_config(config_json(config))
-  _check_resumable(config, workdir)  # read-only: a refused resume leaves the workdir as it was
+  record = _resumed_record(workdir)
+  _check_resumable(config, workdir, record)  # read-only: a refused resume leaves the workdir as it was
   if jax.process_index() == 0:  # for every process of the run: they share the workdir
     lock.hold(workdir)
+  return record
 
 
 # What may change when a run is resumed: its length, logging, checkpointing and device layout.
@@ -168,7 +171,7 @@ _MAY_CHANGE_ON_RESUME = (
 )
 
 
-def resumed_record(workdir: str) -> RunRecord | None:
+def _resumed_record(workdir: str) -> RunRecord | None:
   """The record of the run a program at `workdir` would resume (its newest readable checkpoint's),
   or None where there is none to resume."""
   if not is_run(workdir):
@@ -180,10 +183,9 @@ def resumed_record(workdir: str) -> RunRecord | None:
     ckpt.close()
 
 
-def _check_resumable(config, workdir: str):
-  """A workdir that holds a run is resumed only with that run's config, but for the fields that
-  may change between restarts; anything else is refused with the differing fields."""
-  record = resumed_record(workdir)
+def _check_resumable(config, workdir: str, record: RunRecord | None):
+  """A workdir that holds a run (its `record`) is resumed only with that run's config, but for the
+  fields that may change between restarts; anything else is refused with the differing fields."""
   if record is None:
     return
   saved = traverse_util.flatten_dict(record.config, sep=".")
