@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from functools import partial
@@ -461,6 +462,49 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   # The longer one-stage row trains as many epochs as the augmented set is times the training set.
   long_runs = [json.loads(line) for line in measured if "steps_of" in line]
   assert len(long_runs) == 1
+
+
+@pytest.mark.slow
+def test_a_second_stage_stopped_by_sigterm_resumes_to_the_score_of_an_unstopped_one(
+  tiny_teacher, tiny_corpus, tmp_path, monkeypatch, caplog
+):
+  """A suite stopped by SIGTERM in the middle of a second stage (a measurement of hours whose sitting
+  ends) leaves that run's checkpoint beside the models; the same command resumes it from there and
+  logs the score an unstopped run logs, saying from which step (its minutes are the rerun's part
+  alone, left out of the row's), then removes the checkpoints and keeps the run's results."""
+  from minilm_jax.errors import Preempted
+  from minilm_jax.training import loop
+
+  settings = dict(tasks=(f"vader_movies={VADER_EXCERPT}",), seeds=1, size_factor=2)
+  row = "uniform_layers+task_kd"
+  (unstopped,) = _tiny_students_suite(
+    tiny_teacher, tiny_corpus, tmp_path / "unstopped.jsonl", models=(row,), **settings
+  )()
+  results = tmp_path / "stopped.jsonl"
+  suite = partial(_tiny_students_suite(tiny_teacher, tiny_corpus, results, **settings), models=(row,))
+  suite(models=("teacher",))  # the kept teacher run: the second stage's fine-tuning is then the only loop
+  stop_at, signalled = loop._Preemption.stop_at, []
+
+  def sigterm_at_step_3(preemption, step):
+    if step == 3 and not signalled:
+      signalled.append(step)
+      os.kill(os.getpid(), signal.SIGTERM)  # the loop's own handler records it
+    return stop_at(preemption, step)
+
+  monkeypatch.setattr(loop._Preemption, "stop_at", sigterm_at_step_3)
+  with pytest.raises(Preempted, match="saved the checkpoint of step 3"):
+    suite()
+  assert len(results.read_text().splitlines()) == 2  # the teacher row's probe and seed alone
+  (run_dir,) = glob.glob(str(tmp_path / "stopped_models" / f"{row}_vader_movies_0_*"))
+  assert runs.RunCheckpoints(run_dir, read_only=True).latest_step() == 3
+  with caplog.at_level("WARNING"):
+    (resumed,) = suite()
+  assert f"the fine-tuning in {run_dir} resumes from its step 3" in caplog.text
+  entry = json.loads(results.read_text().splitlines()[-1])
+  whole = json.loads((tmp_path / "unstopped.jsonl").read_text().splitlines()[-1])
+  assert entry["resumed_from_step"] == 3 and entry["value"] == whole["value"] and "resumed_from_step" not in whole
+  assert resumed["vader_movies/ft"] == unstopped["vader_movies/ft"] and "ft_min" not in resumed
+  assert not runs.is_run(run_dir) and os.path.isfile(os.path.join(run_dir, "results.json"))
 
 
 @pytest.mark.slow

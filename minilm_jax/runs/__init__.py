@@ -7,7 +7,7 @@ holds at a time (`lock`: `run.lock`).
     <workdir>/metrics.jsonl, results.json             what the run measured
 """
 
-from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
+from minilm_jax.runs.checkpoints import RunCheckpoints, checkpoint_dir, is_run
 from minilm_jax.runs.export import export_run
 from minilm_jax.runs.reading import (
   TOKENIZER_DIR,
@@ -26,6 +26,7 @@ __all__ = [
   "TOKENIZER_DIR",
   "RunCheckpoints",
   "RunRecord",
+  "checkpoint_dir",
   "encoder_config_of",
   "export_run",
   "is_run",

@@ -57,8 +57,8 @@ class MeasurementLog:
     return json.dumps(key, sort_keys=True)
 
   def model_dir(self, tmp: str, name: str, distilled: dict) -> str:
-    """Where a model is distilled (named by its distillation settings): beside the log when there
-    is one (a rerun finds it done, and its later seeds need no distillation again), else in `tmp`."""
+    """Where a model is distilled, or a run fine-tuned, named by the settings `distilled` it depends
+    on: beside the log when there is one (a rerun finds it done, or resumes it), else in `tmp`."""
     if not self.path:
       return os.path.join(tmp, name)
     digest = hashlib.sha256(self._key(distilled).encode()).hexdigest()[:12]
@@ -99,12 +99,14 @@ class MeasurementLog:
     cpu = [e["distill_cpu_minutes"] for e in same if e.get("distill_cpu_minutes") is not None]
     return Spent(max((e["distill_minutes"] for e in same), default=0.0), max(cpu, default=None))
 
-  def add(self, key, value, distillation: Spent, spent: Spent | None = None):
-    """`spent`: how long the measurement took (a fine-tuning's); `distillation`: its model's."""
+  def add(self, key, value, distillation: Spent, spent: Spent | None = None, resumed_from_step: int = 0):
+    """`spent`: how long the measurement took (a fine-tuning's; with `resumed_from_step`, the part
+    after the checkpoint of that step that a stopped run left); `distillation`: its model's."""
     entry = {"key": self._key(key), "value": value, "distill_minutes": distillation.minutes}
     entry.update({"distill_cpu_minutes": distillation.cpu_minutes} if distillation.cpu_minutes is not None else {})
     entry["minutes"] = None if spent is None else spent.minutes
     entry.update({"cpu_minutes": spent.cpu_minutes} if spent is not None else {})
+    entry.update({"resumed_from_step": resumed_from_step} if resumed_from_step else {})
     self.entries[entry["key"]] = entry
     if self.path:
       with open(self.path, "a", encoding="utf-8") as f:

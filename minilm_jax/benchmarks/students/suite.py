@@ -52,6 +52,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from functools import partial
@@ -166,6 +167,10 @@ TWO_STAGE: dict[str, dict[str, Any]] = {
 # Rows that score the mean logits of the teacher's first fine-tunings (seeds 0 on): what the second
 # stages with as many teachers learn.
 ENSEMBLES = {"teacher_ensemble3": 3}
+# A measured fine-tuning saves every this many steps in a workdir kept beside the models: a suite
+# stopped mid-way (SIGTERM saves at once, SIGKILL loses at most these steps) resumes it when rerun.
+# A second stage is about 1,800 steps, 20-40 minutes on a 2-core CPU.
+RESUME_EVERY = 200
 
 
 def _finetune(
@@ -178,14 +183,16 @@ def _finetune(
   mesh,
   workdir: str,
   distill: dict | None = None,
+  checkpoint_every: int = 10**9,
 ):
-  """The last epoch's dev score of `init` fine-tuned on `task`; `distill`: the config's `distill`
-  and `augment` fields of a second stage ({"distill.teacher": run, ...})."""
+  """The last epoch's dev score of `init` fine-tuned on `task` in `workdir` (resumed from its latest
+  checkpoint, if any); `distill`: the config's `distill` and `augment` fields of a second stage
+  ({"distill.teacher": run, ...})."""
   c = finetune_config()
   c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task.name, init, task.data_dir, epochs, length
   if task.custom_data is not None:
     c.data = task.custom_data
-  c.seed, c.optimizer.lr, c.checkpoint.every = seed, lr, 10**9
+  c.seed, c.optimizer.lr, c.checkpoint.every = seed, lr, checkpoint_every
   # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
   # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
   c.log_every = 20
@@ -227,17 +234,24 @@ class _Model:
   path: str | None = None
   distillation: Spent = Spent()
 
-  def measured(self, task: BenchTask, what, measure: Callable[[str], Any]) -> dict | None:
+  def measured(self, task: BenchTask, what, measure: Callable[[str], Any], run_dir: str = "") -> dict | None:
     """`what` ("probe_correct" or a seed) of `task`'s log entry: from the log, else `measure(model
-    path)` now (None, with `logged_only`)."""
+    path)` now (None, with `logged_only`). `run_dir`: the workdir of the fine-tuning `measure` runs,
+    whose checkpoints a stopped suite resumes from (the entry says from which step: its minutes are
+    this process's alone) and which are removed once the score is logged."""
     key = (self.key, f"{task.name}={task.data_dir}", what)
     if key not in self.log:
       if self.logged_only:
         return None
       path = self._path()
+      resumed = _saved_step(run_dir)
+      if resumed:
+        logging.warning("bench students: the fine-tuning in %s resumes from its step %d", run_dir, resumed)
       started = Spent.clock()
       value = measure(path)
-      self.log.add(key, value, self.distillation, Spent.since(started))
+      self.log.add(key, value, self.distillation, Spent.since(started), resumed_from_step=resumed)
+      if run_dir:
+        shutil.rmtree(runs.checkpoint_dir(run_dir), ignore_errors=True)  # its results.json and metrics stay
     self.distillation = self.log.distillation_spent(self.key)
     return self.log[key]
 
@@ -275,7 +289,9 @@ def run(
   scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
   JSON Lines file that every measurement is appended to as it is done; a run given the same file
   measures only what it does not hold yet (the same model, settings, task and seed), and keeps the
-  distilled students beside it (`<results>_models/`). `seeds`: fine-tunings per model and
+  distilled students beside it (`<results>_models/`), with each fine-tuning's run: a fine-tuning
+  stopped part way (SIGTERM, or a kill after its last checkpoint, every `RESUME_EVERY` steps)
+  resumes there; its checkpoints are removed once its score is logged. `seeds`: fine-tunings per model and
   task, with seeds `first_seed` on (a host adding seeds to rows measured elsewhere); 0: the frozen
   probes alone.
   `size_factor`: the second stages' augmented sets, at most that many times the training set.
@@ -423,11 +439,16 @@ class _Suite:
         if probed is not None:
           correct = probed["value"]
           scores.probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
-      tried = [model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed)) for seed in self.seeds]
+      tried = []
+      for seed in self.seeds:
+        run_dir = "" if name == "teacher" else self._run_dir(name, model, t, seed)  # the teacher's are kept runs
+        tried.append(model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed, run_dir), run_dir))
       entries = [e for e in tried if e is not None]
       scores.finetuned_missing += len(tried) - len(entries)
       scores.finetuned[t.label] = [e["value"] for e in entries]
-      scores.finetune_spent += [Spent(e.get("minutes") or 0.0, e.get("cpu_minutes")) for e in entries]
+      # a resumed run's minutes are its last part's: the row's minutes are those of whole runs
+      whole = [e for e in entries if not e.get("resumed_from_step")]
+      scores.finetune_spent += [Spent(e.get("minutes") or 0.0, e.get("cpu_minutes")) for e in whole]
       scores.distillation = self.log.distillation_spent(model.key)
       # each result as it is done: the suite is long
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
@@ -448,13 +469,22 @@ class _Suite:
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
     return scores
 
-  def _fine_tuning(self, name: str, spec: dict, t: BenchTask, epochs: int, seed: int) -> Callable[[str], float]:
-    """How row `name` is fine-tuned on `t` for `epochs` with `seed`, given its model's path: on the
-    gold labels, distilling the task's teacher run (a second stage, whose teacher is fine-tuned only
-    when one is measured), or, for the teacher's seed 0, read from that kept teacher run."""
+  def _run_dir(self, name: str, model: _Model, t: BenchTask, seed: int) -> str:
+    """The workdir of row `name`'s fine-tuning of `model` on `t` with `seed`: named by what its
+    score depends on, beside the models (in `tmp` without a results file)."""
+    key = {**model.key, "task": f"{t.name}={t.data_dir}", "seed": seed}
+    return self.log.model_dir(self.tmp, f"{name}_{t.label}_{seed}", key)
+
+  def _fine_tuning(
+    self, name: str, spec: dict, t: BenchTask, epochs: int, seed: int, run_dir: str
+  ) -> Callable[[str], float]:
+    """How row `name` is fine-tuned on `t` for `epochs` with `seed` in `run_dir`, given its model's
+    path: on the gold labels, distilling the task's teacher run (a second stage, whose teacher is
+    fine-tuned only when one is measured), or, for the teacher's seed 0, read from that kept teacher
+    run."""
     lr = self.finetuning[1]
     finetune = partial(_finetune, task=t, epochs=epochs, length=self.length, lr=lr, mesh=self.mesh)
-    measure = partial(finetune, seed=seed, workdir=f"{self.tmp}/{name}_{t.label}_{seed}")
+    measure = partial(finetune, seed=seed, workdir=run_dir, checkpoint_every=RESUME_EVERY)
     if spec and "steps_of" not in spec:
       distill = {
         "distill.layers": spec["layers"],
@@ -467,6 +497,13 @@ class _Suite:
     if name == "teacher":  # the runs the second stages learn from, kept
       return partial(_teacher_score, teacher_run=partial(self.teacher_run, t, seed), task=t)
     return measure
+
+
+def _saved_step(run_dir: str) -> int:
+  """The step of `run_dir`'s latest checkpoint: where a fine-tuning stopped part way resumes (0: none)."""
+  if not run_dir or not runs.is_run(run_dir):
+    return 0
+  return runs.RunCheckpoints(run_dir, read_only=True).latest_step() or 0
 
 
 def _second_stage(init: str, finetune: Callable, distill: dict, teacher_run: Callable[[], str]) -> float:
