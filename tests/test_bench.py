@@ -462,6 +462,15 @@ def test_bench_students_second_stages_at_a_tiny_size(tiny_teacher, tiny_corpus, 
   # The longer one-stage row trains as many epochs as the augmented set is times the training set.
   long_runs = [json.loads(line) for line in measured if "steps_of" in line]
   assert len(long_runs) == 1
+  # The lever row: the same three teachers on twice the augmented copies, a set of its own (cached
+  # beside the first), more than the first's cap of twice the training set.
+  import pyarrow.parquet as pq
+
+  (lever,) = suite(models=("embedding_etd_lr5e4+task_kd_teachers3_copies2x",))
+  assert 0.0 <= lever["vader_movies/ft"] <= 1.0
+  sets = [c for c in os.listdir(tmp_path / "measured_models" / "cache") if c.endswith(".parquet")]
+  rows = sorted(len(pq.read_table(tmp_path / "measured_models" / "cache" / c)) for c in sets)
+  assert len(rows) == 2 and rows[0] <= 2 * 219 < rows[1] <= 4 * 219, rows
 
 
 @pytest.mark.slow

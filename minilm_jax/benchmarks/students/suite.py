@@ -38,7 +38,8 @@ thesis does (`finetuning/distillation.py`):
 - `embedding_etd_lr5e4+task_kd_teachers3`: the second stage learning three teachers at once, the
   teacher fine-tuned with seeds 0, 1 and 2 (the teacher row's own runs, kept), their logits averaged
   and their layers' term from the first; `teacher_ensemble3`: what it learns, those three teachers'
-  mean logits scored on the dev set.
+  mean logits scored on the dev set; `+task_kd_teachers3_copies2x`: the same on twice the augmented
+  copies.
 
 Noise: two models are within noise when their means over tasks differ by less than twice the
 standard error of the difference. Fine-tuned, that error comes from the seeds (each model's standard
@@ -162,6 +163,16 @@ TWO_STAGE: dict[str, dict[str, Any]] = {
     "layers": "tinybert_layerwise",
     "augment": True,
     "teachers": 3,
+  },
+  # The lever on what the three teachers' student falls short of (docs/task_distillation.md): twice
+  # the augmented copies (twice the draws an example, at most twice the set's size), so twice the
+  # second stage's steps, each on new text rather than a repeated epoch.
+  "embedding_etd_lr5e4+task_kd_teachers3_copies2x": {
+    "first": "embedding_etd_lr5e4",
+    "layers": "tinybert_layerwise",
+    "augment": True,
+    "teachers": 3,
+    "copies": 2,
   },
 }
 # Rows that score the mean logits of the teacher's first fine-tunings (seeds 0 on): what the second
@@ -486,10 +497,12 @@ class _Suite:
     finetune = partial(_finetune, task=t, epochs=epochs, length=self.length, lr=lr, mesh=self.mesh)
     measure = partial(finetune, seed=seed, workdir=run_dir, checkpoint_every=RESUME_EVERY)
     if spec and "steps_of" not in spec:
+      copies = spec.get("copies", 1)
       distill = {
         "distill.layers": spec["layers"],
         "augment.enabled": spec["augment"],
-        "augment.size_factor": self.size_factor,
+        "augment.size_factor": copies * self.size_factor,
+        "augment.n_iter": copies * finetune_config().augment.n_iter,
         "distill.cache_dir": self.log.cache_dir(self.tmp),
       }
       teacher_runs = partial(self.teacher_runs, t, spec.get("teachers", 1))
