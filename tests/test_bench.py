@@ -613,13 +613,13 @@ def test_bench_students_ranks_and_noise():
 def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_corpus):
   """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
-  from minilm_jax.benchmarks.students import suite as students
+  from minilm_jax.benchmarks.students import recipes
   from minilm_jax.distill.step import build_step
   from minilm_jax.models.embeddings import Pooling
 
   teacher_config = runs.encoder_config_of(tiny_teacher)
-  for name, recipe in students.RECIPES.items():
-    config = students._student(name, tiny_teacher, teacher_config, (1, 32), 4, 8, 32, tiny_corpus, 4)
+  for name, recipe in recipes.RECIPES.items():
+    config = recipes.student_config(name, tiny_teacher, teacher_config, (1, 32), 4, 8, 32, tiny_corpus, 4)
     build = partial(build_step, config, teacher_config, parallel.make_mesh(1), masking=(), pooling=Pooling())
     if teacher_config.hidden_size % recipe.get("relation_heads", 4):  # MiniLMv2's 48 heads: 384-wide models
       with pytest.raises(UserError, match="num_relation_heads=48 does not divide hidden size"):
