@@ -9,7 +9,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from minilm_jax.cli.program import run_program
-from minilm_jax.distill.family import build_family, is_family
 from minilm_jax.distill.trainer import build_distillation
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
@@ -20,7 +19,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   del argv
   config = _CONFIG.value
-  (build_family if is_family(config) else build_distillation)(config, _WORKDIR.value).run()
+  build_distillation(config, _WORKDIR.value).run()
 
 
 if __name__ == "__main__":

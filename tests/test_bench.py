@@ -20,7 +20,7 @@ from conftest import VADER_EXCERPT, WORDNET_EXCERPT
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
-from minilm_jax.distill.step import init_state, make_train_step
+from minilm_jax.distill.step import LONE, DistillationStep, jit_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
@@ -54,8 +54,9 @@ def _step_flops(teacher_config, teacher_layer):
   student = Encoder(EncoderConfig(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32))
   tx, schedule = make_optimizer(distill.OPTIMIZER, 10)
   objective = Objective("minilm", ((1, teacher_layer),), ("qk", "vv"), 4, 0, teacher_config.hidden_size, 16)
-  step = make_train_step(Encoder(teacher_config), student, tx, schedule, objective, mesh)
-  state = jax.eval_shape(lambda: init_state(student, tx, objective, jax.random.key(0)))
+  parts = DistillationStep(Encoder(teacher_config), student, objective, tx, schedule)
+  step = jit_step({LONE: parts}, mesh)
+  state = parts.abstract_state()
   teacher_params = jax.eval_shape(
     lambda: Encoder(teacher_config).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   )
@@ -614,18 +615,19 @@ def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_co
   """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
   from minilm_jax.benchmarks.students import recipes
-  from minilm_jax.distill.step import build_step
+  from minilm_jax.distill.step import LONE, build_train_step
   from minilm_jax.models.embeddings import Pooling
 
   teacher_config = runs.encoder_config_of(tiny_teacher)
   for name, recipe in recipes.RECIPES.items():
     config = recipes.student_config(name, tiny_teacher, teacher_config, (1, 32), 4, 8, 32, tiny_corpus, 4)
-    build = partial(build_step, config, teacher_config, parallel.make_mesh(1), masking=(), pooling=Pooling())
+    mesh = parallel.make_mesh(1)
+    build = partial(build_train_step, {LONE: config}, teacher_config, mesh, masking=(), pooling=lambda c: Pooling())
     if teacher_config.hidden_size % recipe.get("relation_heads", 4):  # MiniLMv2's 48 heads: 384-wide models
       with pytest.raises(UserError, match="num_relation_heads=48 does not divide hidden size"):
         build()
       continue
-    step = build()
+    step = build().students[LONE]
     assert step.student.config.num_layers == 1 and config.num_steps == 4, name
 
 

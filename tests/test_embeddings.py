@@ -148,7 +148,7 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
   config = tiny_config(minilm_dir, tiny_corpus, **{"loss.embedding_weight": 1.0, "num_steps": 4})
   config.loss.num_relation_heads = 4
   run = build_distillation(config, workdir, parallel.make_mesh(2))
-  assert list(run.parts.untrained) == _POOLER and run.objective.projection_shapes() == {"embedding": (16, 384)}
+  assert list(run.lone.untrained) == _POOLER and run.lone.step.objective.projection_shapes() == {"embedding": (16, 384)}
   run.run()
   metrics = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert all(np.isfinite(m["loss_embedding_mse"]) for m in metrics)

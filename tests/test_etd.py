@@ -344,5 +344,5 @@ def test_etd_impt_end_to_end_with_an_mlm_teacher(tmp_path, tiny_corpus, tiny_mlm
     ),
     str(tmp_path / "w"),
   )
-  assert run.parts.start_params["layer_0"]["attention"]["query"]["kernel"].shape == (16, 16)
+  assert run.lone.start_params["layer_0"]["attention"]["query"]["kernel"].shape == (16, 16)
   run.run()

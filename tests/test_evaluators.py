@@ -101,8 +101,8 @@ def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, ti
   workdir = str(tmp_path / "run")
   run = build_distillation(_config(tiny_teacher, tiny_corpus, tmp_path), workdir)
   # The last 16 blocks are held out: the training stream reads only the blocks before them.
-  first_heldout = run.heldout["first_block"]
-  assert run.heldout["blocks"] == 16 and len(run.stream.rows) == first_heldout
+  first_heldout = run.record().heldout["first_block"]
+  assert run.record().heldout["blocks"] == 16 and len(run.stream.rows) == first_heldout
   assert max(run.stream.indices(b).max() for b in range(run.stream.batches_per_epoch)) < first_heldout
   run.run()
   table = capsys.readouterr().out
@@ -110,10 +110,10 @@ def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, ti
   assert "| start (step 0): random init |" in table and "| student (step 3) |" in table
 
   # Every evaluator compiled once: its later calls only ran.
-  encoders = [*run.evaluators.context._student_encoders.values(), *run.evaluators.context._teacher_encoders.values()]
+  encoders = [*run.lone.evaluators.context._student_encoders.values(), *run.shared.teacher_scores.encoders.values()]
   assert len(encoders) == 4  # student and teacher, at the sentence evaluators' 16 and the run's 32 tokens
   assert [e.predict.forward._cache_size() for e in encoders] == [1] * 4
-  assert run.evaluators.context.heldout_step._cache_size() == 1
+  assert run.lone.evaluators.context.heldout_step._cache_size() == 1
 
   rows = _rows(workdir)
   evaluated = [r["step"] for r in rows if "eval/heldout/loss" in r]
@@ -182,7 +182,7 @@ def test_heldout_loss_on_eight_devices_equals_one_device(tiny_teacher, tiny_corp
   for mesh in (parallel.make_mesh(), parallel.make_mesh(devices=jax.devices()[:1])):
     run = build_distillation(config, str(tmp_path / f"run{len(scores)}"), mesh=mesh)
     state, _ = run.initial_state()
-    scores.append(run.evaluators(0, state.params))
+    scores.append(run.lone.evaluators(0, state.params))
   assert len(jax.devices()) == 8
   assert scores[0].keys() == scores[1].keys() and "eval/heldout/loss" in scores[0]
   for key in scores[0]:

@@ -17,7 +17,7 @@ from flax import traverse_util
 from conftest import ROOT, tiny_config, xla_flags
 from minilm_jax import runs
 from minilm_jax.devices import parallel
-from minilm_jax.distill.family import build_family, member_configs
+from minilm_jax.distill import family
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 
@@ -64,11 +64,11 @@ def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teache
   mesh = parallel.make_mesh()
   assert mesh.shape[parallel.DATA] == 8
   half = _family_config(tiny_teacher, tiny_corpus, num_steps=2, **{"checkpoint.every": 2})
-  assert int(build_family(half, str(tmp_path / "family"), mesh=mesh).run().step) == 2
+  assert int(build_distillation(half, str(tmp_path / "family"), mesh=mesh).run().step) == 2
   config = _family_config(tiny_teacher, tiny_corpus)
-  family_state = build_family(config, str(tmp_path / "family"), mesh=mesh).run()
+  family_state = build_distillation(config, str(tmp_path / "family"), mesh=mesh).run()
   assert int(family_state.step) == 4
-  for name, member in member_configs(config).items():
+  for name, member in family.members(config).items():
     alone = build_distillation(member, str(tmp_path / name), mesh=mesh).run()
     _check_one_students_run(str(tmp_path / name), alone)
     theirs, ours = _flat(alone.params), _flat(family_state.params[name])
@@ -98,8 +98,9 @@ def test_each_student_of_a_family_ends_as_it_would_alone_and_exports(tiny_teache
 def test_each_student_is_evaluated_under_its_name_and_summarised_at_the_end(
   tiny_teacher, tiny_corpus, tmp_path, capsys
 ):
-  """A family's evaluators run for every student, logged as <name>/eval/...; the run ends with each
-  student's table (the teacher, its start, its last step), as a lone run ends with its own."""
+  """A family's evaluators run for every student, logged as <name>/eval/...; the teacher is scored
+  once for all of them; the run ends with each student's table (the teacher, its start, its last
+  step), as a lone run ends with its own."""
   from conftest import SENTENCES
   from minilm_jax.evaluation.evaluators import evaluator
 
@@ -110,9 +111,18 @@ def test_each_student_is_evaluated_under_its_name_and_summarised_at_the_end(
   config.eval_batch_size = 8
   config.evaluators.heldout = evaluator("heldout", 2)
   config.evaluators.sts = evaluator("sts", 2, file=str(sts), max_seq_length=16)
-  build_family(config, str(tmp_path / "family"), mesh=parallel.make_mesh(2)).run()
+  run = build_distillation(config, str(tmp_path / "family"), mesh=parallel.make_mesh(2))
+  teacher_scorings = []
+  for student in run.students.values():  # every teacher scoring of every student's evaluators, counted
+    for e in student.evaluators.items:
+      if e.teacher is not None:
+        e.teacher = lambda score=e.teacher, name=e.name: teacher_scorings.append(name) or score()
+  run.run()
+  assert teacher_scorings == ["sts"]  # the teacher is scored once for the family, not once a student
   rows = [json.loads(line) for line in open(tmp_path / "family" / "metrics.jsonl")]
   evaluated = {k for r in rows if r["step"] == 2 for k in r}
+  for name in ("2x16", "1x32"):  # each student's metrics still carry the teacher's row
+    assert any(f"{name}/eval/sts/teacher/spearman" in r for r in rows), name
   for name in ("2x16", "1x32"):
     assert {f"{name}/eval/heldout/loss", f"{name}/eval/sts/spearman"} <= evaluated, sorted(evaluated)
   out = capsys.readouterr().out
@@ -125,6 +135,10 @@ def test_each_student_is_evaluated_under_its_name_and_summarised_at_the_end(
   "family, message",
   [
     ((dict(name="a"), dict(name="a")), "two students are named 'a'"),
+    ((), "family is empty: list at least one student"),
+    (("s2",), "family entry 0 is 's2', not a student: give each as a dict"),
+    ((dict(name="a/b"),), "family entry 0 is named 'a/b': a student's name has no '/'"),
+    ((dict(name=" s2"),), "family entry 0 is named ' s2'"),
     ((dict(student=dict(num_layers=1)),), "family entry 0 has no name"),
     ((dict(name="a", loss=dict(num_relation_heads=3)),), "family student a: .*num_relation_heads=3 does not divide"),
     ((dict(name="a", teacher=dict(layer=7)),), "family student a: teacher.layer=7 but the model has 2 layers"),
@@ -140,7 +154,7 @@ def test_a_family_that_cannot_run_is_one_line_before_any_work(tiny_mlm_teacher, 
   with config.unlocked():
     config.family = family
   with pytest.raises(UserError, match=message):
-    build_family(config, str(tmp_path / "run"))
+    build_distillation(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run" / "checkpoints")
 
 

@@ -159,7 +159,7 @@ def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(blocks
   run.evaluators.heldout = evaluator("heldout", 2)
   distillation = build_distillation(run, str(tmp_path / "run"))
   # 8 blocks held out, each language within one block of its share of them.
-  spans = distillation.heldout["spans"]
+  spans = distillation.record().heldout["spans"]
   held = {code: sum(stop - start for start, stop in spans.get(code, ())) for code in loaded.languages}
   share = 8 * loaded.counts / loaded.counts.sum()
   assert sum(held.values()) == 8 and np.all(np.abs(np.array(list(held.values())) - share) < 1), (held, share)

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import TEST_VOCAB_SIZE, tiny_config
 from minilm_jax.devices import parallel
-from minilm_jax.distill.step import init_state, make_train_step
+from minilm_jax.distill.step import LONE, DistillationStep, jit_step
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
@@ -290,10 +290,9 @@ def test_a_new_objective_is_one_registered_function(monkeypatch):
   metrics = {}
   for name in ("attention_only", "minilm"):
     objective = Objective(name, ((1, 1),), ("qk", "vv"), 4, 0, 32, 16)
-    step = make_train_step(
-      Encoder(teacher_config), Encoder(student_config), optax.sgd(0.1), lambda s: 0.1, objective, mesh
-    )
-    state = init_state(Encoder(student_config), optax.sgd(0.1), objective, jax.random.key(0))
+    parts = DistillationStep(Encoder(teacher_config), Encoder(student_config), objective, optax.sgd(0.1), lambda s: 0.1)
+    step = jit_step({LONE: parts}, mesh)
+    state = parts.fresh_state(jax.random.key(0))
     ids = jax.random.randint(jax.random.key(1), (8, 12), 1, 80)
     batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "token_type_ids": jnp.zeros_like(ids)}
     teacher_params = init_params(teacher_config, jax.random.key(2))

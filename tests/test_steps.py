@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from minilm_jax.devices import parallel
-from minilm_jax.distill.step import init_state, make_train_step
+from minilm_jax.distill.step import LONE, DistillationStep, jit_step
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.models import sharding
@@ -40,12 +40,9 @@ def _batch(batch_size=32, length=12, seed=0):
 
 def _distill_step(mesh, accumulate_steps=1, query_chunk=0, batch=None):
   objective = Objective("minilm", ((1, 1),), ("qk", "vv"), 4, query_chunk, 32, 16)
-  step = make_train_step(
-    Encoder(TEACHER), Encoder(STUDENT), SGD, lambda s: 0.5, objective, mesh, accumulate_steps=accumulate_steps
-  )
-  state = jax.jit(
-    lambda: init_state(Encoder(STUDENT), SGD, objective, jax.random.key(0)), out_shardings=parallel.replicated(mesh)
-  )()
+  parts = DistillationStep(Encoder(TEACHER), Encoder(STUDENT), objective, SGD, lambda s: 0.5)
+  step = jit_step({LONE: parts}, mesh, accumulate_steps=accumulate_steps)
+  state = jax.jit(lambda: parts.fresh_state(jax.random.key(0)), out_shardings=parallel.replicated(mesh))()
   teacher_params = jax.device_put(init_params(TEACHER, jax.random.key(1)), parallel.replicated(mesh))
   new_state, metrics = step(state, parallel.shard_batch(batch or _batch(), mesh), teacher_params, jax.random.key(2))
   return jax.device_get(new_state.params), jax.device_get(metrics)

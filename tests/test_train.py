@@ -27,7 +27,7 @@ from conftest import (
 )
 from minilm_jax import runs
 from minilm_jax.devices import parallel
-from minilm_jax.distill.step import init_state, student_config
+from minilm_jax.distill.step import student_config
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.evaluators import evaluator
@@ -188,8 +188,8 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
   for name, length in (("short", 16), ("long", 32)):
     config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
   student = build_distillation(config, str(tmp_path / "student"))
-  assert student.teacher.config.hidden_size == 16 and student.teacher.config.num_layers == 2
-  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.parts.teacher_params), assistant_params)
+  assert student.train_step.teacher.config.hidden_size == 16 and student.train_step.teacher.config.num_layers == 2
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.lone.teacher_params), assistant_params)
   student.run()
   assert opened.count(os.path.abspath(assistant)) == 1, opened
   teacher_rows = [m for m in read_metrics(str(tmp_path / "student")) if "eval/short/teacher/mrr@10" in m]
@@ -209,11 +209,11 @@ def _config_cases():
 )
 def test_every_config_builds(path, variant):
   """Each config's student (each student of a family config) fits a teacher of the paper's shape."""
-  from minilm_jax.distill.family import is_family, member_configs
+  from minilm_jax.distill import family
 
   module = load_config_module(path)
   config = module.get_config() if variant is None else module.get_config(variant)
-  for student in member_configs(config).values() if is_family(config) else [config]:
+  for student in family.members(config).values():
     _check_builds(student)
 
 
@@ -443,7 +443,7 @@ def test_a_schedule_in_epochs_becomes_steps_once_the_corpus_is_read(tiny_teacher
   run = build_distillation(config, str(tmp_path / "w"))
   steps = 2 * run.stream.batches_per_epoch
   assert run.config.num_steps == steps and steps > 8
-  schedule = run.step.schedule
+  schedule = run.lone.step.schedule
   warmup = int(0.25 * steps)
   assert float(schedule(warmup)) == pytest.approx(1e-3) and float(schedule(warmup // 2)) < 1e-3
   assert float(schedule(steps)) == pytest.approx(0.0)
@@ -482,7 +482,7 @@ def test_non_finite_update_never_reaches_a_checkpoint(tiny_teacher, tiny_corpus,
   ):
     build_distillation(blowup, workdir).run()
   run = build_distillation(blowup, workdir)
-  abstract = jax.eval_shape(lambda: init_state(run.student, run.step.tx, run.objective, jax.random.key(0)))
+  abstract = run.train_step.abstract_state()
   assert run.checkpoints.manager.all_steps()
   for step in run.checkpoints.manager.all_steps():
     state, _, _ = run.checkpoints.restore(abstract, step)

@@ -2,7 +2,7 @@
 the function the program runs, with its mesh, shardings, donation, dtype, accumulation and
 chunking, and the abstract arguments it is called with.
 
-- `train`: `distill.step.build_step`'s step (state, batch, teacher params, rng);
+- `train`: `distill.step.build_train_step`'s step (state, batch, teacher params, rng);
 - `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng);
 - `evaluate`: the same config's prediction step (`finetuning.steps.Predictor`'s function: the task
   model's outputs, or a sequence-to-sequence task's beam search), at `eval_batch_size`.
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 
 from minilm_jax import runs
 from minilm_jax.devices import parallel
+from minilm_jax.distill import family
 from minilm_jax.distill import step as distill_step
-from minilm_jax.distill.family import fresh_state, is_family, member_configs
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import run as finetuning
@@ -125,26 +125,12 @@ def train(config, devices, model_shape: str = "") -> Program:
       return distill_step.teacher_pooling(c)
     return Pooling(max_seq_length=config.data.max_seq_length)
 
-  # A family (`distill.family`): every student's step, trained together by the family's.
-  members = member_configs(config) if is_family(config) else {"": config}
-  steps = {n: distill_step.build_step(c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
-  step = next(iter(steps.values()))
-  train_step, state = step.train_step, step.abstract_state()
-  if is_family(config):
-    learners = {n: distill_step.Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
-    train_step = distill_step.make_family_step(step.teacher, learners, mesh, config.optimizer.accumulate_steps)
-    state = jax.eval_shape(partial(fresh_state, steps), jax.random.key(0), {})
+  built = distill_step.build_train_step(family.members(config), teacher_config, mesh, masking, pooling)
+  train_step, state = built.jitted, built.abstract_state()
   replicated = parallel.replicated(mesh)
   teacher = abstract_params(teacher_config)
-  if step.objective.needs.mlm_head:
-    hidden, embedding = (
-      jnp.zeros((1, teacher_config.hidden_size)),
-      jnp.zeros((teacher_config.vocab_size, teacher_config.hidden_size)),
-    )
-    teacher = {
-      **teacher,
-      "mlm_head": jax.eval_shape(lambda: LMHead(teacher_config).init(jax.random.key(0), hidden, embedding)["params"]),
-    }
+  if any(s.objective.needs.mlm_head for s in built.students.values()):  # soft labels: never a family's
+    teacher = {**teacher, "mlm_head": _abstract_mlm_head(teacher_config)}
   batch, length = config.batch_size, config.data.max_seq_length
   args = (
     parallel.placed(state, replicated),
@@ -152,18 +138,25 @@ def train(config, devices, model_shape: str = "") -> Program:
     parallel.placed(teacher, replicated),
     _rng(mesh),
   )
-  flops = None
-  objective = step.objective
-  if objective.name == "minilm" and len(objective.pairs) == 1 and objective.embedding_weight == 0 and len(steps) == 1:
-    student_layer, teacher_layer = objective.pairs[0]
-    per_token = distill_flops_per_token(
-      LossLayer(teacher_config, teacher_layer),
-      LossLayer(step.student.config, student_layer),
-      length,
-      len(objective.relations),
-    ) + _rematerialised_scores_flops_per_token(step.student.config, student_layer, length)
-    flops = float(per_token) * batch * length
+  steps = list(built.students.values())
+  flops = _minilm_flops(steps[0], teacher_config, batch, length) if len(steps) == 1 else None
   return Program("train", train_step, args, batch * length, flops, "batch_size", batch, mesh)
+
+
+def _minilm_flops(step, teacher_config: EncoderConfig, batch: int, length: int) -> float | None:
+  """The analytic FLOPs of one student's step by MiniLM's relations at one layer pair, without the
+  embedding term; None for any other objective (or several students), which has no analytic count."""
+  objective = step.objective
+  if objective.name != "minilm" or len(objective.pairs) != 1 or objective.embedding_weight != 0:
+    return None
+  student_layer, teacher_layer = objective.pairs[0]
+  per_token = distill_flops_per_token(
+    LossLayer(teacher_config, teacher_layer),
+    LossLayer(step.student.config, student_layer),
+    length,
+    len(objective.relations),
+  ) + _rematerialised_scores_flops_per_token(step.student.config, student_layer, length)
+  return float(per_token) * batch * length
 
 
 def _finetuning_step(config, devices, model_shape: str):

@@ -2,7 +2,7 @@
 shapes a user trains at, in one process.
 
 - ours, bare step: teacher forward + student forward/backward + MiniLM loss + AdamW, jitted
-  (`distill.step.build_step` on a config, as the `train` program builds it), on random full blocks.
+  (`distill.step.build_train_step` on a config, as the `train` program builds it), on random full blocks.
 - ours, train program: the same step driven by the training loop (`loop.train_loop`: the batch
   stream collating packed blocks, prefetching onto the devices, metrics), end to end.
 - PyTorch peers: transformers' `BertModel` teacher (under `no_grad`) and student with SDPA
@@ -34,8 +34,8 @@ from minilm_jax.data.corpus import BatchStream, pad_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.devices.timing import block, median_seconds, peak_flops
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill.family import fresh_state
-from minilm_jax.distill.step import Learner, build_step, init_state, make_family_step
+from minilm_jax.distill.family import LONE
+from minilm_jax.distill.step import build_train_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import hf
 from minilm_jax.models.embeddings import Pooling
@@ -120,27 +120,24 @@ def step_config(m: Measurement):
 
 
 class _OurStep:
-  """The `train` program's jitted step (`distill.step.build_step` on the measurement's config)
-  on one device, its state, and the arguments it is called with."""
+  """The `train` program's jitted step (`distill.step.build_train_step`) of the measurement's
+  students (`members`: name -> config; one under `LONE`, or a family) on one device, its state, and
+  the arguments it is called with."""
 
-  def __init__(self, teacher_config, teacher_params, config):
+  def __init__(self, teacher_config, teacher_params, members: dict):
     self.mesh = parallel.make_mesh(1)
-    built = build_step(config, teacher_config, self.mesh, masking=(), pooling=Pooling())
-    self.step, self.objective = built.train_step, built.objective
-    self.record = RunRecord(DISTILLATION, built.student.config, json.loads(config.to_json()))
-    self.init = jax.jit(
-      partial(init_state, built.student, built.tx, built.objective), out_shardings=parallel.replicated(self.mesh)
-    )
-    self.state = self.init(jax.random.key(0))
-    self._place_teacher(teacher_config, teacher_params)
-
-  def __call__(self, state, batch):
-    return self.step(state, batch, self.teacher_params, self.rng)
-
-  def _place_teacher(self, teacher_config, teacher_params):
+    self.built = build_train_step(members, teacher_config, self.mesh, masking=(), pooling=lambda c: Pooling())
+    self.step = self.built.jitted
+    first, config = next(iter(self.built.students.values())), next(iter(members.values()))
+    self.record = RunRecord(DISTILLATION, first.student.config, json.loads(config.to_json()))
+    self.init = jax.jit(self.built.fresh_state, out_shardings=parallel.replicated(self.mesh))
+    self.state = self.init(jax.random.key(0), {})
     params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
     self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
     self.rng = jax.random.key(2)
+
+  def __call__(self, state, batch):
+    return self.step(state, batch, self.teacher_params, self.rng)
 
   def bare_seconds(self, batch, repeats):
     batch = parallel.shard_batch(batch, self.mesh)
@@ -191,33 +188,19 @@ class _OurStep:
     )
     with tempfile.TemporaryDirectory() as workdir:
       program = _TrainProgram(workdir, self.mesh, stream, 2 * steps, _LogEvery(steps), self.record)
-      self.state = train_loop(program, self.init(jax.random.key(0)), 0, self, LoopHooks("train program"))
+      self.state = train_loop(program, self.init(jax.random.key(0), {}), 0, self, LoopHooks("train program"))
       rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return rows[-1]["step_time_s"]
 
-
-class _FamilyStep(_OurStep):
-  """The `train` program's step of a family (`distill.family`: the teacher once a batch, each
-  student's update) over the measurements' students, on one device, timed as `_OurStep` is."""
-
-  def __init__(self, teacher_config, teacher_params, configs: dict):
-    self.mesh = parallel.make_mesh(1)
-    steps = {n: build_step(c, teacher_config, self.mesh, masking=(), pooling=Pooling()) for n, c in configs.items()}
-    learners = {n: Learner(s.student, s.objective, s.tx, s.schedule) for n, s in steps.items()}
-    first = next(iter(steps.values()))
-    self.step = make_family_step(first.teacher, learners, self.mesh)
-    init = jax.jit(partial(fresh_state, steps), out_shardings=parallel.replicated(self.mesh))
-    self.state = init(jax.random.key(0), {})
-    self._place_teacher(teacher_config, teacher_params)
-    depth = max(s.objective.teacher_layers_needed for s in steps.values())
-    self.teacher_forward = jax.jit(lambda params, batch: first.objective.outputs(first.teacher, params, batch, depth))
-
   def teacher_seconds(self, batch, repeats: int) -> float:
-    """The teacher's forward pass alone, as deep as the family reads it: what each student's own
-    run computes again, and the family once."""
+    """The teacher's forward pass alone, as deep as the students read it: what each student's own
+    run computes again, and a family once."""
+    steps = list(self.built.students.values())
+    depth = max(s.objective.teacher_layers_needed for s in steps)
+    forward = jax.jit(lambda params, batch: steps[0].objective.outputs(steps[0].teacher, params, batch, depth))
     batch = parallel.shard_batch(batch, self.mesh)
-    block(self.teacher_forward(self.teacher_params, batch))  # compiled before the timing
-    return median_seconds(lambda: block(self.teacher_forward(self.teacher_params, batch)), repeats)
+    block(forward(self.teacher_params, batch))  # compiled before the timing
+    return median_seconds(lambda: block(forward(self.teacher_params, batch)), repeats)
 
 
 def device_peak_bytes() -> int | None:
@@ -376,14 +359,14 @@ def _family_row(ms: list, repeats: int) -> dict:
   batch = random_batch(first.batch, first.length, first.teacher_config.vocab_size)
   separate, separate_bytes = [], 0
   for m in ms:
-    alone = _OurStep(m.teacher_config, m.teacher_params, step_config(m))
+    alone = _OurStep(m.teacher_config, m.teacher_params, {LONE: step_config(m)})
     seconds, footprint, _ = alone.bare_seconds(batch, repeats)
     separate.append(seconds)
     separate_bytes += footprint or 0
     del alone
   # Named by place too: a family of one shape thrice is three students.
   configs = {f"{i}_{m.student_spec}": step_config(m) for i, m in enumerate(ms)}
-  family = _FamilyStep(first.teacher_config, first.teacher_params, configs)
+  family = _OurStep(first.teacher_config, first.teacher_params, configs)
   seconds, footprint, device_peak = family.bare_seconds(batch, repeats)
   teacher = family.teacher_seconds(batch, repeats)
   tokens, speedup, ideal = first.batch * first.length, sum(separate) / seconds, family_ideal_speedup(ms)
@@ -415,7 +398,7 @@ def _row(m: Measurement, repeats: int, train_steps: int, peers, profile_dir: str
   teacher_config, student_config, n, length, dtype = m.teacher_config, m.student_config, m.batch, m.length, m.dtype
   batch = random_batch(n, length, teacher_config.vocab_size)
   tokens = n * length
-  ours = _OurStep(teacher_config, m.teacher_params, step_config(m))
+  ours = _OurStep(teacher_config, m.teacher_params, {LONE: step_config(m)})
   teacher_read, student_read = (LossLayer(c, c.num_layers - 1) for c in (teacher_config, student_config))
   seconds, footprint, device_peak = ours.bare_seconds(batch, repeats)
   program = ours.train_program_seconds(batch, train_steps) if train_steps else None

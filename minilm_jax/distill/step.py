@@ -2,14 +2,13 @@
 `jax.shard_map` (pmap semantics): each device runs teacher and student on its shard of the batch,
 gradients are averaged with an explicit `pmean`, and every device applies the same update to its
 replica. The teacher is an argument of the step, not part of the train state: no optimizer state,
-never checkpointed, never donated. One step trains one student (`make_train_step`) or a family of
-them from one teacher pass (`make_family_step`); `build_step` builds it from a config, for the
-`train` program and for `minilm_jax.aot`.
+never checkpointed, never donated. One step trains one student or a family of
+them from one teacher pass (a lone run is a family of one); `build_train_step` builds it from the
+run's configs, for the `train` program, `minilm_jax.aot` and `bench distill`.
 """
 
 import dataclasses
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import jax
@@ -19,6 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 from minilm_jax import runs
 from minilm_jax.devices import parallel
+from minilm_jax.distill import etd
+from minilm_jax.distill.family import LONE, said_of
 from minilm_jax.errors import UserError
 from minilm_jax.models import embeddings
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
@@ -67,92 +68,46 @@ def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   return TrainState.fresh({**params, **objective.init_learned(rng, student.config)}, tx)
 
 
-@dataclasses.dataclass(frozen=True)
-class Learner:
-  """One student of a train step: its encoder, the objective it learns by, its optimizer."""
-
-  student: Encoder
-  objective: Objective
-  tx: optax.GradientTransformation
-  schedule: Callable
-
-
-def make_train_step(teacher: Encoder, student: Encoder, tx, schedule, objective, mesh, accumulate_steps: int = 1):
-  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)`, jitted with the state donated.
-  `teacher_params` are the encoder's, with its masked-LM head under "mlm_head" when the objective
-  runs it. With `accumulate_steps` K each device's batch runs as K micro-batches (teacher included)
-  whose gradients are averaged before the one update. `metrics["skipped"]` is 1 where a non-finite
-  loss or update was not applied (`guarded_update`)."""
-  return _train_step(teacher, {"": Learner(student, objective, tx, schedule)}, mesh, accumulate_steps, family=False)
-
-
-def make_family_step(teacher: Encoder, learners: dict, mesh, accumulate_steps: int = 1):
-  """The train step of several students (`learners`, by name) of one teacher: the teacher runs once
-  a batch, as deep as the deepest layer any student reads, and each student takes its own loss,
-  gradient and update from it (`make_train_step`'s, student by student). The state is one
-  `TrainState` whose `params` and `opt_state` are keyed by student; the metrics are each student's
-  under its name (`<name>/loss`, ...), with `loss` their sum, `lr` the first's and `skipped` any."""
-  return _train_step(teacher, learners, mesh, accumulate_steps, family=True)
-
-
-def _member_states(state: TrainState, names, family: bool) -> dict:
-  if not family:
-    return {"": state}
-  return {n: TrainState(state.step, state.params[n], state.opt_state[n]) for n in names}
-
-
-def keyed_state(states: dict) -> TrainState:
-  """One train state of a family from each student's (name -> `TrainState`, all at one step): their
-  parameters and optimizer states keyed by name, as the family's step and checkpoint hold them."""
-  first = next(iter(states.values()))
-  return TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
-
-
-def _joined(states: dict, metrics: dict, family: bool) -> tuple:
-  """The step's (state, metrics) from each student's: as they are for one student, keyed by name
-  for a family."""
-  if not family:
-    return states[""], metrics[""]
-  state = keyed_state(states)
-  flat = {f"{n}/{k}": v for n, m in metrics.items() for k, v in m.items()}
-  rows = list(metrics.values())
-  total = {
-    "loss": sum(m["loss"] for m in rows),
-    "lr": rows[0]["lr"],
-    "skipped": jnp.max(jnp.stack([m["skipped"] for m in rows])),
-  }
-  return state, {**total, **flat}
-
-
-def _train_step(teacher: Encoder, learners: dict, mesh, accumulate_steps: int, family: bool):
-  # Every student reads the same inputs (a family has no masking objective: `family.build_family`),
+def jit_step(students: dict, mesh, accumulate_steps: int = 1):
+  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)` of `students` (name ->
+  `DistillationStep`, all of one teacher), jitted with the state donated. The teacher runs once a
+  batch, deterministically and as deep as the deepest layer any student reads; each student takes
+  its own loss, gradient and update from it. `teacher_params` are the encoder's, with its masked-LM
+  head under "mlm_head" when an objective runs it. With `accumulate_steps` K each device's batch
+  runs as K micro-batches (teacher included) whose gradients are averaged before the one update.
+  A lone run's state (`{LONE: step}`) and metrics are the student's own; a family's state has
+  `params` and `opt_state` keyed by student, its metrics each student's under its name
+  (`<name>/loss`, ...) with `loss` their sum, `lr` the first's and `skipped` any. `skipped` is 1
+  where a non-finite loss or update was not applied (`guarded_update`)."""
+  # Every student reads the same inputs (a family has no masking objective: `build_train_step`),
   # so the teacher's pass over them is shared; each student reads the layers its objective needs.
-  first = next(iter(learners.values())).objective
-  depth = max(learner.objective.teacher_layers_needed for learner in learners.values())
+  first = next(iter(students.values()))
+  teacher, keyed = first.teacher, list(students) != [LONE]
+  depth = max(s.objective.teacher_layers_needed for s in students.values())
 
   def per_device(state, batch, teacher_params, rng):
-    states = _member_states(state, learners, family)
+    states = _member_states(state, students, keyed)
     step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
 
     def value_and_grad(params, micro_batch, index):
       micro_rng = step_rng if accumulate_steps == 1 else jax.random.fold_in(step_rng, index)
       dropout_rng, inputs_rng = jax.random.split(micro_rng)
-      inputs = first.inputs(inputs_rng, micro_batch, teacher.config.vocab_size)
-      # The teacher runs only up to the deepest layer the loss reads, deterministically. The named
-      # scopes (here and the optimizer's) put the step's parts apart in a profile (`bench distill --profile`).
+      inputs = first.objective.inputs(inputs_rng, micro_batch, teacher.config.vocab_size)
+      # The named scopes (here and the optimizer's) put the step's parts apart in a profile
+      # (`bench distill --profile`).
       with jax.named_scope("teacher"):
-        teacher_out = first.outputs(teacher, teacher_params, inputs, depth)
+        teacher_out = first.objective.outputs(teacher, teacher_params, inputs, depth)
 
       def loss_fn(params):
         terms = {
-          name: learner.objective.student_terms(
-            learner.student,
+          name: s.objective.student_terms(
+            s.student,
             params[name],
-            teacher_out._replace(layers=teacher_out.layers[: learner.objective.teacher_layers_needed]),
+            teacher_out._replace(layers=teacher_out.layers[: s.objective.teacher_layers_needed]),
             inputs,
             {"dropout": dropout_rng},
           )
-          for name, learner in learners.items()
+          for name, s in students.items()
         }
         losses = {name: sum(t.values()) for name, t in terms.items()}
         return sum(losses.values()), (losses, terms)
@@ -166,16 +121,45 @@ def _train_step(teacher: Encoder, learners: dict, mesh, accumulate_steps: int, f
     (_, (losses, terms)), grads = accumulated_value_and_grad(value_and_grad, params, batch, accumulate_steps)
     grads = jax.lax.pmean(grads, parallel.DATA)
     new_states, metrics = {}, {}
-    for name, learner in learners.items():
+    for name, s in students.items():
       own = jax.lax.pmean({"loss": losses[name], **{f"loss_{k}": v for k, v in terms[name].items()}}, parallel.DATA)
       with jax.named_scope("optimizer"):
-        new_states[name], skipped = guarded_update(states[name], grads[name], own["loss"], learner.tx)
-      lr = learner.schedule(states[name].step)
+        new_states[name], skipped = guarded_update(states[name], grads[name], own["loss"], s.tx)
+      lr = s.schedule(states[name].step)
       metrics[name] = {**own, "grad_norm": optax.tree.norm(grads[name]), "lr": lr, "skipped": skipped}
-    return _joined(new_states, metrics, family)
+    return _joined(new_states, metrics, keyed)
 
   step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
   return jax.jit(step, donate_argnums=0)
+
+
+def _member_states(state: TrainState, names, keyed: bool) -> dict:
+  if not keyed:
+    return {LONE: state}
+  return {n: TrainState(state.step, state.params[n], state.opt_state[n]) for n in names}
+
+
+def keyed_state(states: dict) -> TrainState:
+  """One train state of a family from each student's (name -> `TrainState`, all at one step): their
+  parameters and optimizer states keyed by name, as the family's step and checkpoint hold them."""
+  first = next(iter(states.values()))
+  return TrainState(first.step, {n: s.params for n, s in states.items()}, {n: s.opt_state for n, s in states.items()})
+
+
+def _joined(states: dict, metrics: dict, keyed: bool) -> tuple:
+  """The step's (state, metrics) from each student's: as they are for a lone run, keyed by name
+  for a family."""
+  if not keyed:
+    return states[LONE], metrics[LONE]
+  state = keyed_state(states)
+  flat = {f"{n}/{k}": v for n, m in metrics.items() for k, v in m.items()}
+  rows = list(metrics.values())
+  total = {
+    "loss": sum(m["loss"] for m in rows),
+    "lr": rows[0]["lr"],
+    "skipped": jnp.max(jnp.stack([m["skipped"] for m in rows])),
+  }
+  return state, {**total, **flat}
 
 
 def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh, seed: int):
@@ -195,25 +179,76 @@ def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh, seed:
 
 @dataclasses.dataclass(frozen=True)
 class DistillationStep:
-  """The models, objective, optimizer and jitted step of a distillation config on a mesh: what the
-  `train` program runs, and what `minilm_jax.aot` compiles from shapes alone."""
+  """One student's part of a run's step: the models, the objective it learns by, its optimizer."""
 
   teacher: Encoder
   student: Encoder
   objective: Objective
   tx: optax.GradientTransformation
   schedule: Callable
-  train_step: Any  # jitted (state, batch, teacher_params, rng) -> (state, metrics): also `.lower`
-  accumulate_steps: int
+
+  def fresh_state(self, rng, params=None) -> TrainState:
+    return init_state(self.student, self.tx, self.objective, rng, params)
 
   def abstract_state(self) -> TrainState:
-    return jax.eval_shape(partial(init_state, self.student, self.tx, self.objective), jax.random.key(0))
+    return jax.eval_shape(self.fresh_state, jax.random.key(0))
 
 
-def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) -> DistillationStep:
-  """Validates `config` against its teacher's architecture and the mesh, and builds its step.
-  `masking` (special token ids, mask id) serves the objectives that mask their inputs; `pooling`,
-  the embedding objective."""
+@dataclasses.dataclass(frozen=True)
+class TrainStep:
+  """A run's students (name -> `DistillationStep`; a lone run's one under `LONE`) and their one
+  jitted step: what the `train` program runs, what `minilm_jax.aot` compiles from shapes alone and
+  what `bench distill` times."""
+
+  students: dict
+  jitted: Any  # (state, batch, teacher_params, rng) -> (state, metrics): also `.lower`
+
+  @property
+  def teacher(self) -> Encoder:
+    return next(iter(self.students.values())).teacher
+
+  @property
+  def keyed(self) -> bool:
+    """Whether the state and metrics are keyed by student: a family's are, a lone run's are not."""
+    return list(self.students) != [LONE]
+
+  def params_of(self, state: TrainState, name: str) -> dict:
+    """Student `name`'s parameters in the run's state."""
+    return state.params[name] if self.keyed else state.params
+
+  def fresh_state(self, rng, starts: dict) -> TrainState:
+    """The run's state at step 0: each student's as it would start alone (from `rng` and its start
+    in `starts`, by name: ETD's extraction, or random), keyed by name in a family."""
+    states = {n: s.fresh_state(rng, starts.get(n)) for n, s in self.students.items()}
+    return keyed_state(states) if self.keyed else states[LONE]
+
+  def abstract_state(self) -> TrainState:
+    return jax.eval_shape(self.fresh_state, jax.random.key(0), {})
+
+
+def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking, pooling: Callable) -> TrainStep:
+  """The step of a run's students (`members`: name -> its distillation config, `family.members`),
+  each validated against the teacher's architecture and the mesh (a family's errors said of its
+  student). `masking` (special token ids, mask id) serves the objectives that mask their inputs;
+  `pooling(config)`, the embedding objective's pooling of the teacher."""
+  steps = {n: said_of(n, build_student_step, c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
+  config = next(iter(members.values()))  # the batch and its split are the family's
+  accumulate = config.optimizer.accumulate_steps
+  check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
+  train_step = TrainStep(steps, jit_step(steps, mesh, accumulate))
+  if train_step.keyed:
+    for name, step in steps.items():
+      if step.objective.needs.mlm_head:
+        raise UserError(
+          f"family student {name}: loss.objective={members[name].loss.objective} masks the inputs the teacher "
+          "reads, which the family's students share: distil it alone"
+        )
+  return train_step
+
+
+def build_student_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) -> DistillationStep:
+  """One student's part of the step, `config` validated against its teacher's architecture (ETD's
+  extraction included) and the mesh."""
   teacher = Encoder(teacher_config.replace(dtype=config.dtype))
   student = Encoder(student_config(config, teacher_config))
   relations.check_relation_heads(config.loss.num_relation_heads, teacher_config.hidden_size, student.config.hidden_size)
@@ -224,11 +259,11 @@ def build_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) ->
     config.loss, teacher_config, student.config, teacher_layer, student_layer, pooling, masking
   )
   parallel.check_batch_divides(config.batch_size, mesh)
+  if config.student.init == "etd":  # the extraction's shape checks, before any corpus is read
+    etd.check_extractable(teacher_config, student.config)
+    etd.select_layers(teacher_config.num_layers, student.config.num_layers, config.etd.layers)
   tx, schedule = make_optimizer(config.optimizer, config.num_steps)
-  accumulate = config.optimizer.accumulate_steps
-  check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
-  train_step = make_train_step(teacher, student, tx, schedule, objective, mesh, accumulate)
-  return DistillationStep(teacher, student, objective, tx, schedule, train_step, accumulate)
+  return DistillationStep(teacher, student, objective, tx, schedule)
 
 
 def teacher_pooling(config, pipeline: tuple | None = None):

@@ -1,13 +1,12 @@
-"""MiniLM distillation's run: it reads the teacher and the corpus, builds its student (or each
-student of a family, `distill.family`) on the step of `distill.step`, and trains through
-`training.loop` (`build_distillation`, `Distillation`).
+"""MiniLM distillation's run: it reads the teacher and the corpus, builds its students (one, or a
+family from one teacher pass: `distill.family`) on the one step of `distill.step`, and trains them
+through `training.loop` (`build_distillation`, `Distillation`).
 """
 
 import dataclasses
 import json
 import os
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import jax
@@ -19,88 +18,91 @@ from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, la
 from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
-from minilm_jax.distill import etd
-from minilm_jax.distill.step import DistillationStep, build_step, init_state, make_heldout_step, teacher_pooling
+from minilm_jax.distill import etd, family
+from minilm_jax.distill.family import LONE, said_of
+from minilm_jax.distill.step import DistillationStep, TrainStep, build_train_step, make_heldout_step, teacher_pooling
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
-from minilm_jax.models.encoder import Encoder
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import LoopHooks, begin_run, steps_of_epochs, train_loop
-from minilm_jax.training.train_state import (
-  TrainState,
-  restore_or_init,
-)
-from minilm_jax.transfer.objectives import Objective
+from minilm_jax.training.loop import LoopHooks, begin_run, check_ranges, steps_of_epochs, train_loop
+from minilm_jax.training.train_state import TrainState, restore_or_init
 
 
 @dataclasses.dataclass(frozen=True)
 class Distillation:
-  """A distillation run's parts, built and validated by `build_distillation` before any compute;
-  `run()` trains them with the common loop."""
+  """A distillation run's parts, built and validated by `build_distillation` before any compute:
+  its students (name -> `Student`; a lone run's one under `LONE`), what they share (`Shared`), the
+  one step that trains them; `run()` trains them with the common loop."""
 
   config: Any
   workdir: str
-  mesh: Mesh
-  tokenizer: Any
-  parts: "Student"  # its step, the teacher as the step reads it, evaluators, untrained names, ETD start
-  stream: BatchStream
-  heldout: dict | None  # the corpus blocks training never reads (`heldout_record`)
+  shared: "Shared"
+  students: dict  # name -> Student
+  train_step: TrainStep
   checkpoints: runs.RunCheckpoints
-  teacher_weights: str  # the teacher's digest, kept in the record for resumes (`check_same_teacher`)
 
   @property
-  def step(self) -> DistillationStep:
-    return self.parts.step
+  def mesh(self) -> Mesh:
+    return self.shared.mesh
 
   @property
-  def evaluators(self) -> evaluators.Evaluators:
-    return self.parts.evaluators
-
-  @property
-  def teacher(self) -> Encoder:
-    return self.step.teacher
-
-  @property
-  def student(self) -> Encoder:
-    return self.step.student
-
-  @property
-  def objective(self) -> Objective:
-    return self.step.objective
-
-  def initial_state(self):
-    """The latest checkpoint's state and data position, or a fresh student at batch 0."""
-    rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
-    return restore_or_init(
-      self.checkpoints,
-      partial(init_state, self.student, self.step.tx, self.objective),
-      (rng, self.parts.start_params),
-      parallel.replicated(self.mesh),
-    )
+  def stream(self) -> BatchStream:
+    assert self.shared.stream is not None  # read_corpus read it
+    return self.shared.stream
 
   @property
   def num_steps(self) -> int:
     return self.config.num_steps
 
+  @property
+  def lone(self) -> "Student":
+    """The one student of a lone run."""
+    return self.students[LONE]
+
   def record(self) -> RunRecord:
-    record = student_record(self.config, self.step, self.parts.untrained, self.heldout)
-    return dataclasses.replace(record, teacher_weights=self.teacher_weights)
+    """A lone run's record is its student's; a family's holds each student's under its name."""
+    heldout = heldout_record(self.shared.heldout)
+    weights = self.shared.teacher_weights
+    if not self.train_step.keyed:
+      return dataclasses.replace(self.lone.record(heldout), teacher_weights=weights)
+    students = {n: s.record(heldout).to_json() for n, s in self.students.items()}
+    config = json.loads(self.config.to_json())
+    return RunRecord(DISTILLATION, None, config, heldout=heldout, students=students, teacher_weights=weights)
+
+  def initial_state(self):
+    """The latest checkpoint's state and data position, or every student fresh at batch 0 (each
+    from the rng it would start from alone, and its ETD start)."""
+    rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
+    starts = {n: s.start_params for n, s in self.students.items()}
+    return restore_or_init(self.checkpoints, self.train_step.fresh_state, (rng, starts), parallel.replicated(self.mesh))
+
+  def evaluate(self, step: int, state) -> dict:
+    """Every student's evaluators due at `step`, a family's under each student's name."""
+    out = {}
+    for name, s in self.students.items():
+      if s.evaluators:
+        scores = s.evaluators(step, self.train_step.params_of(state, name))
+        out.update({f"{name}/{k}" if name else k: v for k, v in scores.items()})
+    return out
 
   def run(self) -> TrainState:
     state, next_batch = self.initial_state()  # before writing: a restore that fails leaves the workdir as it was
     if jax.process_index() == 0:
-      runs.save_tokenizer(self.workdir, self.tokenizer)
+      runs.save_tokenizer(self.workdir, self.shared.tokenizer)
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
+    teacher_params = self.shared.on_mesh(any(s.step.objective.needs.mlm_head for s in self.students.values()))
 
     def step_fn(state, batch):
-      return self.step.train_step(state, batch, self.parts.teacher_params, dropout_rng)
+      return self.train_step.jitted(state, batch, teacher_params, dropout_rng)
 
-    evaluate = (lambda step, state: self.evaluators(step, state.params)) if self.evaluators else None
-    state = train_loop(self, state, next_batch, step_fn, LoopHooks("distill", evaluate=evaluate))
-    print_summary(self.parts, self.workdir, state.params)
+    evaluate = self.evaluate if any(s.evaluators for s in self.students.values()) else None
+    caption = f"distill {','.join(self.students)}" if self.train_step.keyed else "distill"
+    state = train_loop(self, state, next_batch, step_fn, LoopHooks(caption, evaluate=evaluate))
+    for name, s in self.students.items():
+      print_summary(s, self.workdir, self.train_step.params_of(state, name), name)
     lock.release(self.workdir)  # its last write done: the workdir is free for the next program
     return state
 
@@ -114,24 +116,19 @@ def print_summary(student: "Student", workdir: str, params, name: str = "") -> N
   speed = student.evaluators.speed(params)  # on every process: the encoders run on the whole mesh
   if jax.process_index() == 0:  # the one that wrote metrics.jsonl
     sizes = {"teacher": parameter_count(student.teacher_params), "student": parameter_count(params)}
-    table = evaluators.summary(student.config, workdir, speed, sizes, name)
+    table = evaluators.summary(student.config, metric_rows(workdir, name), speed, sizes)
     print("\n" + (f"{name}:\n" if name and table else "") + table, flush=True)
 
 
-def student_record(config, step: DistillationStep, untrained: tuple, heldout: dict | None) -> RunRecord:
-  """What a distilled student is: its encoder, its config, what its objective never trained, the
-  blocks it never read and its sentence embeddings' pipeline."""
-  return RunRecord(
-    DISTILLATION,
-    step.student.config,
-    json.loads(config.to_json()),
-    untrained=untrained,
-    heldout=heldout,
-    sentence_embedding={
-      **step.objective.pooling.to_dict(),
-      "dense": step.objective.projection_shapes().get("embedding"),
-    },
-  )
+def metric_rows(workdir: str, name: str) -> list:
+  """The rows of the run's metrics.jsonl; for a family's student `name`, its metrics alone, named as a
+  lone run's (`<name>/eval/...` as `eval/...`)."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  if name == LONE:
+    return rows
+  prefix = f"{name}/"
+  return [{"step": r["step"], **{k[len(prefix) :]: v for k, v in r.items() if k.startswith(prefix)}} for r in rows]
 
 
 def heldout_record(heldout) -> dict | None:
@@ -150,9 +147,9 @@ def heldout_record(heldout) -> dict | None:
 @dataclasses.dataclass(frozen=True)
 class Shared:
   """What every student of a run shares, read once: the run's config, workdir and mesh, the teacher
-  (its architecture, weights, masked-LM head, sentence pipeline) and tokenizer, the masking ids;
-  once `read_corpus` has read it, the corpus's batch stream, its held-out blocks and their collate
-  function."""
+  (its architecture, weights, masked-LM head, sentence pipeline) and tokenizer, the masking ids, the
+  teacher's side of the evaluations (scored once for all students); once `read_corpus` has read
+  it, the corpus's batch stream, its held-out blocks and their collate function."""
 
   config: Any
   workdir: str
@@ -161,6 +158,7 @@ class Shared:
   masking: tuple  # (special token ids, mask id)
   placed: dict  # the teacher's parameters replicated on the mesh, once for every student
   teacher_weights: str  # their digest, kept in the run's record (`check_same_teacher`)
+  teacher_scores: evaluators.TeacherScores
   stream: BatchStream | None = None
   heldout: Any = None
   collate: Callable | None = None
@@ -169,7 +167,7 @@ class Shared:
   def tokenizer(self):
     return self.teacher.tokenizer
 
-  def teacher_on_mesh(self, needs_mlm_head: bool) -> dict:
+  def on_mesh(self, needs_mlm_head: bool) -> dict:
     """The teacher's parameters as the step reads them, replicated on the mesh."""
     if not needs_mlm_head:
       return self.placed
@@ -189,7 +187,7 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
   weights = weights_digest(teacher.params)
   check_same_teacher(config.teacher.path, workdir, weights, resumed)
   placed = jax.device_put(teacher.params, parallel.replicated(mesh))
-  return Shared(config, workdir, mesh, teacher, masking, placed, weights)
+  return Shared(config, workdir, mesh, teacher, masking, placed, weights, evaluators.TeacherScores())
 
 
 def check_same_teacher(teacher_path: str, workdir: str, weights: str, record: RunRecord | None):
@@ -205,49 +203,52 @@ def check_same_teacher(teacher_path: str, workdir: str, weights: str, record: Ru
     )
 
 
-def read_corpus(shared: Shared, students: list) -> Shared:
+def read_corpus(shared: Shared, members: list) -> Shared:
   """`shared` with the corpus read: its batch stream and held-out blocks. With `data.epochs` the
-  step count is known now, and set in the run's config and in each of `students`' configs."""
+  step count is known now, and set in the run's config and in each of its students' (`members`)."""
   config = shared.config
   blocks, collate = corpus_blocks(config.data, shared.tokenizer, os.path.join(shared.workdir, "data"))
   blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(blocks, config.batch_size, config.seed, collate, *process, f"corpus {config.data.corpus}")
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
-    for c in [config, *students]:
+    for c in [config, *members]:
       c.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
   return dataclasses.replace(shared, stream=stream, heldout=heldout, collate=collate)
 
 
 def check_settings(config):
-  """What a student's config says that needs no teacher: its evaluators and its start."""
+  """What a student's config says that needs no teacher: its ranges, its evaluators and its start."""
+  check_ranges(config, distill_config.RANGES)
   evaluators.check_specs(config, evaluators.DISTILLATION_PROVIDES)
   if config.student.init not in ("random", "etd"):
     raise UserError(f"student.init={config.student.init!r}: use random or etd")
 
 
-def check_student(shared: Shared, config) -> DistillationStep:
-  """A student's settings checked against the teacher and the mesh before the corpus is read (a
-  corpus of hours is not tokenised for a config that cannot run): its step, built."""
+def step_of(shared: Shared, members: dict) -> TrainStep:
+  """The run's step, its students' settings (`members`: name -> config) checked against the teacher
+  and the mesh: built before the corpus is read (a corpus of hours is not tokenised for a config
+  that cannot run), and again after (the corpus may set the step count)."""
   teacher = shared.teacher
-  step = build_step(
-    config, teacher.config, shared.mesh, shared.masking, teacher_pooling(config, teacher.sentence_pipeline)
+  pooling = lambda c: teacher_pooling(c, teacher.sentence_pipeline)
+  train_step = build_train_step(members, teacher.config, shared.mesh, shared.masking, pooling)
+  for name, step in train_step.students.items():
+    if step.objective.needs.mlm_head and teacher.mlm_head is None:
+      said_of(name, _no_mlm_head, members[name])
+  return train_step
+
+
+def _no_mlm_head(config):
+  raise UserError(
+    f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
+    f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
   )
-  if step.objective.needs.mlm_head and teacher.mlm_head is None:
-    raise UserError(
-      f"loss.objective={config.loss.objective} needs the teacher's masked-LM head, and this teacher "
-      f"has none: use a checkpoint saved with it (e.g. BertForMaskedLM) or another objective"
-    )
-  if config.student.init == "etd":  # the extraction's shape checks, before its corpus is read
-    etd.check_extractable(teacher.config, step.student.config)
-    etd.select_layers(teacher.config.num_layers, step.student.config.num_layers, config.etd.layers)
-  return step
 
 
 @dataclasses.dataclass(frozen=True)
 class Student:
-  """One student of a run: its step, the teacher's parameters as its step reads them, its
-  evaluators, the parameters its objective never trains, and its ETD start."""
+  """One student of a run: its config, its part of the step, the teacher's parameters as its step
+  reads them, its evaluators, the parameters its objective never trains, and its ETD start."""
 
   config: Any
   step: DistillationStep
@@ -256,14 +257,27 @@ class Student:
   untrained: tuple
   start_params: dict | None  # ETD's extraction; None: random init, or a run that resumes
 
+  def record(self, heldout: dict | None) -> RunRecord:
+    """What the distilled student is: its encoder, its config, what its objective never trained,
+    the blocks it never read (`heldout_record`'s) and its sentence embeddings' pipeline."""
+    return RunRecord(
+      DISTILLATION,
+      self.step.student.config,
+      json.loads(self.config.to_json()),
+      untrained=self.untrained,
+      heldout=heldout,
+      sentence_embedding={
+        **self.step.objective.pooling.to_dict(),
+        "dense": self.step.objective.projection_shapes().get("embedding"),
+      },
+    )
 
-def build_student(shared: Shared, config, resumes: bool) -> Student:
-  """A student of `shared`'s teacher as `config` (its own, or a family member's) says, every error
-  its settings can cause raised here (`check_student`, again: the corpus may have set the step
-  count); its ETD start only when the run does not resume."""
+
+def build_student(shared: Shared, config, step: DistillationStep, resumes: bool) -> Student:
+  """A student of `shared`'s teacher as `config` (its own, or a family member's) says, on its part
+  `step` of the run's step; its ETD start only when the run does not resume."""
   teacher, mesh = shared.teacher, shared.mesh
-  step = check_student(shared, config)
-  step_teacher = shared.teacher_on_mesh(step.objective.needs.mlm_head)
+  step_teacher = shared.on_mesh(step.objective.needs.mlm_head)
   heldout_stream, heldout_step = _heldout_evaluation(shared.heldout, config, shared.collate, step, mesh)
   context = evaluators.Context(
     mesh,
@@ -277,6 +291,7 @@ def build_student(shared: Shared, config, resumes: bool) -> Student:
     teacher_params=step_teacher,
     teacher_pipeline=teacher.sentence_pipeline,
     teacher_path=config.teacher.path,
+    teacher_scores=shared.teacher_scores,
     heldout_stream=heldout_stream,
     heldout_step=heldout_step,
   )
@@ -301,30 +316,24 @@ def build_student(shared: Shared, config, resumes: bool) -> Student:
 
 @lock.released_on_error
 def build_distillation(config, workdir: str, mesh=None) -> Distillation:
-  """Reads the teacher and the corpus, validates `config` against them and the mesh, and returns
-  the run's parts (the step `build_step` gives, the batch stream, the evaluators, the checkpoints,
-  the ETD start): every error a config can cause surfaces here, before any compute."""
+  """Reads the teacher and the corpus once, validates the run's students (one, or a family:
+  `family.members`) against them and the mesh, and returns the run's parts (its one step, the batch
+  stream, the evaluators, the checkpoints, the ETD starts): every error a config can cause surfaces
+  here, before any compute, a family's said of its student."""
   resumed = begin_run(config, workdir, distill_config.RANGES, distill_config.CONTRADICTIONS)
-  check_settings(config)
+  members = family.members(config)
+  for name, c in members.items():
+    said_of(name, check_settings, c)
   shared = read_teacher(config, workdir, mesh, resumed)
-  check_student(shared, config)
-  shared = read_corpus(shared, [])
-  assert shared.stream is not None  # read_corpus reads it
+  step_of(shared, members)
+  shared = read_corpus(shared, list(members.values()))
   checkpoints = runs.RunCheckpoints(
     workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
   )
-  student = build_student(shared, config, resumes=checkpoints.latest_step() is not None)
-  return Distillation(
-    config,
-    workdir,
-    shared.mesh,
-    shared.tokenizer,
-    student,
-    shared.stream,
-    heldout_record(shared.heldout),
-    checkpoints,
-    shared.teacher_weights,
-  )
+  train_step = step_of(shared, members)
+  resumes = checkpoints.latest_step() is not None
+  students = {n: said_of(n, build_student, shared, c, train_step.students[n], resumes) for n, c in members.items()}
+  return Distillation(config, workdir, shared, students, train_step, checkpoints)
 
 
 def _heldout_evaluation(heldout, config, collate, step, mesh) -> tuple:

@@ -33,7 +33,6 @@ a task) is refused by the other in one line.
 """
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
@@ -88,6 +87,16 @@ class Evaluator:
 
 
 @dataclasses.dataclass
+class TeacherScores:
+  """The teacher's side of a run's evaluations, shared by every student of a family: its sentence
+  encoders by length, its scores by evaluator and its speed, each computed once a process."""
+
+  encoders: dict = dataclasses.field(default_factory=dict)
+  scores: dict = dataclasses.field(default_factory=dict)
+  speed: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class Context:
   """What the evaluators of one run share: built once by the distillation or fine-tuning program.
   The student's parameters are a distillation student's (its encoder and learnt maps, `learnt`) or a
@@ -107,11 +116,11 @@ class Context:
   # The teacher's (pooling, Dense) of `teacher_path`: a run teacher's, read with its weights; None: read its files
   teacher_pipeline: tuple | None = None
   teacher_path: str = ""
+  teacher_scores: TeacherScores = dataclasses.field(default_factory=TeacherScores)
   heldout_stream: BatchStream | None = None
   heldout_step: Callable | None = None  # (params, batch, teacher_params) -> {loss terms}
   task_evaluate: Callable | None = None  # params -> the fine-tuning run's dev metrics
   _student_encoders: dict = dataclasses.field(default_factory=dict)
-  _teacher_encoders: dict = dataclasses.field(default_factory=dict)
 
   def length(self, asked: int) -> int:
     """An evaluator's `max_seq_length` (`asked`), or the run's where it asks for none (0)."""
@@ -127,11 +136,12 @@ class Context:
   def teacher_encoder(self, length: int) -> SentenceEncoder | None:
     if self.teacher is None:
       return None
-    if length not in self._teacher_encoders:
+    encoders = self.teacher_scores.encoders
+    if length not in encoders:
       pooling, dense = self.teacher_pipeline or runs.sentence_pipeline_of(self.teacher_path, length)
       encoder = SentenceEncoder(self.teacher, pooling, self.tokenizer, self.mesh, self.eval_batch_size, length)
-      self._teacher_encoders[length] = encoder.use(self.teacher_params, dense)
-    return self._teacher_encoders[length]
+      encoders[length] = encoder.use(self.teacher_params, dense)
+    return encoders[length]
 
 
 def evaluator(kind: str, every: int, **fields) -> ml_collections.ConfigDict:
@@ -249,7 +259,8 @@ _SPEED_SENTENCES = 512
 
 class Evaluators:
   """The run's evaluators: `__call__(step, params)` runs those due at `step` (every `every` steps and
-  the last) and returns their metrics (with the teacher's the first time each runs in this process)."""
+  the last) and returns their metrics (with the teacher's the first time each runs in this process;
+  a family's students share the teacher's scores, `TeacherScores`, so it is scored once)."""
 
   def __init__(self, config, context: Context):
     self.items = [
@@ -268,7 +279,10 @@ class Evaluators:
         continue
       out.update({f"eval/{e.name}/{k}": v for k, v in e.student(params).items()})
       if e.teacher is not None and e.name not in self._teacher_done:
-        out.update({f"eval/{e.name}/teacher/{k}": v for k, v in e.teacher().items()})
+        scores = self.context.teacher_scores.scores
+        if e.name not in scores:
+          scores[e.name] = e.teacher()
+        out.update({f"eval/{e.name}/teacher/{k}": v for k, v in scores[e.name].items()})
         self._teacher_done.add(e.name)
     return out
 
@@ -279,18 +293,19 @@ class Evaluators:
     if not texts:
       return {}
     length = self.context.max_seq_length
-    out = {}
-    for who, encoder, p in (
-      ("student", self.context.student_encoder(length), params),
-      ("teacher", self.context.teacher_encoder(length), None),
-    ):
-      if encoder is None:
-        continue
-      encoder(texts[: self.context.eval_batch_size], p)
-      start = time.perf_counter()
-      encoder(texts, p)
-      out[who] = len(texts) / (time.perf_counter() - start)
+    out = {"student": self._sentences_per_second(self.context.student_encoder(length), texts, params)}
+    teacher, measured = self.context.teacher_encoder(length), self.context.teacher_scores.speed
+    if teacher is not None:
+      if length not in measured:
+        measured[length] = self._sentences_per_second(teacher, texts, None)
+      out["teacher"] = measured[length]
     return out
+
+  def _sentences_per_second(self, encoder, texts, params) -> float:
+    encoder(texts[: self.context.eval_batch_size], params)  # compiled before the timing
+    start = time.perf_counter()
+    encoder(texts, params)
+    return len(texts) / (time.perf_counter() - start)
 
 
 @register("heldout", {}, ("loss*",), lower_is_better=("loss*",), needs="heldout")
@@ -434,23 +449,12 @@ def probe_accuracy(train_NxD, train_y, dev_MxD, dev_y) -> float:
   return float(np.mean(probe_correct(train_NxD, train_y, dev_MxD, dev_y)))
 
 
-def _metric_rows(workdir: str, student: str) -> list:
-  """The rows of the run's metrics.jsonl; for a family's `student`, its metrics alone, named as a
-  lone run's (`<student>/eval/...` as `eval/...`)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  if not student:
-    return rows
-  prefix = f"{student}/"
-  return [{"step": r["step"], **{k[len(prefix) :]: v for k, v in r.items() if k.startswith(prefix)}} for r in rows]
-
-
-def summary(config, workdir: str, speed: dict, sizes: dict, student: str = "") -> str:
-  """The run's evaluations as one table, read from its metrics.jsonl: the teacher, the student it
-  started from (step 0), the last evaluated step and (with `checkpoint.best`) the best one; their
-  sizes and sentences/s; and the change of each score from the start to the last step. For a
-  family's `student`, the metrics logged under its name."""
-  evaluated = [r for r in _metric_rows(workdir, student) if any(k.startswith("eval/") for k in r)]
+def summary(config, rows: list, speed: dict, sizes: dict) -> str:
+  """A student's evaluations as one table, from the rows of its metrics (metrics.jsonl's, as a lone
+  run logs them): the teacher, the student it started from (step 0), the last evaluated step and
+  (with `checkpoint.best`) the best one; their sizes and sentences/s; and the change of each score
+  from the start to the last step."""
+  evaluated = [r for r in rows if any(k.startswith("eval/") for k in r)]
   if not evaluated:
     return ""
   # Scores, not the heldout's separate loss terms (those are in metrics.jsonl).

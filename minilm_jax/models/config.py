@@ -11,7 +11,7 @@ from minilm_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelType:
+class Architecture:
   """What differs between the BERT-family encoders we load (`EncoderConfig.model_type`)."""
 
   positions_after_padding: bool  # RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0
@@ -21,9 +21,9 @@ class ModelType:
 
 
 MODEL_TYPES = {
-  "bert": ModelType(False, "BertModel", "bert", True),
-  "roberta": ModelType(True, "RobertaModel", "roberta", False),
-  "xlm-roberta": ModelType(True, "XLMRobertaModel", "roberta", False),
+  "bert": Architecture(False, "BertModel", "bert", True),
+  "roberta": Architecture(True, "RobertaModel", "roberta", False),
+  "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False),
 }
 
 
@@ -82,13 +82,13 @@ class EncoderConfig:
     return self.hidden_size // self.num_heads
 
   @property
-  def family(self) -> ModelType:
+  def architecture(self) -> Architecture:
     return MODEL_TYPES[self.model_type]
 
   @property
   def position_offset(self) -> int:
     """RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0."""
-    return self.pad_token_id + 1 if self.family.positions_after_padding else 0
+    return self.pad_token_id + 1 if self.architecture.positions_after_padding else 0
 
   def check_length(self, length: int, field: str, model: str = "the model"):
     """One line when sequences of `length` (the config's `field`) need more positions than `model` has."""

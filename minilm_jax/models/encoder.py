@@ -90,7 +90,7 @@ def _embed(num, config, name):
 
 
 def position_ids(input_ids_BxL, config: EncoderConfig):
-  if not config.family.positions_after_padding:
+  if not config.architecture.positions_after_padding:
     return jnp.broadcast_to(jnp.arange(input_ids_BxL.shape[1]), input_ids_BxL.shape)
   # RoBERTa: padding tokens sit at padding_idx, real tokens count up from padding_idx + 1.
   real = (input_ids_BxL != config.pad_token_id).astype(jnp.int32)

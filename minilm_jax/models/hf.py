@@ -82,7 +82,7 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
 def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
   d.update(
-    model_type=config.model_type, architectures=[config.family.hf_architecture], position_embedding_type="absolute"
+    model_type=config.model_type, architectures=[config.architecture.hf_architecture], position_embedding_type="absolute"
   )
   return d
 
@@ -191,7 +191,7 @@ def _convert(flat, pairs):
 
 def _mlm_head(tensors: dict, config: EncoderConfig):
   """The masked-LM head's parameters among a checkpoint's tensors, or None when it was saved without one."""
-  table = MLM_WEIGHTS[config.family.mlm_weights]
+  table = MLM_WEIGHTS[config.architecture.mlm_weights]
   if any(theirs not in tensors for _, theirs, _ in table):
     return None
   flat = {
@@ -224,7 +224,7 @@ def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
   `head` (a head description, `models.heads.HEADS`), `params` are a task model's and the directory
   loads as the head's transformers class (BertForSequenceClassification, ...)."""
-  if head is not None and not config.family.task_heads_export:
+  if head is not None and not config.architecture.task_heads_export:
     raise UserError(
       f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
       f"from BERT's): export the encoder alone"

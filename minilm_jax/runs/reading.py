@@ -196,7 +196,7 @@ def read_multitask_run(workdir: str, mesh, step: int | None = None):
   try:
     record = ckpt.read_record(step)
     if record.task_student:
-      student = ml_collections.ConfigDict(record.student)
+      student = ml_collections.ConfigDict(record.task_student_settings)
       model = make_student(student, record.heads, record.vocab_size, record.encoder)
       joint = student_kind(student.kind).joint
     else:

@@ -26,7 +26,7 @@ class RunKind:
   """What readers do differently with a kind of run, declared once."""
 
   multi_task: bool = False  # params {"body": {...}, "head_<task>": ...}, read by `read_multitask_run`
-  task_student: bool = False  # its body is a task student built from `record.student` (else a Transformer)
+  task_student: bool = False  # its body is a task student built from `task_student_settings` (else a Transformer)
   teaches_tasks: bool = False  # task distillation can learn its tasks from it (it has their heads)
 
 
@@ -50,7 +50,8 @@ class RunRecord:
   head: dict | None = None  # a fine-tuned model's task head ({"kind": "classification", ...})
   tasks: tuple[str, ...] = ()  # the task(s) its heads were trained on
   heads: tuple[tuple[str, int], ...] = ()  # a multi-task run's (task, outputs) per head
-  student: dict = dataclasses.field(default_factory=dict)  # a task student's `student` settings
+  # A task student's `student` settings (the key "student" in the record's file, as it always was).
+  task_student_settings: dict = dataclasses.field(default_factory=dict)
   vocab_size: int = 0  # a task student's tokenizer size
   untrained: tuple[str, ...] = ()  # parameters the objective never trained (exported as initialised)
   heldout: dict | None = None  # the corpus blocks a distillation never trained on
@@ -76,7 +77,7 @@ class RunRecord:
       )
     if self.encoder is None:
       raise UserError(
-        f"{where} holds a {self.student.get('kind')} student, which has no Transformer encoder to load or "
+        f"{where} holds a {self.task_student_settings.get('kind')} student, which has no Transformer encoder to load or "
         f"export: its dev metrics are in results.json"
       )
     return self.encoder
@@ -118,7 +119,8 @@ class RunRecord:
     return dict(self.heads).get(task, 0)
 
   def to_json(self) -> dict:
-    out = dataclasses.asdict(self)
+    # The file's keys are the fields' names, in their order, but for the task student's settings.
+    out = {("student" if k == "task_student_settings" else k): v for k, v in dataclasses.asdict(self).items()}
     out["encoder"] = None if self.encoder is None else self.encoder.to_dict()
     if not self.students:  # one student's record is written as it was before families
       del out["students"]
@@ -137,6 +139,8 @@ class RunRecord:
       )
     fields = dict(d) if version else _from_unversioned(d)
     fields.pop("version", None)
+    if "student" in fields:
+      fields["task_student_settings"] = fields.pop("student")
     known = {f.name for f in dataclasses.fields(cls)}
     if set(fields) - known:
       raise UserError(f"this run's record has unknown fields {sorted(set(fields) - known)}: upgrade minilm_jax")

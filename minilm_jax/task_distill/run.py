@@ -130,7 +130,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     json.loads(config.to_json()),
     heads=heads,
     tasks=tuple(t.name for t in tasks),
-    student=config.student.to_dict(),
+    task_student_settings=config.student.to_dict(),
     vocab_size=len(tokenizer),
   )
   spec = MultiTaskSpec(
@@ -197,7 +197,7 @@ def _student_of_run(config):
       f"student.from_run={source} is not a task-distillation run's workdir: pass the workdir of a "
       f"`python -m minilm_jax.distill_task` run (the MKD student to fine-tune per task)"
     )
-  for key, value in record.student.items():
+  for key, value in record.task_student_settings.items():
     if key == "from_run" or key not in config.student:
       continue
     given = config.student[key]
