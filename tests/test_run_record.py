@@ -75,7 +75,7 @@ def test_the_last_releases_runs_have_their_kinds_and_contents():
   assert kinds["finetuning"].tasks == ("wordnet_supersense",) and kinds["finetuning"].head["kind"] == "classification"
   assert kinds["refined_teacher"].heads == (("wordnet_supersense", 5), ("wordnet_examples", 2))
   student = kinds["task_student"]
-  assert student.encoder is None and student.student["kind"] == "biattentive" and student.vocab_size > 0
+  assert student.encoder is None and student.task_student_settings["kind"] == "biattentive" and student.vocab_size > 0
   assert student.tasks == ("wordnet_supersense", "wordnet_examples")
   assert kinds["converted"].source and kinds["converted"].config == {}
 
