@@ -41,7 +41,12 @@ def test_every_kind_round_trips_through_json():
     RunRecord(records.FINETUNING, encoder, {"task": "sst2"}, head={"kind": "classification", "num_labels": 2}),
     RunRecord(records.REFINED_TEACHER, encoder, {}, heads=(("a", 2), ("b", 3)), tasks=("a", "b")),
     RunRecord(
-      records.TASK_STUDENT, None, {"teacher": "/r"}, heads=(("a", 2),), tasks=("a",), task_student_settings={"kind": "bilstm"}
+      records.TASK_STUDENT,
+      None,
+      {"teacher": "/r"},
+      heads=(("a", 2),),
+      tasks=("a",),
+      task_student_settings={"kind": "bilstm"},
     ),
     RunRecord(records.CONVERTED, encoder, source="/hf"),
   ]

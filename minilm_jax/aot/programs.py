@@ -4,7 +4,7 @@ chunking, and the abstract arguments it is called with.
 
 - `train`: `distill.step.build_train_step`'s step (state, batch, teacher params, rng);
 - `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng);
-- `evaluate`: the same config's prediction step (`finetuning.steps.Predictor`'s function: the task
+- `evaluate`: the same config's prediction step (`evaluation.predictor.Predictor`'s function: the task
   model's outputs, or a sequence-to-sequence task's beam search), at `eval_batch_size`.
 
 The pre-trained model's architecture (the teacher, or fine-tuning's `init`) comes from its

@@ -6,7 +6,7 @@ Names: a TPU slice as Google Cloud names it (`v4-8`, `v5p-8`: TensorCores, two p
 `h100x<gpus per host>[x<hosts>]` (`h100x8x2`: two hosts of eight).
 
 TPU devices come from libtpu's topology description (`jax.experimental.topologies`), with the slice
-shapes MaxText's `accelerator_to_spec_map.py` uses; GPU devices from the CUDA PJRT plugin given a
+shapes MaxText's `MaxText/accelerator_to_spec_map.py` uses; GPU devices from the CUDA PJRT plugin given a
 target description of the chip (no driver needed). Both need the `aot` extra.
 """
 

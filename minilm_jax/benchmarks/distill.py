@@ -281,7 +281,7 @@ class Settings:
 def run(settings: Settings = Settings()):
   """One row per (teacher, student, length) of `case`, each override replacing the case's value.
   The relations have the teacher's head count (12 for the paper's shapes) where it divides the
-  student's width. With `profile_dir`, each row's step is also profiled (`profile.PROFILED_STEPS`
+  student's width. With `profile_dir`, each row's step is also profiled (`PROFILED_STEPS`
   steps, their traces in `<profile_dir>/<student>_<length>/`), its table printed and written there
   as `parts.json`. With `family`, one row per (teacher, length): the students as one family
   (`_family_row`)."""

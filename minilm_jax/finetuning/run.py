@@ -1,5 +1,5 @@
 """A fine-tuning run: a pre-trained encoder and a task's head trained on the task's training split
-(`steps.make_train_step`), evaluated on its dev splits after every epoch (`steps.Predictor`)."""
+(`steps.make_train_step`), evaluated on its dev splits after every epoch (`evaluation.predictor.Predictor`)."""
 
 import dataclasses
 import json

@@ -81,9 +81,8 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
 
 def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
-  d.update(
-    model_type=config.model_type, architectures=[config.architecture.hf_architecture], position_embedding_type="absolute"
-  )
+  architecture = config.architecture.hf_architecture
+  d.update(model_type=config.model_type, architectures=[architecture], position_embedding_type="absolute")
   return d
 
 

@@ -77,8 +77,8 @@ class RunRecord:
       )
     if self.encoder is None:
       raise UserError(
-        f"{where} holds a {self.task_student_settings.get('kind')} student, which has no Transformer encoder to load or "
-        f"export: its dev metrics are in results.json"
+        f"{where} holds a {self.task_student_settings.get('kind')} student, which has no Transformer encoder to "
+        f"load or export: its dev metrics are in results.json"
       )
     return self.encoder
 
