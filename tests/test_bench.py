@@ -26,7 +26,7 @@ from minilm_jax.models import flops
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
 from minilm_jax.training.train_state import make_optimizer
 from minilm_jax.transfer import relations
-from minilm_jax.transfer.objectives import Objective
+from minilm_jax.transfer.objectives import Masking, Objective
 
 
 def test_reference_loss_is_ours():
@@ -257,7 +257,7 @@ def test_bench_task_distill_rows(tiny_teacher):
   """The suite's code path on a tiny teacher: a teacher row and the three students, with `model` and `score`."""
   from minilm_jax.benchmarks import task_distill
 
-  rows = task_distill.run(
+  settings = task_distill.Settings(
     teacher_init=tiny_teacher,
     teacher_name="tiny BERT",
     teacher_epochs=1,
@@ -265,9 +265,9 @@ def test_bench_task_distill_rows(tiny_teacher):
     size_factor=2,
     max_len=24,
     sizes=(16, 8, 16),
-    mesh=parallel.make_mesh(1),
     data_dir=WORDNET_EXCERPT,
   )
+  rows = task_distill.run(settings, mesh=parallel.make_mesh(1))
   assert [r["model"].split(":")[0] for r in rows] == [
     "teacher",
     "distilled BiLSTM (logit MSE, augmented 2x)",
@@ -309,7 +309,9 @@ def _tiny_students_suite(teacher: str, corpus: str, results, **settings):
   from minilm_jax.benchmarks import students
 
   tiny = dict(steps=2, batch=8, length=32, finetune_epochs=1, finetune_lr=1e-3, corpus=corpus, relation_heads=4)
-  return partial(students.run, teacher, "1x32", mesh=parallel.make_mesh(2), results=str(results), **tiny, **settings)
+  given = dict(teacher=teacher, student="1x32", results=str(results), **tiny, **settings)
+  mesh = parallel.make_mesh(2)
+  return lambda **more: students.run(students.Settings(**{**given, **more}), mesh=mesh)
 
 
 @pytest.mark.slow
@@ -377,11 +379,11 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   assert sorted(r["ft_rank"] for r in rows) == sorted(r["probe_rank"] for r in rows) == [1, 2, 3]
   assert "ft_gap_closed" in rows[2] and "ft_gap_closed" not in rows[0]
   with pytest.raises(UserError, match="unknown students \\['bogus'\\]"):
-    students.run(tiny_teacher, "1x32", models=("bogus",))
+    students.run(students.Settings(teacher=tiny_teacher, student="1x32", models=("bogus",)))
   with pytest.raises(UserError, match="vader_tweets read vaderSentiment's source package|VADER tasks read"):
-    students.run(tiny_teacher, "1x32", tasks=("vader_tweets",), models=("teacher",))
+    students.run(students.Settings(teacher=tiny_teacher, student="1x32", tasks=("vader_tweets",), models=("teacher",)))
   with pytest.raises(UserError, match="--tasks squad1: the suite fine-tunes classification and regression tasks"):
-    students.run(tiny_teacher, "1x32", tasks=("squad1",), models=("teacher",))
+    students.run(students.Settings(teacher=tiny_teacher, student="1x32", tasks=("squad1",), models=("teacher",)))
 
 
 def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took(tmp_path):
@@ -614,15 +616,28 @@ def test_bench_students_ranks_and_noise():
 def test_every_student_recipe_builds_its_distillation_step(tiny_teacher, tiny_corpus):
   """Each recipe of `bench students` is a valid distillation config: its step builds on the teacher
   (objective, layers, relation heads checked), as the suite's distillation will build it."""
+  from minilm_jax.benchmarks import students
   from minilm_jax.benchmarks.students import recipes
   from minilm_jax.distill.step import LONE, build_train_step
   from minilm_jax.models.embeddings import Pooling
 
   teacher_config = runs.encoder_config_of(tiny_teacher)
   for name, recipe in recipes.RECIPES.items():
-    config = recipes.student_config(name, tiny_teacher, teacher_config, (1, 32), 4, 8, 32, tiny_corpus, 4)
+    settings = students.Settings(
+      models=(name,),
+      teacher=tiny_teacher,
+      student="1x32",
+      steps=4,
+      batch=8,
+      length=32,
+      corpus=tiny_corpus,
+      relation_heads=4,
+    )
+    config = recipes.student_config(name, teacher_config, settings)
     mesh = parallel.make_mesh(1)
-    build = partial(build_train_step, {LONE: config}, teacher_config, mesh, masking=(), pooling=lambda c: Pooling())
+    build = partial(
+      build_train_step, {LONE: config}, teacher_config, mesh, masking=Masking(), poolings={LONE: Pooling()}
+    )
     if teacher_config.hidden_size % recipe.get("relation_heads", 4):  # MiniLMv2's 48 heads: 384-wide models
       with pytest.raises(UserError, match="num_relation_heads=48 does not divide hidden size"):
         build()

@@ -188,7 +188,8 @@ def _resolves(token: str) -> bool | None:
 def _all_class_attributes() -> set:
   names = set()
   for name, modules in CLASSES.items():
-    names |= _class_names(_class_node(modules[0], name)) or set()
+    for module in modules:
+      names |= _class_names(_class_node(module, name)) or set()
   return names
 
 

@@ -211,17 +211,18 @@ def test_small_pieces():
 
 
 def test_few_wide_signatures():
-  """At most 50 functions of the package take more than five parameters (ruff's PLR0913): a
-  function that reads a run, a measurement or a model's parts takes that object, not its fields.
-  The Pallas kernels' bodies are among them, one argument per operand as `pallas_call` passes them."""
+  """At most 25 functions of the package outside `kernels/` take more than five parameters (ruff's
+  PLR0913): a function that reads a run, a measurement or a model's parts takes that object, not
+  its fields. The Pallas kernels' bodies are left out: one argument per operand, as `pallas_call`
+  passes them."""
   proc = subprocess.run(
     [sys.executable, "-m", "ruff", "check", "--select", "PLR0913", "--output-format", "concise", "minilm_jax"],
     cwd=ROOT,
     capture_output=True,
     text=True,
   )
-  wide = [line for line in proc.stdout.splitlines() if "PLR0913" in line]
-  assert proc.returncode in (0, 1) and len(wide) <= 50, f"{len(wide)} functions take more than five parameters"
+  wide = [line for line in proc.stdout.splitlines() if "PLR0913" in line and "minilm_jax/kernels/" not in line]
+  assert proc.returncode in (0, 1) and len(wide) <= 25, f"{len(wide)} functions take more than five parameters"
 
 
 def test_every_package_folder_is_a_package():

@@ -24,7 +24,7 @@ import importlib, json, sys
 from absl import flags
 from minilm_jax.distill import config as distill
 from minilm_jax.finetuning import config as finetuning
-from minilm_jax.training.loop import check_ranges
+from minilm_jax.training.loop import check_fields
 from minilm_jax.task_distill import config as task_distill
 from minilm_jax.tasks import get_task
 
@@ -41,7 +41,7 @@ for argv in json.loads(sys.argv[2]):
   if "config" in flags.FLAGS and flags.FLAGS["config"].present:
     config = flags.FLAGS.config
     # The ranges of the config's program: task distillation, fine-tuning, or (train, prepare_data, aot's) distillation.
-    check_ranges(config, (task_distill if "tasks" in config else finetuning if "task" in config else distill).RANGES)
+    check_fields(config, (task_distill if "tasks" in config else finetuning if "task" in config else distill).RANGES)
     for name in str(config.get("task", config.get("tasks", ""))).split(","):
       if name and name != "custom":  # a custom task reads its files: its commands are tested on small files
         get_task(name)

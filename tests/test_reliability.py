@@ -147,13 +147,13 @@ def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpu
   config file sets both; each config that has both fields is refused when both are set, one line
   naming both, before anything is written."""
   from minilm_jax.distill import config as distill_config
-  from minilm_jax.training.loop import TRAINING_CONTRADICTIONS, check_contradictions
+  from minilm_jax.training.loop import TRAINING_CONTRADICTIONS, check_fields
 
   pairs = (*TRAINING_CONTRADICTIONS, *distill_config.CONTRADICTIONS)
   checked = 0
   for name, config in _every_training_config():
     try:
-      check_contradictions(config, distill_config.CONTRADICTIONS)
+      check_fields(config, {}, distill_config.CONTRADICTIONS)
     except UserError as e:
       pytest.fail(f"{name} as shipped: {e}")
     flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
@@ -162,7 +162,7 @@ def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpu
         both = copy.deepcopy(config)
         apply_overrides(both, {field: type(unset)(2), other: type(other_unset)(3)})
         with pytest.raises(UserError, match=rf"{re.escape(field)}=\S+ and {re.escape(other)}=\S+ contradict"):
-          check_contradictions(both, distill_config.CONTRADICTIONS)
+          check_fields(both, {}, distill_config.CONTRADICTIONS)
         checked += 1
   assert checked >= 2 * 8  # both pairs in every distillation config
   workdir = tmp_path / "w"

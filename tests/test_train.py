@@ -510,11 +510,16 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
 
 
 def test_a_distillation_hands_its_config_to_the_few_places_it_needs(tiny_teacher, tiny_corpus, tmp_path):
-  """`build_distillation`'s config (or a block of it) reaches at most 30 functions in 14 modules
-  (`tests/config_walk.py`, the dynamic walk)."""
+  """`build_distillation`'s config (or a block of it) reaches at most 25 functions in 12 modules
+  (`tests/config_walk.py`, the dynamic walk), and a family's a few more."""
   from config_walk import summary, walk_call
 
   stops = walk_call(build_distillation, tiny_config(tiny_teacher, tiny_corpus), str(tmp_path / "run"))
   functions, modules = summary(stops)
-  assert functions <= 30 and modules <= 14, list(stops)
+  assert functions <= 25 and modules <= 12, list(stops)
   assert ("distill/trainer.py", "build_distillation") in stops
+  family = tiny_config(tiny_teacher, tiny_corpus)
+  with family.unlocked():
+    family.family = (dict(name="a"), dict(name="b", student=dict(num_layers=1)))
+  functions, modules = summary(walk_call(build_distillation, family, str(tmp_path / "family")))
+  assert functions <= 28 and modules <= 12

@@ -35,6 +35,7 @@ from minilm_jax.models.flops import LossLayer, distill_flops_per_token, encoder_
 from minilm_jax.models.heads import MODEL_INPUTS, LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
 from minilm_jax.training.train_state import TrainState
+from minilm_jax.transfer.objectives import Masking
 
 # config.json of the hub models the paper configs name (as published on the Hugging Face hub), so
 # that their programs compile offline. Fields not given keep `EncoderConfig`'s defaults.
@@ -118,14 +119,16 @@ def train(config, devices, model_shape: str = "") -> Program:
     teacher_config = teacher_config.replace(model_type=config.student.model_type, vocab_size=config.student.vocab_size)
   mesh = parallel.make_mesh(-1, 1, devices)
   tokenizer = _tokenizer(config.teacher.path)
-  masking = (tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
+  masking = Masking.of(tokenizer)
 
   def pooling(c):
     if os.path.isdir(config.teacher.path):  # a hub name is never looked up: offline, mean pooling stands in
       return distill_step.teacher_pooling(c)
     return Pooling(max_seq_length=config.data.max_seq_length)
 
-  built = distill_step.build_train_step(family.members(config), teacher_config, mesh, masking, pooling)
+  members = family.members(config)
+  poolings = {n: pooling(c) for n, c in members.items()}
+  built = distill_step.build_train_step(members, teacher_config, mesh, masking, poolings)
   train_step, state = built.jitted, built.abstract_state()
   replicated = parallel.replicated(mesh)
   teacher = abstract_params(teacher_config)

@@ -45,6 +45,7 @@ from minilm_jax.reports.tables import format_table
 from minilm_jax.runs.record import DISTILLATION, RunRecord
 from minilm_jax.training.loop import LoopHooks, train_loop
 from minilm_jax.training.train_state import adamw_config
+from minilm_jax.transfer.objectives import Masking
 
 # Each case: teacher, students, batch, lengths. A teacher is "demo" (the real all-MiniLM-L6-v2),
 # a shape "LxH" or "LxHxA" (random weights, A heads) or a Hugging Face directory.
@@ -126,7 +127,9 @@ class _OurStep:
 
   def __init__(self, teacher_config, teacher_params, members: dict):
     self.mesh = parallel.make_mesh(1)
-    self.built = build_train_step(members, teacher_config, self.mesh, masking=(), pooling=lambda c: Pooling())
+    self.built = build_train_step(
+      members, teacher_config, self.mesh, masking=Masking(), poolings={n: Pooling() for n in members}
+    )
     self.step = self.built.jitted
     first, config = next(iter(self.built.students.values())), next(iter(members.values()))
     self.record = RunRecord(DISTILLATION, first.student.config, json.loads(config.to_json()))

@@ -53,22 +53,21 @@ class _Decoding:
 
 
 def _ours(d: _Decoding, beams: int):
-  config, batch, source_length, target_length = d.config, d.batch, d.source_length, d.target_length
-  model = Seq2SeqLM(config, target_length)
-  ids = jnp.zeros((1, source_length + target_length), jnp.int32)
+  model = Seq2SeqLM(d.config, d.target_length)
+  ids = jnp.zeros((1, d.source_length + d.target_length), jnp.int32)
   params = model.init(jax.random.key(0), ids, jnp.ones_like(ids))["params"]
   rng = np.random.default_rng(0)
   inputs = {
     "input_ids": np.concatenate(
-      [rng.integers(1000, 30000, (batch, source_length)), np.zeros((batch, target_length), int)], 1
+      [rng.integers(1000, 30000, (d.batch, d.source_length)), np.zeros((d.batch, d.target_length), int)], 1
     ).astype(np.int32),
-    "attention_mask": np.concatenate([np.ones((batch, source_length)), np.zeros((batch, target_length))], 1).astype(
-      np.int32
-    ),
-    "token_type_ids": np.zeros((batch, source_length + target_length), np.int32),
+    "attention_mask": np.concatenate(
+      [np.ones((d.batch, d.source_length)), np.zeros((d.batch, d.target_length))], 1
+    ).astype(np.int32),
+    "token_type_ids": np.zeros((d.batch, d.source_length + d.target_length), np.int32),
   }
   settings = DecodeSettings(
-    beam_size=beams, max_length=target_length, min_length=target_length, end_id=_END_ID, banned_ids=_BANNED_IDS
+    beam_size=beams, max_length=d.target_length, min_length=d.target_length, end_id=_END_ID, banned_ids=_BANNED_IDS
   )
   decode = jax.jit(lambda p, b: generate(model, p, b, settings))
   block(decode(params, inputs))  # compile
@@ -82,33 +81,32 @@ def _transformers_greedy(d: _Decoding):
   import torch
   import transformers
 
-  config, batch, source_length, target_length = d.config, d.batch, d.source_length, d.target_length
   model = transformers.BertForMaskedLM(
     transformers.BertConfig(
-      hidden_size=config.hidden_size,
-      num_hidden_layers=config.num_layers,
-      num_attention_heads=config.num_heads,
-      intermediate_size=config.intermediate_size,
+      hidden_size=d.config.hidden_size,
+      num_hidden_layers=d.config.num_layers,
+      num_attention_heads=d.config.num_heads,
+      intermediate_size=d.config.intermediate_size,
       attn_implementation="sdpa",
     )
   ).eval()
   device = "cuda" if torch.cuda.is_available() else "cpu"
   model.to(device)
-  source = torch.randint(1000, 30000, (batch, source_length), device=device)
+  source = torch.randint(1000, 30000, (d.batch, d.source_length), device=device)
 
   def decode():
     ids = source
     with torch.inference_mode(), torch.autocast(device, torch.bfloat16, enabled=d.dtype == "bfloat16"):
-      for step in range(target_length):
+      for step in range(d.target_length):
         # The user's own mask, built in torch (every step's length differs: a jitted mask would recompile).
-        positions = torch.arange(source_length + step, device=device)
-        in_target = positions >= source_length
+        positions = torch.arange(d.source_length + step, device=device)
+        in_target = positions >= d.source_length
         mask = (~in_target[None, :] | (in_target[:, None] & (positions[None, :] <= positions[:, None])))[None, None]
-        types = torch.tensor([[0] * source_length + [1] * step], device=device).expand(batch, -1)
+        types = torch.tensor([[0] * d.source_length + [1] * step], device=device).expand(d.batch, -1)
         # The encoder over the whole sequence, the masked-LM head on the one position that predicts.
         hidden = model.bert(
-          input_ids=ids, attention_mask=mask.expand(batch, -1, -1, -1), token_type_ids=types
-        ).last_hidden_state[:, -1 if step else source_length - 1]
+          input_ids=ids, attention_mask=mask.expand(d.batch, -1, -1, -1), token_type_ids=types
+        ).last_hidden_state[:, -1 if step else d.source_length - 1]
         logits = model.cls(hidden)
         logits[:, [*_BANNED_IDS, _END_ID]] = -float("inf")
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
@@ -144,7 +142,9 @@ def run(
     "target_len": target_length,
     "dtype": dtype,
   }
-  decoding = _Decoding(config, batch, source_length, target_length, dtype, repeats)
+  decoding = _Decoding(
+    config=config, batch=batch, source_length=source_length, target_length=target_length, dtype=dtype, repeats=repeats
+  )
   peer = _transformers_greedy(decoding)
   rows = [
     {

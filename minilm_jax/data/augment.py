@@ -32,7 +32,7 @@ from minilm_jax.errors import UserError
 
 KEEP, MASK, REPLACE = 0, 1, 2
 
-# The `augment` block's fields that have a range (`training.loop.check_ranges`): (least, bound to stay below).
+# The `augment` block's fields that have a range (`training.loop.check_fields`): (least, bound to stay below).
 RANGES = {
   "augment.size_factor": (1, None),
   "augment.n_iter": (0, None),

@@ -6,7 +6,7 @@ from minilm_jax.training.loop import TRAINING_RANGES
 from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
 from minilm_jax.transfer.objectives import loss_config
 
-# The fields of `base_config` that have a range (`loop.check_ranges`): (least, bound to stay below).
+# The fields of `base_config` that have a range (`loop.check_fields`): (least, bound to stay below).
 RANGES = {
   **TRAINING_RANGES,
   **OPTIMIZER_RANGES,
@@ -27,7 +27,7 @@ RANGES = {
 }
 # XNLI's 15 languages (Conneau et al. 2018), the multilingual MiniLM's evaluation (tables 11 and 13).
 XNLI_LANGUAGES = "en,fr,es,de,el,bg,ru,tr,ar,vi,th,zh,hi,sw,ur"
-# Fields that cannot both be set (`loop.check_contradictions`), beside every training program's.
+# Fields that cannot both be set (`loop.check_fields`), beside every training program's.
 CONTRADICTIONS = (("data.epochs", 0, "num_steps", 0, "data.epochs passes over the corpus set the step count"),)
 
 

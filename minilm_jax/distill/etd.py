@@ -26,6 +26,7 @@ from minilm_jax.distill.importance import mlm_mask, taylor_scores
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.transfer.objectives import Masking
 
 NEURON_TYPES = ("ffn", "head", "hidden")
 
@@ -190,8 +191,7 @@ def extract(
 
 def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: int = 32):
   """Tokenised, BERT-masked batches of the scoring sentences."""
-  rng = np.random.default_rng(seed)
-  special = set(tokenizer.all_special_ids)
+  rng, masking = np.random.default_rng(seed), Masking.of(tokenizer)
   for start in range(0, len(sentences), batch_size):
     enc = tokenizer(
       sentences[start : start + batch_size],
@@ -201,7 +201,7 @@ def scoring_batches(sentences, tokenizer, max_len: int, seed: int, batch_size: i
       return_tensors="np",
     )
     ids, mask = enc["input_ids"].astype(np.int32), enc["attention_mask"].astype(np.int32)
-    masked, weights = mlm_mask(ids, mask, (special, tokenizer.mask_token_id), len(tokenizer), rng)
+    masked, weights = mlm_mask(ids, mask, masking, len(tokenizer), rng)
     yield {
       "input_ids": ids,
       "attention_mask": mask,

@@ -27,11 +27,12 @@ import optax
 
 from minilm_jax.models import layout
 from minilm_jax.models.heads import MaskedLM
+from minilm_jax.transfer.objectives import Masking
 
 MASK_PROB = 0.15
 
 
-def mlm_mask(input_ids, attention_mask, masking: tuple, vocab_size: int, rng: np.random.Generator):
+def mlm_mask(input_ids, attention_mask, masking: Masking, vocab_size: int, rng: np.random.Generator):
   """BERT's masking on the host (`objectives.mlm_mask` is the step's, on the device), `masking` the
   tokenizer's (special ids, mask id): 15% of real, non-special tokens are predicted; of those 80%
   become [MASK], 10% a random token, 10% stay. Returns (masked ids, label weights)."""

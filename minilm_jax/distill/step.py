@@ -226,12 +226,12 @@ class TrainStep:
     return jax.eval_shape(self.fresh_state, jax.random.key(0), {})
 
 
-def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking, pooling: Callable) -> TrainStep:
+def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking, poolings: dict) -> TrainStep:
   """The step of a run's students (`members`: name -> its distillation config, `family.members`),
   each validated against the teacher's architecture and the mesh (a family's errors said of its
-  student). `masking` (special token ids, mask id) serves the objectives that mask their inputs;
-  `pooling(config)`, the embedding objective's pooling of the teacher."""
-  steps = {n: said_of(n, build_student_step, c, teacher_config, mesh, masking, pooling(c)) for n, c in members.items()}
+  student). `masking` (the tokenizer's `Masking`) serves the objectives that mask their inputs;
+  `poolings` (by name), each student's embedding objective's pooling of the teacher."""
+  steps = {n: said_of(n, build_student_step, c, teacher_config, mesh, masking, poolings[n]) for n, c in members.items()}
   config = next(iter(members.values()))  # the batch and its split are the family's
   accumulate = config.optimizer.accumulate_steps
   check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])

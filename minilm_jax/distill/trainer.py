@@ -27,8 +27,9 @@ from minilm_jax.evaluation import evaluators
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
 from minilm_jax.runs.record import DISTILLATION, RunRecord
-from minilm_jax.training.loop import LoopHooks, begin_run, check_ranges, steps_of_epochs, train_loop
+from minilm_jax.training.loop import LoopHooks, begin_run, check_fields, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import TrainState, restore_or_init
+from minilm_jax.transfer.objectives import Masking
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +156,7 @@ class Shared:
   workdir: str
   mesh: Mesh
   teacher: Any  # hf.LoadedModel
-  masking: tuple  # (special token ids, mask id)
+  masking: Masking  # the tokenizer's special ids and [MASK]
   placed: dict  # the teacher's parameters replicated on the mesh, once for every student
   teacher_weights: str  # their digest, kept in the run's record (`check_same_teacher`)
   teacher_scores: evaluators.TeacherScores
@@ -182,7 +183,7 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
   # A teacher that is a run gives its sentence pipeline from the same opening of its checkpoints.
   teacher = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True)
   evaluators.check_lengths(config, teacher.config.max_position_embeddings)
-  masking = (tuple(teacher.tokenizer.all_special_ids), teacher.tokenizer.mask_token_id)
+  masking = Masking.of(teacher.tokenizer)
   mesh = mesh or parallel.make_mesh()
   weights = weights_digest(teacher.params)
   check_same_teacher(config.teacher.path, workdir, weights, resumed)
@@ -219,7 +220,7 @@ def read_corpus(shared: Shared, members: list) -> Shared:
 
 def check_settings(config):
   """What a student's config says that needs no teacher: its ranges, its evaluators and its start."""
-  check_ranges(config, distill_config.RANGES)
+  check_fields(config, distill_config.RANGES)
   evaluators.check_specs(config, evaluators.DISTILLATION_PROVIDES)
   if config.student.init not in ("random", "etd"):
     raise UserError(f"student.init={config.student.init!r}: use random or etd")
@@ -230,8 +231,8 @@ def step_of(shared: Shared, members: dict) -> TrainStep:
   and the mesh: built before the corpus is read (a corpus of hours is not tokenised for a config
   that cannot run), and again after (the corpus may set the step count)."""
   teacher = shared.teacher
-  pooling = lambda c: teacher_pooling(c, teacher.sentence_pipeline)
-  train_step = build_train_step(members, teacher.config, shared.mesh, shared.masking, pooling)
+  poolings = {n: teacher_pooling(c, teacher.sentence_pipeline) for n, c in members.items()}
+  train_step = build_train_step(members, teacher.config, shared.mesh, shared.masking, poolings)
   for name, step in train_step.students.items():
     if step.objective.needs.mlm_head and teacher.mlm_head is None:
       said_of(name, _no_mlm_head, members[name])
@@ -278,7 +279,7 @@ def build_student(shared: Shared, config, step: DistillationStep, resumes: bool)
   `step` of the run's step; its ETD start only when the run does not resume."""
   teacher, mesh = shared.teacher, shared.mesh
   step_teacher = shared.on_mesh(step.objective.needs.mlm_head)
-  heldout_stream, heldout_step = _heldout_evaluation(shared.heldout, config, shared.collate, step, mesh)
+  heldout_stream, heldout_step = _heldout_evaluation(shared, step, config.batch_size, config.seed)
   context = evaluators.Context(
     mesh,
     shared.tokenizer,
@@ -336,16 +337,15 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   return Distillation(config, workdir, shared, students, train_step, checkpoints)
 
 
-def _heldout_evaluation(heldout, config, collate, step, mesh) -> tuple:
+def _heldout_evaluation(shared: Shared, step: DistillationStep, batch_size: int, seed: int) -> tuple:
   """(batch stream, jitted loss step) of the corpus's held-out blocks for the `heldout` evaluator,
   (None, None) without them: every process reads its part, in the same order every evaluation, in
   batches of the run's `batch_size`."""
-  if heldout is None:
+  if shared.heldout is None:
     return None, None
-  batch_size, seed = config.batch_size, config.seed
   process = (jax.process_index(), jax.process_count())
-  stream = BatchStream(heldout, batch_size, seed, collate, *process, "held-out blocks")
-  return stream, make_heldout_step(step.teacher, step.student, step.objective, mesh, seed)
+  stream = BatchStream(shared.heldout, batch_size, seed, shared.collate, *process, "held-out blocks")
+  return stream, make_heldout_step(step.teacher, step.student, step.objective, shared.mesh, seed)
 
 
 def parameter_count(params) -> int:

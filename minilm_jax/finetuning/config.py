@@ -7,7 +7,7 @@ from minilm_jax.training.loop import TRAINING_RANGES, Above
 from minilm_jax.training.train_state import OPTIMIZER_RANGES, adamw_config
 
 # The fields of `base_config` (and of the SQuAD and sequence-to-sequence settings) that have a
-# range (`loop.check_ranges`): (least, bound to stay below).
+# range (`loop.check_fields`): (least, bound to stay below).
 RANGES = {
   **TRAINING_RANGES,
   **OPTIMIZER_RANGES,

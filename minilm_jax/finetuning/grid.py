@@ -14,14 +14,14 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning.config import RANGES
 from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.tasks import get_task, selection_metric
-from minilm_jax.training.loop import check_ranges
+from minilm_jax.training.loop import check_fields
 
 
 def run_grid(config, workdir: str, settings=None):
   """`settings`: the (lr, epochs) pairs; default every pair of `config.grid`."""
   if not workdir:
     raise UserError("--workdir is required: the grid's runs and tables go there")
-  check_ranges(config, RANGES)  # before the first run: `seeds` is the grid's, the runs record seeds=1
+  check_fields(config, RANGES)  # before the first run: `seeds` is the grid's, the runs record seeds=1
   settings = settings or [(lr, epochs) for lr in config.grid.lrs for epochs in config.grid.epochs]
   rows = []
   for lr, epochs in settings:

@@ -126,9 +126,7 @@ class FineTuning:
   config: Any
   workdir: str
   mesh: Mesh
-  task: Any
-  head: dict
-  tokenizer: Any
+  model: TaskModel  # its task, the task's head, the encoder's architecture, the tokenizer
   step: FineTuningStep
   stream: BatchStream
   eval_data: dict  # split -> (features, context) of `task.prepare`
@@ -138,6 +136,18 @@ class FineTuning:
   checkpoints: runs.RunCheckpoints
   teacher: TaskTeacher | None = None  # distill.teacher's: learnt instead of the gold labels
   evaluators: Evaluators | None = None  # config.evaluators
+
+  @property
+  def task(self):
+    return self.model.task
+
+  @property
+  def head(self) -> dict:
+    return self.model.head
+
+  @property
+  def tokenizer(self):
+    return self.model.tokenizer
 
   @property
   def selection_metric(self) -> str:
@@ -229,8 +239,20 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
   best = best_direction(config)
   checkpoints = runs.RunCheckpoints(workdir, config.checkpoint.every, config.checkpoint.keep, best=best)
-  run_parts = (task, head, tokenizer, step, stream, eval_data, num_steps, predict, initial, checkpoints, teacher)
-  run = FineTuning(config, workdir, mesh, *run_parts)
+  run = FineTuning(
+    config=config,
+    workdir=workdir,
+    mesh=mesh,
+    model=parts,
+    step=step,
+    stream=stream,
+    eval_data=eval_data,
+    num_steps=num_steps,
+    predict=predict,
+    pretrained=initial,
+    checkpoints=checkpoints,
+    teacher=teacher,
+  )
   if not config.evaluators:
     return run
   # The embedding evaluators read the encoder with the pooling of the model it started from.

@@ -8,7 +8,7 @@ from minilm_jax.data import augment
 from minilm_jax.training.loop import TRAINING_RANGES, Above
 from minilm_jax.training.train_state import OPTIMIZER_RANGES
 
-# The fields of `task_distillation_config` that have a range (`loop.check_ranges`): (least, bound
+# The fields of `task_distillation_config` that have a range (`loop.check_fields`): (least, bound
 # to stay below).
 RANGES = {
   **TRAINING_RANGES,

@@ -76,9 +76,10 @@ class Above(float):
   """A range's least value that the field itself must stay above (a temperature: not 0)."""
 
 
-def check_ranges(config, ranges: dict):
+def check_fields(config, ranges: dict, contradictions=()):
   """One line for the first field that is out of its range (`ranges`: field -> (least, below); a
-  least of `Above(x)` excludes x itself), or a float that is not finite."""
+  least of `Above(x)` excludes x itself), a float that is not finite, or two fields that contradict
+  (`TRAINING_CONTRADICTIONS` and the program's `contradictions`)."""
   flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
   for field, value in flat.items():
     if isinstance(value, float) and not math.isfinite(value):
@@ -96,6 +97,7 @@ def check_ranges(config, ranges: dict):
   mesh_data = flat.get("mesh.data")
   if mesh_data is not None and mesh_data != -1 and mesh_data < 1:
     raise UserError(f"mesh.data={mesh_data} is out of range: use -1 (every device) or a count of at least 1")
+  _check_contradictions(flat, contradictions)
 
 
 # Pairs of fields a config may set one of, not both: (field, the value that leaves it unset, the
@@ -125,10 +127,9 @@ def steps_of_epochs(epochs: int, batches_per_epoch: int, field: str) -> int:
   return steps
 
 
-def check_contradictions(config, pairs=()):
+def _check_contradictions(flat: dict, pairs=()):
   """One line naming both fields of the first pair of `TRAINING_CONTRADICTIONS` and `pairs` that a
-  config sets together (a field it does not have counts as unset)."""
-  flat = traverse_util.flatten_dict(config.to_dict(), sep=".")
+  config (`flat`: its fields by dotted name) sets together (a field it does not have counts as unset)."""
   for field, unset, other, other_unset, why in (*TRAINING_CONTRADICTIONS, *pairs):
     value, other_value = flat.get(field, unset), flat.get(other, other_unset)
     if value not in (unset, None) and other_value not in (other_unset, None):
@@ -140,7 +141,7 @@ def check_contradictions(config, pairs=()):
 def begin_run(config, workdir: str, ranges: dict, contradictions=()) -> RunRecord | None:
   """Checks shared by every training program before anything is loaded or written: a workdir to
   write to, fields in `ranges` (the program's config module's `RANGES`), no two fields that
-  contradict (`check_contradictions`, with the program's `contradictions`), (with several
+  contradict (`check_fields`, with the program's `contradictions`), (with several
   processes) that every process was started with the same config, and that no other program runs
   on the workdir (`runs.lock`: from here until the run's last write, it is this run's). Returns the
   record of the run it resumes (None for a new run), read once for every check of the start."""
@@ -148,15 +149,18 @@ def begin_run(config, workdir: str, ranges: dict, contradictions=()) -> RunRecor
     raise UserError("--workdir is required: the directory for checkpoints, metrics and results")
   if os.path.isfile(workdir):
     raise UserError(f"--workdir {workdir} is a file: name a directory for the run's checkpoints, metrics and results")
-  check_ranges(config, ranges)
-  check_contradictions(config, contradictions)
-  check_same_config(config_json(config))
+  check_fields(config, ranges, contradictions)
+  given = config_json(config)
+  check_same_config(given)
   record = _resumed_record(workdir)
-  _check_resumable(config, workdir, record)  # read-only: a refused resume leaves the workdir as it was
+  _check_resumable(given, workdir, record)  # read-only: a refused resume leaves the workdir as it was
   if jax.process_index() == 0:  # for every process of the run: they share the workdir
     lock.hold(workdir)
   return record
 
+
+# Fields no program's defaults hold, which only a user adds: a change of them is the user's.
+_USERS_OWN = ("family",)
 
 # What may change when a run is resumed: its length, logging, checkpointing and device layout.
 _MAY_CHANGE_ON_RESUME = (
@@ -183,19 +187,22 @@ def _resumed_record(workdir: str) -> RunRecord | None:
     ckpt.close()
 
 
-def _check_resumable(config, workdir: str, record: RunRecord | None):
-  """A workdir that holds a run (its `record`) is resumed only with that run's config, but for the
-  fields that may change between restarts; anything else is refused with the differing fields."""
+def _check_resumable(given: str, workdir: str, record: RunRecord | None):
+  """A workdir that holds a run (its `record`) is resumed only with that run's config (`given`, as
+  JSON), but for the fields that may change between restarts; anything else is refused with the
+  differing fields."""
   if record is None:
     return
   saved = traverse_util.flatten_dict(record.config, sep=".")
-  now = traverse_util.flatten_dict(json.loads(config.to_json()), sep=".")
-  # Fields on one side only come from another version of this program, not from the user.
+  now = traverse_util.flatten_dict(json.loads(given), sep=".")
+  # Fields on one side only come from another version of this program, not from the user, but for
+  # those only a user adds (a family of students).
+  compared = (saved.keys() & now.keys()) | {k for k in saved.keys() ^ now.keys() if k.startswith(_USERS_OWN)}
   differing = sorted(
-    k for k in saved.keys() & now.keys() if saved[k] != now[k] and not k.startswith(_MAY_CHANGE_ON_RESUME)
+    k for k in compared if saved.get(k, "(none)") != now.get(k, "(none)") and not k.startswith(_MAY_CHANGE_ON_RESUME)
   )
   if differing:
-    changes = ", ".join(f"{k}: {saved[k]!r} -> {now[k]!r}" for k in differing[:6])
+    changes = ", ".join(f"{k}: {saved.get(k, '(none)')!r} -> {now.get(k, '(none)')!r}" for k in differing[:6])
     raise UserError(
       f"{workdir} holds a run started with another config ({changes}{', ...' if len(differing) > 6 else ''}): "
       f"rerun with that run's settings, or use a new --workdir"

@@ -36,7 +36,7 @@ def restore_or_init(checkpoints, init_fn, args: tuple, shardings):
 
 
 # The optimizer fields of every training program (`adamw_config`'s and the callers' warm-up), as
-# `loop.check_ranges` reads them: (least, bound to stay below).
+# `loop.check_fields` reads them: (least, bound to stay below).
 OPTIMIZER_RANGES = {
   "optimizer.lr": (0, None),
   "optimizer.b1": (0, 1),

@@ -85,8 +85,20 @@ def masked_mse(student_BxLxD, teacher_BxLxD, mask_BxL):
   return jnp.sum(sq) / (jnp.maximum(jnp.sum(mask), 1.0) * teacher_BxLxD.shape[-1])
 
 
-def mlm_mask(rng, ids_BxL, mask_BxL, masking: tuple, vocab_size: int):
-  """BERT's masking on device, `masking` the tokenizer's (special ids, mask id): 15% of real,
+class Masking(NamedTuple):
+  """What BERT's masking of the inputs reads of a tokenizer: the special tokens' ids (never masked)
+  and the [MASK] token's id."""
+
+  special_ids: tuple = ()
+  mask_id: int = 0
+
+  @classmethod
+  def of(cls, tokenizer) -> "Masking":
+    return cls(tuple(tokenizer.all_special_ids), tokenizer.mask_token_id)
+
+
+def mlm_mask(rng, ids_BxL, mask_BxL, masking: Masking, vocab_size: int):
+  """BERT's masking on device, `masking` the tokenizer's (`Masking`): 15% of real,
   non-special tokens are predicted; 80% of those become [MASK], 10% a random token, 10% stay.
   Returns (masked ids, float weights of predicted positions)."""
   special_ids, mask_id = masking
@@ -284,7 +296,7 @@ class Objective:
   embedding_weight: float = 0.0  # > 0: the sentence-embedding term, times this weight
   embedding_loss: str = "mse"
   pooling: embeddings.Pooling = embeddings.Pooling()
-  masking: tuple = ()  # (special token ids, [MASK] id) for objectives on BERT-masked inputs
+  masking: Masking = Masking()  # the tokenizer's, for objectives on BERT-masked inputs
 
   @property
   def needs(self) -> Needs:
@@ -415,10 +427,10 @@ def make_objective(
   teacher_layer: int,
   student_layer: int,
   pooling: embeddings.Pooling = embeddings.Pooling(),
-  masking: tuple = (),
+  masking: Masking = Masking(),
 ) -> Objective:
   """The config's objective; `pooling` is the teacher's sentence-embedding pipeline, `masking` the
-  tokenizer's (special ids, [MASK] id) for objectives on BERT-masked inputs."""
+  tokenizer's for objectives on BERT-masked inputs."""
   name = loss_config.objective
   if name not in DISTILLATION_OBJECTIVES:
     raise UserError(f"unknown loss.objective {name!r}: use one of {', '.join(DISTILLATION_OBJECTIVES)}")
@@ -452,5 +464,5 @@ def make_objective(
     embedding_weight=weight,
     embedding_loss=loss_config.embedding_loss,
     pooling=pooling,
-    masking=masking if needs.mlm_head else (),
+    masking=masking if needs.mlm_head else Masking(),
   )

@@ -41,6 +41,7 @@ thesis does (`finetuning/distillation.py`):
 
 from typing import Any
 
+from minilm_jax.benchmarks.students.settings import Settings
 from minilm_jax.distill.config import base_config as distill_config
 
 RECIPES: dict[str, dict[str, Any]] = {
@@ -66,25 +67,19 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def student_config(
-  name: str,
-  teacher: str,
-  teacher_config,
-  shape: tuple,
-  steps: int,
-  batch: int,
-  length: int,
-  corpus: str,
-  relation_heads: int,
-):
-  """The distillation config of a recipe or of a no-distillation baseline (0 steps)."""
+def student_config(name: str, teacher_config, settings: Settings):
+  """The distillation config of a recipe or of a no-distillation baseline (0 steps) of the student
+  `settings` names, from its teacher (`teacher_config` its architecture), with its first stage's
+  budget, corpus and relation heads."""
   recipe = RECIPES.get(name, {})
+  shape, steps, corpus = settings.shape, settings.steps, settings.corpus
+  batch, length, relation_heads = settings.batch, settings.length, settings.relation_heads
   # A baseline is not distilled, and ETD-Rand reads no text: its config (so its results' key) must
   # depend on neither the budget nor the corpus, or every new corpus would fine-tune it again.
   if name not in RECIPES:
     steps, corpus = 0, "demo"
   c = distill_config()
-  c.teacher.path, c.data.corpus, c.dtype = teacher, corpus, "float32"
+  c.teacher.path, c.data.corpus, c.dtype = settings.teacher, corpus, "float32"
   c.student.num_layers, c.student.hidden_size = shape
   c.student.model_type, c.student.vocab_size = teacher_config.model_type, teacher_config.vocab_size
   # The teacher's heads and feed-forward ratio: ETD keeps every head and narrows each block alike.

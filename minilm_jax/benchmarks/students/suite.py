@@ -30,6 +30,7 @@ from minilm_jax import runs
 from minilm_jax.benchmarks.students.log import MeasurementLog, Spent
 from minilm_jax.benchmarks.students.recipes import ENSEMBLES, RECIPES, TWO_STAGE, student_config
 from minilm_jax.benchmarks.students.scores import BASELINES, ModelScores, rank
+from minilm_jax.benchmarks.students.settings import Settings
 from minilm_jax.benchmarks.students.tasks import BenchTask, parse_tasks
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
@@ -43,44 +44,42 @@ from minilm_jax.finetuning.run import build_finetuning
 from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
 from minilm_jax.tasks import selection_metric
 
-# One task per source of text (WordNet's definitions, Rotten Tomatoes snippets, tweets), then a task
-# of sentence pairs (a definition and an example sentence: is the word used in this sense?) and a
-# regression (the snippets' mean human rating, Pearson and Spearman).
-DEFAULT_TASKS = ("wordnet_supersense", "vader_movies", "vader_tweets", "wordnet_examples", "vader_movies_rating")
 # A measured fine-tuning saves every this many steps in a workdir kept beside the models: a suite
 # stopped mid-way (SIGTERM saves at once, SIGKILL loses at most these steps) resumes it when rerun.
 # A second stage is about 1,800 steps, 20-40 minutes on a 2-core CPU.
 RESUME_EVERY = 200
 
 
-def _finetune(
-  init: str,
-  task: BenchTask,
-  seed: int,
-  epochs: int,
-  length: int,
-  lr: float,
-  mesh,
-  workdir: str,
-  distill: dict | None = None,
-  checkpoint_every: int = 10**9,
-):
-  """The last epoch's dev score of `init` fine-tuned on `task` in `workdir` (resumed from its latest
-  checkpoint, if any); `distill`: the config's `distill` and `augment` fields of a second stage
-  ({"distill.teacher": run, ...})."""
-  c = finetune_config()
-  c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task.name, init, task.data_dir, epochs, length
-  if task.custom_data is not None:
-    c.data = task.custom_data
-  c.seed, c.optimizer.lr, c.checkpoint.every = seed, lr, checkpoint_every
-  # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
-  # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
-  c.log_every = 20
-  for field, value in (distill or {}).items():
-    block, name = field.split(".")
-    setattr(c[block], name, value)
-  _, results = build_finetuning(c, workdir, mesh).run()
-  return results[selection_metric(task.task)]
+@dataclasses.dataclass(frozen=True)
+class _FineTuning:
+  """One fine-tuning the suite runs: of `task`, with `seed`, for `epochs` at `length` and `lr`, in
+  `workdir` (resumed from its latest checkpoint, if any), saving every `checkpoint_every` steps;
+  `distill`: the config's `distill` and `augment` fields of a second stage ({"distill.teacher": run, ...})."""
+
+  task: BenchTask
+  seed: int
+  epochs: int
+  length: int
+  lr: float
+  workdir: str = ""
+  checkpoint_every: int = 10**9
+  distill: dict = dataclasses.field(default_factory=dict)
+
+  def score(self, init: str, mesh) -> float:
+    """The last epoch's dev score of `init` fine-tuned so."""
+    c, task = finetune_config(), self.task
+    c.task, c.init, c.data_dir, c.epochs, c.max_seq_length = task.name, init, task.data_dir, self.epochs, self.length
+    if task.custom_data is not None:
+      c.data = task.custom_data
+    c.seed, c.optimizer.lr, c.checkpoint.every = self.seed, self.lr, self.checkpoint_every
+    # The host reads the metrics every 20 steps, which also bounds how many steps are queued ahead on
+    # the devices (XLA's CPU collectives can stall with hundreds queued on 8 fake devices).
+    c.log_every = 20
+    for field, value in self.distill.items():
+      block, name = field.split(".")
+      setattr(c[block], name, value)
+    _, results = build_finetuning(c, self.workdir, mesh).run()
+    return results[selection_metric(task.task)]
 
 
 def _probe(init: str, task: BenchTask, length: int, mesh) -> str | None:
@@ -146,107 +145,55 @@ class _Model:
     return self.path
 
 
-def run(
-  teacher: str = "",
-  student: str = "3x384",
-  steps: int = 300,
-  batch: int = 64,
-  length: int = 64,
-  tasks=DEFAULT_TASKS,
-  seeds: int = 3,
-  first_seed: int = 0,
-  finetune_epochs: int = 3,
-  finetune_lr: float = 1e-4,
-  corpus: str = "demo",
-  relation_heads: int = 12,
-  models=BASELINES + tuple(RECIPES),
-  mesh=None,
-  results: str = "",
-  size_factor: int = 10,
-  logged_only: bool = False,
-) -> list:
-  """One row per model: its fine-tuned (mean and standard deviation over seeds) and frozen-probe dev
-  scores per task and over tasks, its ranks, and the models it is within noise of. `results`: a
-  JSON Lines file that every measurement is appended to as it is done; a run given the same file
+def run(settings: Settings, mesh=None) -> list:
+  """One row per model of `settings.models`: its fine-tuned (mean and standard deviation over seeds)
+  and frozen-probe dev scores per task and over tasks, its ranks, and the models it is within noise
+  of. Every measurement is appended to `settings.results` as it is done; a run given the same file
   measures only what it does not hold yet (the same model, settings, task and seed), and keeps the
   distilled students beside it (`<results>_models/`), with each fine-tuning's run: a fine-tuning
   stopped part way (SIGTERM, or a kill after its last checkpoint, every `RESUME_EVERY` steps)
-  resumes there; its checkpoints are removed once its score is logged. `seeds`: fine-tunings per model and
-  task, with seeds `first_seed` on (a host adding seeds to rows measured elsewhere); 0: the frozen
-  probes alone.
-  `size_factor`: the second stages' augmented sets, at most that many times the training set.
-  `logged_only`: the rows of what `results` holds, measuring nothing (a suite still running, or
-  stopped): each row counts the fine-tunings it lacks (`ft_missing`)."""
-  teacher = teacher or demo_teacher()
-  try:
-    shape = tuple(int(n) for n in student.split("x"))
-  except ValueError:
-    raise UserError(f"--student {student}: give layers x width, e.g. 3x384") from None
+  resumes there; its checkpoints are removed once its score is logged. With `logged_only`, each row
+  counts the fine-tunings it lacks (`ft_missing`)."""
+  settings = dataclasses.replace(settings, teacher=settings.teacher or demo_teacher())
+  settings.shape  # noqa: B018 (the student's shape, checked before any work)
   known = BASELINES + tuple(RECIPES) + tuple(TWO_STAGE) + tuple(ENSEMBLES)
-  unknown = [m for m in models if m not in known]
+  unknown = [m for m in settings.models if m not in known]
   if unknown:
     raise UserError(f"unknown students {unknown}: choose from {', '.join(known)}")
-  bench_tasks = parse_tasks(tasks)
+  bench_tasks = parse_tasks(settings.tasks)
   mesh = parallel.make_mesh() if mesh is None else mesh
-  teacher_config = runs.encoder_config_of(teacher, what="--teacher")
-  if logged_only and not results:
+  teacher_config = runs.encoder_config_of(settings.teacher, what="--teacher")
+  if settings.logged_only and not settings.results:
     raise UserError("--logged_only prints what a --results file holds: give its --results")
-  log = MeasurementLog(results)
+  log = MeasurementLog(settings.results)
   with tempfile.TemporaryDirectory() as tmp:
-    suite = _Suite(
-      teacher,
-      teacher_config,
-      student,
-      shape,
-      (steps, batch, length, corpus, relation_heads),
-      (finetune_epochs, finetune_lr),
-      range(first_seed, first_seed + seeds),
-      size_factor,
-      mesh,
-      log,
-      tmp,
-      logged_only,
-    )
-    log.say_if_none_match([suite.row_model(name).key for name in models])
-    scores = {name: suite.measure(name, bench_tasks) for name in models}
-  return rank([scores[m] for m in models], [t.label for t in bench_tasks])
+    suite = _Suite(settings, teacher_config, mesh, log, tmp)
+    log.say_if_none_match([suite.row_model(name).key for name in settings.models])
+    scores = {name: suite.measure(name, bench_tasks) for name in settings.models}
+  return rank([scores[m] for m in settings.models], [t.label for t in bench_tasks])
 
 
 @dataclasses.dataclass
 class _Suite:
-  """One `run`'s settings, shared by its models: the teacher, the student's shape, the distillation
-  (steps, batch, length, corpus, relation heads), the fine-tuning (epochs, lr), its seeds, the second
-  stages' augmentation, where it runs and what it has measured."""
+  """One `run`'s settings, shared by its models, with the teacher's architecture, where it runs and
+  what it has measured."""
 
-  teacher: str
+  settings: Settings
   teacher_config: Any
-  student: str
-  shape: tuple
-  distillation: tuple  # (steps, batch, length, corpus, relation heads)
-  finetuning: tuple  # (epochs, lr)
-  seeds: range
-  size_factor: int
   mesh: Any
   log: MeasurementLog
   tmp: str
-  logged_only: bool = False
-
-  @property
-  def length(self) -> int:
-    return self.distillation[2]
 
   def model(self, name: str, second: dict | None = None) -> _Model:
     """A model of the suite (its first stage, for a second stage's `name`), keyed by its settings
     and, for a second stage, by `second`'s."""
-    config = None
-    if name != "teacher":
-      config = student_config(name, self.teacher, self.teacher_config, self.shape, *self.distillation)
-    distilled = {"distill": None if config is None else config.to_dict(), "teacher": self.teacher}
-    epochs, lr = self.finetuning
-    key = {**distilled, "finetune_epochs": epochs, "finetune_lr": lr, "length": self.length}
+    s = self.settings
+    config = None if name == "teacher" else student_config(name, self.teacher_config, s)
+    distilled = {"distill": None if config is None else config.to_dict(), "teacher": s.teacher}
+    key = {**distilled, "finetune_epochs": s.finetune_epochs, "finetune_lr": s.finetune_lr, "length": s.length}
     key.update({"second_stage": second} if second else {})
     path = self.log.model_dir(self.tmp, name, distilled)
-    return _Model(name, self.teacher, config, path, self.mesh, self.log, key, self.logged_only)
+    return _Model(name, s.teacher, config, path, self.mesh, self.log, key, s.logged_only)
 
   def teacher_run(self, t: BenchTask, seed: int = 0) -> str:
     """The teacher fine-tuned on `t` with `seed` (the teacher row's), kept: the second stages learn
@@ -255,8 +202,8 @@ class _Suite:
     key.update({"seed": seed} if seed else {})  # seed 0's key is the one logs before several teachers hold
     path = self.log.model_dir(self.tmp, f"teacher_{t.label}" + (f"_seed{seed}" if seed else ""), key)
     if not os.path.isfile(os.path.join(path, "results.json")):
-      epochs, lr = self.finetuning
-      _finetune(self.teacher, t, seed, epochs, self.length, lr, self.mesh, path)
+      s = self.settings
+      _FineTuning(t, seed, s.finetune_epochs, s.length, s.finetune_lr, path).score(s.teacher, self.mesh)
       self._say_if_refit_differs(t, seed, path)
     return path
 
@@ -287,11 +234,11 @@ class _Suite:
     """Epochs over the training set that take as many steps as the suite's epochs over its
     augmented set (the thesis's augmentation at the fine-tuning config's defaults)."""
     examples = t.task.load("train", t.data_dir)
-    settings = finetune_config().augment
-    settings.size_factor = self.size_factor
-    mask = runs.load_tokenizer_of(self.teacher).mask_token
-    rows = augment.augmented(examples, mask, settings, self.log.cache_dir(self.tmp), f"augment {t.label}")
-    return max(1, round(self.finetuning[0] * len(rows) / len(examples)))
+    augmentation = finetune_config().augment
+    augmentation.size_factor = self.settings.size_factor
+    mask = runs.load_tokenizer_of(self.settings.teacher).mask_token
+    rows = augment.augmented(examples, mask, augmentation, self.log.cache_dir(self.tmp), f"augment {t.label}")
+    return max(1, round(self.settings.finetune_epochs * len(rows) / len(examples)))
 
   def row_model(self, name: str) -> _Model:
     """The model row `name` measures: the teacher for an ensemble, a second stage's first stage
@@ -299,7 +246,7 @@ class _Suite:
     if name in ENSEMBLES:
       return self.model("teacher")
     spec = TWO_STAGE.get(name, {})
-    return self.model(spec.get("first", name), {**spec, "size_factor": self.size_factor} if spec else None)
+    return self.model(spec.get("first", name), {**spec, "size_factor": self.settings.size_factor} if spec else None)
 
   def measure(self, name: str, tasks: list) -> ModelScores:
     """The row `name`'s scores on every task: its frozen probe (a second stage's first stage is
@@ -308,21 +255,21 @@ class _Suite:
       return self._ensemble(name, tasks)
     spec = TWO_STAGE.get(name, {})
     model = self.row_model(name)
-    steps, batch, length = self.distillation[:3]
-    tokens = steps * batch * length if model.name in RECIPES else 0
-    scores = ModelScores(name, "teacher" if name == "teacher" else self.student, tokens)
+    s = self.settings
+    tokens = s.steps * s.batch * s.length if model.name in RECIPES else 0
+    scores = ModelScores(name, "teacher" if name == "teacher" else s.student, tokens)
     for t in tasks:
       # `+long`: on the gold labels for as many steps as its second stage's epochs over the augmented set
-      epochs = self.augmented_epochs(t) if "steps_of" in spec else self.finetuning[0]
+      epochs = self.augmented_epochs(t) if "steps_of" in spec else s.finetune_epochs
       if not spec:
-        probed = model.measured(t, "probe_correct", partial(_probe, task=t, length=length, mesh=self.mesh))
+        probed = model.measured(t, "probe_correct", partial(_probe, task=t, length=s.length, mesh=self.mesh))
         if probed is not None:
           correct = probed["value"]
           scores.probe[t.label] = None if correct is None else np.array([c == "1" for c in correct])
       tried = []
-      for seed in self.seeds:
+      for seed in s.seed_range:
         run_dir = "" if name == "teacher" else self._run_dir(name, model, t, seed)  # the teacher's are kept runs
-        tried.append(model.measured(t, seed, self._fine_tuning(name, spec, t, epochs, seed, run_dir), run_dir))
+        tried.append(model.measured(t, seed, self._fine_tuning(name, t, epochs, seed, run_dir), run_dir))
       entries = [e for e in tried if e is not None]
       scores.finetuned_missing += len(tried) - len(entries)
       scores.finetuned[t.label] = [e["value"] for e in entries]
@@ -338,12 +285,8 @@ class _Suite:
     """Row `name` of ENSEMBLES: the dev score of the mean logits of the teacher's first runs, one
     value a task (the runs are the teacher row's seeds: nothing here is random)."""
     model, scores = self.model("teacher"), ModelScores(name, "teacher", 0)
-    teacher_runs = partial(self.teacher_runs, count=ENSEMBLES[name])
     for t in tasks:
-      score = partial(
-        _ensemble_score, teacher_runs=partial(teacher_runs, t), task=t, length=self.length, mesh=self.mesh
-      )
-      entry = model.measured(t, name, partial(score, cache_dir=self.log.cache_dir(self.tmp)))
+      entry = model.measured(t, name, partial(self._ensemble_score, task=t, count=ENSEMBLES[name]))
       scores.finetuned[t.label] = [] if entry is None else [entry["value"]]
       scores.finetuned_missing += entry is None
       logging.warning("bench students: %s %s %s", name, t.label, json.dumps(scores.row([t.label])))
@@ -355,30 +298,40 @@ class _Suite:
     key = {**model.key, "task": f"{t.name}={t.data_dir}", "seed": seed}
     return self.log.model_dir(self.tmp, f"{name}_{t.label}_{seed}", key)
 
-  def _fine_tuning(
-    self, name: str, spec: dict, t: BenchTask, epochs: int, seed: int, run_dir: str
-  ) -> Callable[[str], float]:
+  def _ensemble_score(self, init: str, task: BenchTask, count: int) -> float:
+    """The dev score (the task's first metric) of the mean logits of the teacher runs of seeds 0 to
+    `count` - 1, each run's logits cached as the second stages' are."""
+    dev = task.task.load("dev", task.data_dir)
+    cache_dir, length = self.log.cache_dir(self.tmp), self.settings.length
+    logits = [
+      teacher_logits(
+        find_teachers([path], [task.task])[task.task.name], task.task, dev, length, 64, self.mesh, cache_dir
+      )
+      for path in self.teacher_runs(task, count).split(",")
+    ]
+    return task.task.score(task.task.predict(np.mean(logits, axis=0)), dev)[task.task.metrics[0]]
+
+  def _fine_tuning(self, name: str, t: BenchTask, epochs: int, seed: int, run_dir: str) -> Callable[[str], float]:
     """How row `name` is fine-tuned on `t` for `epochs` with `seed` in `run_dir`, given its model's
     path: on the gold labels, distilling the task's teacher run (a second stage, whose teacher is
     fine-tuned only when one is measured), or, for the teacher's seed 0, read from that kept teacher
     run."""
-    lr = self.finetuning[1]
-    finetune = partial(_finetune, task=t, epochs=epochs, length=self.length, lr=lr, mesh=self.mesh)
-    measure = partial(finetune, seed=seed, workdir=run_dir, checkpoint_every=RESUME_EVERY)
+    s, spec = self.settings, TWO_STAGE.get(name, {})
+    fine_tuning = _FineTuning(t, seed, epochs, s.length, s.finetune_lr, run_dir, RESUME_EVERY)
     if spec and "steps_of" not in spec:
       copies = spec.get("copies", 1)
       distill = {
         "distill.layers": spec["layers"],
         "augment.enabled": spec["augment"],
-        "augment.size_factor": copies * self.size_factor,
+        "augment.size_factor": copies * s.size_factor,
         "augment.n_iter": copies * finetune_config().augment.n_iter,
         "distill.cache_dir": self.log.cache_dir(self.tmp),
       }
       teacher_runs = partial(self.teacher_runs, t, spec.get("teachers", 1))
-      return partial(_second_stage, finetune=measure, distill=distill, teacher_run=teacher_runs)
+      return partial(_second_stage, fine_tuning=fine_tuning, distill=distill, teacher_run=teacher_runs, mesh=self.mesh)
     if name == "teacher":  # the runs the second stages learn from, kept
       return partial(_teacher_score, teacher_run=partial(self.teacher_run, t, seed), task=t)
-    return measure
+    return partial(fine_tuning.score, mesh=self.mesh)
 
 
 def _saved_step(run_dir: str) -> int:
@@ -388,24 +341,14 @@ def _saved_step(run_dir: str) -> int:
   return runs.RunCheckpoints(run_dir, read_only=True).latest_step() or 0
 
 
-def _second_stage(init: str, finetune: Callable, distill: dict, teacher_run: Callable[[], str]) -> float:
-  """`finetune(init)` distilling the teacher run (or comma list of runs) `teacher_run()` with the
-  `distill` settings."""
-  return finetune(init, distill={**distill, "distill.teacher": teacher_run()})
+def _second_stage(init: str, fine_tuning: _FineTuning, distill: dict, teacher_run: Callable[[], str], mesh) -> float:
+  """`fine_tuning` of `init` distilling the teacher run (or comma list of runs) `teacher_run()` with
+  the `distill` settings."""
+  second = dataclasses.replace(fine_tuning, distill={**distill, "distill.teacher": teacher_run()})
+  return second.score(init, mesh)
 
 
 def _teacher_score(init: str, teacher_run: Callable[[], str], task: BenchTask) -> float:
   """The last epoch's dev score of the kept teacher run (its results.json)."""
   with open(os.path.join(teacher_run(), "results.json")) as f:
     return json.load(f)[selection_metric(task.task)]
-
-
-def _ensemble_score(init: str, teacher_runs: Callable[[], str], task: BenchTask, length: int, mesh, cache_dir: str):
-  """The dev score (the task's first metric) of the mean logits of the runs `teacher_runs()` (a comma
-  list), each run's logits cached as the second stages' are."""
-  dev = task.task.load("dev", task.data_dir)
-  logits = [
-    teacher_logits(find_teachers([path], [task.task])[task.task.name], task.task, dev, length, 64, mesh, cache_dir)
-    for path in teacher_runs().split(",")
-  ]
-  return task.task.score(task.task.predict(np.mean(logits, axis=0)), dev)[task.task.metrics[0]]
