@@ -242,6 +242,48 @@ def tiny_teacher_bert_vocab(tmp_path_factory, minilm_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_mpnet_teacher(tmp_path_factory, tiny_corpus):
+  """A 2-layer, 32-wide random MPNet (its relative-attention bias, positions from padding_idx + 1, no
+  token types) with an MPNet tokenizer (`<s>`, `</s>`, `<pad>`, `<mask>`) trained on the tiny corpus,
+  as transformers writes both."""
+  import torch
+  import transformers
+  from tokenizers import BertWordPieceTokenizer
+
+  folder = tmp_path_factory.mktemp("tiny_mpnet")
+  trainer = BertWordPieceTokenizer(lowercase=True)
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  trainer.train([tiny_corpus], vocab_size=TEST_VOCAB_SIZE, special_tokens=specials, show_progress=False)
+  trainer.save_model(str(folder))
+  tokenizer = transformers.MPNetTokenizerFast(
+    str(folder / "vocab.txt"),
+    do_lower_case=True,
+    bos_token="<s>",
+    eos_token="</s>",
+    sep_token="</s>",
+    cls_token="<s>",
+    unk_token="<unk>",
+    pad_token="<pad>",
+    mask_token="<mask>",
+  )
+  torch.manual_seed(0)
+  config = transformers.MPNetConfig(
+    vocab_size=len(tokenizer),
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=66,
+    pad_token_id=tokenizer.pad_token_id,
+    initializer_range=0.5,
+  )
+  path = str(folder / "model")
+  transformers.MPNetModel(config).save_pretrained(path)
+  tokenizer.save_pretrained(path)
+  return path
+
+
+@pytest.fixture(scope="session")
 def tiny_mlm_teacher(tmp_path_factory, test_tokenizer):
   """A tiny BERT saved with its masked-LM head (BertForMaskedLM), for ETD-Impt and MLM soft labels."""
   return _tiny_bert(tmp_path_factory, test_tokenizer, "tiny_mlm_teacher", "BertForMaskedLM")

@@ -217,3 +217,71 @@ def test_pytorch_bin_loads_through_weights_only(tmp_path):
   np.testing.assert_array_equal(
     np.asarray(params["layer_1"]["output"]["kernel"]), np.asarray(expected["layer_1"]["output"]["kernel"])
   )
+
+
+def _random_mpnet(tmp_path, **overrides):
+  """A random MPNetModel as transformers writes it (its LayerNorms and biases perturbed off identity)."""
+  torch.manual_seed(0)
+  config = transformers.MPNetConfig(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=300,
+    pad_token_id=1,
+    **overrides,
+  )
+  model = transformers.MPNetModel(config)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  path = str(tmp_path / "mpnet")
+  model.save_pretrained(path)
+  return path
+
+
+def test_mpnet_relative_position_buckets_are_transformers():
+  """Every relative position up to 600 apart falls in transformers' MPNet bucket (its float32
+  logarithm's boundaries included)."""
+  from minilm_jax.models.encoder import relative_position_buckets
+
+  length = 601
+  relative = torch.arange(length)[None, :] - torch.arange(length)[:, None]
+  theirs = transformers.models.mpnet.modeling_mpnet.MPNetEncoder.relative_position_bucket(relative).numpy()
+  np.testing.assert_array_equal(relative_position_buckets(length), theirs)
+
+
+def test_random_mpnet_matches_transformers_and_exports_as_mpnet(tmp_path):
+  """An MPNet checkpoint transformers wrote loads with parity on padded batches of several lengths
+  (the last hidden state within 1e-4, every layer's attention within 1e-5, its relative-position
+  bias, positions from padding_idx + 1, no token types), every layer exposes its queries, keys and
+  values, and `hf.save` writes what transformers loads as `MPNetModel`, read back bit for bit."""
+  path = _random_mpnet(tmp_path)
+  model, params = _load(path)
+  assert model.config.model_type == "mpnet" and model.config.position_offset == 2
+  assert "token_type_embeddings" not in params["embeddings"] and params["relative_attention_bias"]
+  for length, lengths in ((11, [11, 7, 4]), (200, [200, 150, 3])):  # beyond 128 apart: the far buckets
+    rng = np.random.default_rng(length)
+    ids = rng.integers(3, 120, size=(3, length))
+    mask = np.zeros_like(ids)
+    for j, n in enumerate(lengths):
+      mask[j, :n], ids[j, n:] = 1, 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), return_attention=True)
+    _assert_parity(ours, _theirs(path, batch), mask)
+    assert ours.layers[0].q.shape == ours.layers[-1].v.shape == (3, 4, length, 12)
+  out = str(tmp_path / "exported")
+  hf.save(out, model.config, params)
+  exported = transformers.AutoModel.from_pretrained(out)
+  assert type(exported).__name__ == "MPNetModel"
+  batch = {"input_ids": ids, "attention_mask": mask}
+  np.testing.assert_allclose(
+    _theirs(out, batch).last_hidden_state.numpy(), _theirs(path, batch).last_hidden_state.numpy(), atol=1e-6
+  )
+  jax.tree.map(np.testing.assert_array_equal, params, hf.load(out).params)
+
+
+def test_an_mpnet_config_the_encoder_cannot_honour_is_one_line(tmp_path):
+  with pytest.raises(UserError, match="relative_attention_num_buckets=16: transformers buckets relative positions"):
+    hf.load(_random_mpnet(tmp_path, relative_attention_num_buckets=16))

@@ -36,13 +36,31 @@ from minilm_jax.transfer.objectives import Objective, make_objective, uses_embed
 
 def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfig:
   """The student's encoder: its own depth and width, the teacher's vocabulary and embeddings layout.
-  Without a teacher (shape checks of configs), defaults of the student's model type stand in."""
+  A student is of its teacher's architecture, or BERT-shaped on the teacher's vocabulary (its
+  padding id and positions). Without a teacher (shape checks of configs), defaults of the
+  student's model type stand in."""
   s = config.student
   base = teacher or EncoderConfig(model_type=s.model_type, vocab_size=s.vocab_size)
-  if base.model_type != s.model_type or base.vocab_size != s.vocab_size:
+  if base.vocab_size != s.vocab_size or s.model_type not in (base.model_type, "bert"):
     raise UserError(
       f"student is {s.model_type} with vocab {s.vocab_size} but the teacher is {base.model_type} with "
-      f"vocab {base.vocab_size}: set student.model_type/vocab_size to the teacher's"
+      f"vocab {base.vocab_size}: a student has its teacher's vocabulary and its architecture or BERT's: set "
+      f"student.vocab_size={base.vocab_size} and student.model_type={base.model_type} (or bert)"
+    )
+  if s.model_type != base.model_type:  # BERT-shaped on the teacher's tokens
+    if config.student.init == "etd":
+      raise UserError(
+        f"student.init=etd takes the teacher's layers, and a {s.model_type} student cannot hold a "
+        f"{base.model_type} teacher's: set student.model_type={base.model_type}, or student.init=random"
+      )
+    base = EncoderConfig(
+      model_type=s.model_type,
+      vocab_size=base.vocab_size,
+      max_position_embeddings=base.max_position_embeddings,
+      type_vocab_size=max(base.type_vocab_size, 1),
+      pad_token_id=base.pad_token_id,
+      layer_norm_eps=base.layer_norm_eps,
+      hidden_act=base.hidden_act,
     )
   return base.replace(
     num_layers=s.num_layers,

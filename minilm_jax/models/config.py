@@ -1,5 +1,6 @@
-"""An encoder's architecture (`EncoderConfig`): the BERT-family model types, activations and compute
-dtypes it may name, checked when it is made; `minilm_jax.models.hf` maps Hugging Face's names to ours."""
+"""An encoder's architecture (`EncoderConfig`): the model types it may be (`MODEL_TYPES`: the BERT
+family and MPNet, each an `Architecture`), activations and compute dtypes, checked when it is made;
+`minilm_jax.models.hf` maps Hugging Face's names to ours."""
 
 import dataclasses
 
@@ -12,19 +13,29 @@ from minilm_jax.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
-  """What differs between the BERT-family encoders we load (`EncoderConfig.model_type`)."""
+  """What differs between the encoder architectures we load, by Hugging Face model type
+  (`EncoderConfig.model_type`): every one is a post-layer-norm Transformer whose layers hand back
+  their queries, keys and values; these fields say how each numbers its positions, whether it
+  biases its attention scores by relative position, and how its weights are named and exported
+  (`models.layout`'s names by architecture)."""
 
-  positions_after_padding: bool  # RoBERTa and XLM-R number real positions from padding_idx + 1; BERT from 0
+  positions_after_padding: bool  # RoBERTa, XLM-R, MPNet number real positions from padding_idx + 1; BERT from 0
   hf_architecture: str  # the transformers class of the encoder alone
   mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
   task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
+  relative_attention: bool = False  # MPNet: a bias by bucketed relative position on every layer's scores
+  weights_prefix: str = "bert."  # what transformers' task models put before the encoder's weights
 
 
 MODEL_TYPES = {
   "bert": Architecture(False, "BertModel", "bert", True),
-  "roberta": Architecture(True, "RobertaModel", "roberta", False),
-  "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False),
+  "roberta": Architecture(True, "RobertaModel", "roberta", False, weights_prefix="roberta."),
+  "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False, weights_prefix="roberta."),
+  "mpnet": Architecture(True, "MPNetModel", "roberta", False, relative_attention=True, weights_prefix="mpnet."),
 }
+# transformers' MPNet buckets relative positions into 32 buckets up to a distance of 128, whatever
+# its table's size (`MPNetEncoder.compute_position_bias`).
+RELATIVE_ATTENTION_BUCKETS, RELATIVE_ATTENTION_MAX_DISTANCE = 32, 128
 
 
 def exact_gelu(x):
@@ -42,6 +53,8 @@ ACTIVATIONS = {
   "relu": nn.relu,
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# Fields one architecture alone sets, and their value elsewhere (`EncoderConfig.to_dict`).
+_ARCHITECTURE_FIELDS = {"relative_attention_buckets": 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,10 +76,16 @@ class EncoderConfig:
   pad_token_id: int = 0
   initializer_range: float = 0.02
   dtype: str = "float32"
+  relative_attention_buckets: int = 0  # rows of the relative-attention bias table (MPNet's); 0: none
 
   def __post_init__(self):
     if self.model_type not in MODEL_TYPES:
       raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
+    if self.architecture.relative_attention and self.relative_attention_buckets < RELATIVE_ATTENTION_BUCKETS:
+      raise UserError(
+        f"{self.model_type} with relative_attention_num_buckets={self.relative_attention_buckets}: transformers "
+        f"buckets relative positions into {RELATIVE_ATTENTION_BUCKETS}, so the table needs at least that many rows"
+      )
     if self.hidden_size % self.num_heads:
       raise UserError(
         f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}: "
@@ -99,7 +118,10 @@ class EncoderConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    """Its fields; those of one architecture alone only where they are set, so the records of the
+    other architectures stay as they were written before it."""
+    d = dataclasses.asdict(self)
+    return {k: v for k, v in d.items() if not (k in _ARCHITECTURE_FIELDS and v == _ARCHITECTURE_FIELDS[k])}
 
   @classmethod
   def from_dict(cls, d: dict) -> "EncoderConfig":

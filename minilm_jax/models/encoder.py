@@ -1,17 +1,23 @@
-"""A BERT-family Transformer encoder (BERT, RoBERTa, XLM-R) whose layers hand back Q, K, V.
+"""A post-layer-norm Transformer encoder whose layers hand back Q, K, V: the BERT family (BERT,
+RoBERTa, XLM-R) and MPNet, one module for each architecture `models.config.MODEL_TYPES` names.
 
 Post-layer-norm, exact (erf) GELU, absolute learned positions, as Hugging Face's BertModel and
-RobertaModel. Parameters are float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and
-layer-norm statistics always run in float32 (flax's LayerNorm promotes its statistics itself).
+RobertaModel; MPNet adds to every layer's attention scores a bias by bucketed relative position
+(`RelativePositionBias`), one table shared by the layers, and has no token types. Parameters are
+float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and layer-norm statistics always run
+in float32 (flax's LayerNorm promotes its statistics itself).
 
 Module names follow the Hugging Face layout so that the name mapping in `minilm_jax.models.hf` is one
 short table.
 """
 
+import math
+
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from minilm_jax.kernels import attention as attention_kernel
@@ -19,7 +25,13 @@ from minilm_jax.kernels import dropout as dropout_bits
 from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
 from minilm_jax.models import layout
-from minilm_jax.models.config import ACTIVATIONS, DTYPES, EncoderConfig
+from minilm_jax.models.config import (
+  ACTIVATIONS,
+  DTYPES,
+  RELATIVE_ATTENTION_BUCKETS,
+  RELATIVE_ATTENTION_MAX_DISTANCE,
+  EncoderConfig,
+)
 
 
 @flax.struct.dataclass
@@ -107,7 +119,8 @@ class Embeddings(nn.Module):
       position_ids_BxL = position_ids(input_ids_BxL, c)
     x = _embed(c.vocab_size, c, "word_embeddings")(input_ids_BxL)
     x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids_BxL)
-    x += _embed(c.type_vocab_size, c, "token_type_embeddings")(token_type_ids_BxL)
+    if c.type_vocab_size:  # MPNet has no token types
+      x += _embed(c.type_vocab_size, c, "token_type_embeddings")(token_type_ids_BxL)
     x = _layer_norm(c, "LayerNorm")(x.astype(DTYPES[c.dtype]))
     return Dropout(c.hidden_dropout)(x, deterministic=deterministic)
 
@@ -138,6 +151,42 @@ def _probe(module, name, x):
   return module.perturb(name, x)
 
 
+def relative_position_buckets(length: int) -> np.ndarray:
+  """[L, L] bucket of each (query, key) pair's relative position, as transformers' MPNet buckets it
+  (T5's bidirectional scheme: half the buckets a direction, exact up to 8 apart, then logarithmic up
+  to 128), in float32 as it computes it, so that every boundary falls where it falls there."""
+  relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key position - query position
+  n = -relative
+  half = RELATIVE_ATTENTION_BUCKETS // 2
+  exact = half // 2
+  buckets = (n < 0).astype(np.int64) * half
+  n = np.abs(n)
+  with np.errstate(divide="ignore"):  # log(0) where the exact bucket is taken
+    scaled = np.log(n.astype(np.float32) / np.float32(exact)) / np.float32(
+      math.log(RELATIVE_ATTENTION_MAX_DISTANCE / exact)
+    )
+    large = exact + np.nan_to_num(scaled * np.float32(half - exact), neginf=0.0).astype(np.int64)
+  return buckets + np.where(n < exact, n, np.minimum(large, half - 1))
+
+
+class RelativePositionBias(nn.Module):
+  """[1, H, L, L] float32 bias of the attention scores by relative position (MPNet's): one learned
+  value a bucket and head (`relative_position_buckets`), shared by every layer."""
+
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, length: int):
+    c = self.config
+    table = self.param(
+      "embedding",
+      nn.initializers.normal(c.initializer_range),
+      (c.relative_attention_buckets, c.num_heads),
+      jnp.float32,
+    )
+    return table[relative_position_buckets(length)].transpose(2, 0, 1)[None]
+
+
 def split_heads(x_BxLxD, num_heads):
   b, l, d = x_BxLxD.shape
   return x_BxLxD.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
@@ -164,14 +213,20 @@ def fused_attention_implementation(dtype, head_dim: int, platform: str | None = 
   return "xla"
 
 
-def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int):
-  """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask.
+def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int, bias=None):
+  """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask,
+  the scores biased by `bias` ([1, H, L, L]: MPNet's relative positions; XLA's kernel, which takes
+  a bias where cuDNN's and ours do not).
   cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
   broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
   (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. On
   TPUs our flash kernel (`kernels.attention`, without dropout) keeps the [B, H, L, L] scores out
   of HBM, where XLA's attention writes them. A per-query mask (sequence-to-sequence) stays with
   XLA's kernel."""
+  if bias is not None:
+    return jax.nn.dot_product_attention(
+      q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias.astype(q_BxLxHxK.dtype), mask=_key_mask(mask), implementation="xla"
+    )
   implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
   if implementation == "cudnn" and mask.ndim == 2:
     lengths_B = jnp.sum(mask, axis=-1, dtype=jnp.int32)
@@ -207,16 +262,23 @@ def _dropped_out(attention_BxHxQxK, rng, rate: float):
   return jax.lax.select(keep, scaled, jnp.zeros_like(attention_BxHxQxK))
 
 
-def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float):
-  """Context [B, L, H, K] of attention whose probabilities are dropped out (`_dropped_out`). On
-  accelerators, where a shape does not suit our kernel (`kernels.attention.supported`), its
-  layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
-  (`_RematerialisedLayer`)."""
+def _scores(q_BxLxHxK, k_BxLxHxK, mask, bias):
+  """[B, H, Lq, Lk] float32 attention scores, biased (`bias`: [1, H, L, L] or None) and masked."""
   head_dim = q_BxLxHxK.shape[-1]
   scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / jnp.sqrt(head_dim).astype(
     jnp.float32
   )
-  attention = jax.nn.softmax(jnp.where(_key_mask(mask), scores, MASK_VALUE), axis=-1)
+  if bias is not None:
+    scores = scores + bias
+  return jnp.where(_key_mask(mask), scores, MASK_VALUE)
+
+
+def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, bias=None):
+  """Context [B, L, H, K] of attention whose probabilities are dropped out (`_dropped_out`). On
+  accelerators, where a shape does not suit our kernel (`kernels.attention.supported`), its
+  layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
+  (`_RematerialisedLayer`)."""
+  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, bias), axis=-1)
   probs = _dropped_out(attention, rng, rate)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
 
@@ -245,12 +307,13 @@ class SelfAttention(nn.Module):
   cache; otherwise the fused `jax.nn.dot_product_attention` computes the context without keeping
   [B, H, L, L] tensors. `cache` ([B, H, max_length, K] keys and values, and where the new tokens
   go) makes the new tokens attend over the cached ones as well; the returned k, v are then the
-  updated caches."""
+  updated caches. `bias` ([1, H, L, L] or None) is added to the scores (MPNet's relative positions):
+  the fused kernels that take none give way to XLA's."""
 
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, mask, bias, deterministic, return_attention=False, cache=None):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
@@ -281,9 +344,7 @@ class SelfAttention(nn.Module):
     attention = None
     hidden_dropout_name = None  # flax's own name ("Dropout_<n>"), unless set below
     if return_attention or cache is not None:
-      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(c.head_dim).astype(jnp.float32)
-      scores = jnp.where(_key_mask(mask), scores, MASK_VALUE)
-      attention = _kept(jax.nn.softmax(scores, axis=-1))
+      attention = _kept(jax.nn.softmax(_scores(q, k, mask, bias), axis=-1))
       probs = attention
       if dropout_on_probs:  # the rng the branch below draws: the same entries dropped
         probs = _dropped_out(attention, _ScopeRng(name="Dropout_0")(), c.attention_dropout)
@@ -296,15 +357,15 @@ class SelfAttention(nn.Module):
       # reaches HBM; elsewhere the explicit path makes the same mask from the same seed.
       rng = _ScopeRng(name="Dropout_0")()
       platform = kernel_platform()
-      if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
+      if platform and bias is None and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
         context = attention_kernel.flash_attention(
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )
       else:
-        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout)
+        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, bias)
       hidden_dropout_name = "Dropout_1"
     else:
-      context = fused_attention(q, k, v, mask, c.head_dim)
+      context = fused_attention(q, k, v, mask, c.head_dim, bias)
     context = _kept(context)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
@@ -316,9 +377,10 @@ class TransformerLayer(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, mask, bias, deterministic, return_attention=False, cache=None):
     c = self.config
-    h, (q, k, v, attention) = SelfAttention(c, name="attention")(x_BxLxD, mask, deterministic, return_attention, cache)
+    attention_block = SelfAttention(c, name="attention")
+    h, (q, k, v, attention) = attention_block(x_BxLxD, mask, bias, deterministic, return_attention, cache)
 
     pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(h))
     y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
@@ -344,7 +406,7 @@ class TransformerLayer(nn.Module):
 _RematerialisedLayer = nn.remat(
   TransformerLayer,
   policy=jax.checkpoint_policies.save_only_these_names(_KEPT, attention_kernel.RESIDUALS),
-  static_argnums=(3, 4, 5),  # deterministic, return_attention, cache (self is 0)
+  static_argnums=(4, 5, 6),  # deterministic, return_attention, cache (self is 0)
 )
 
 
@@ -384,11 +446,15 @@ class Encoder(nn.Module):
     mask = attention_mask.astype(bool)
     x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
     embeddings = x
+    bias = None
+    if c.architecture.relative_attention:  # one table for every layer, as transformers' MPNet shares it
+      assert cache is None, "incremental decoding is the BERT family's (UniLM's sequence-to-sequence model)"
+      bias = RelativePositionBias(c, name="relative_attention_bias")(input_ids_BxL.shape[1])
     layers = []
     layer = _RematerialisedLayer if not deterministic and on_accelerator() else TransformerLayer
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = layer(c, name=layout.layer_name(i))(x, mask, deterministic, return_attention, layer_cache)
+      out = layer(c, name=layout.layer_name(i))(x, mask, bias, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))

@@ -1,4 +1,4 @@
-"""Hugging Face import and export for the BERT family, without torch on the safetensors path.
+"""Hugging Face import and export for the BERT family and MPNet, without torch on the safetensors path.
 
 `load(dir) -> LoadedModel` reads `config.json` plus `model.safetensors` (or a sharded
 safetensors index, or `pytorch_model.bin` through torch's pickle-free `weights_only=True` loader).
@@ -40,7 +40,7 @@ class LoadedModel(NamedTuple):
 
 # A checkpoint saved without a pooler (many MLM checkpoints) still loads: it gets a fresh one, as in transformers.
 _OPTIONAL_PREFIXES = ("pooler/",)
-_MODEL_PREFIXES = ("bert.", "roberta.")
+_MODEL_PREFIXES = tuple(sorted({a.weights_prefix for a in MODEL_TYPES.values()}))
 # Our EncoderConfig field <- Hugging Face config.json key.
 _CONFIG_KEYS = {
   "vocab_size": "vocab_size",
@@ -60,10 +60,10 @@ _CONFIG_KEYS = {
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "vocab.json")
 
 
-def _name_pairs(num_layers):
-  """Yields (our path, HF name, how) for every parameter of a `num_layers` encoder (`models.layout`).
+def _name_pairs(config: EncoderConfig):
+  """Yields (our path, HF name, how) for every parameter of `config`'s encoder (`models.layout`).
   How: "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
-  for ours, theirs, row in layout.named_params(num_layers):
+  for ours, theirs, row in layout.named_params(config.num_layers, config.model_type):
     yield ours, theirs, "linear" if row.linear else "copy"
 
 
@@ -76,6 +76,8 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
       f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented"
     )
   fields = {ours: hf_config[theirs] for ours, theirs in _CONFIG_KEYS.items() if theirs in hf_config}
+  if MODEL_TYPES[model_type].relative_attention:  # MPNet: no token types, a relative-attention table
+    fields.update(type_vocab_size=0, relative_attention_buckets=hf_config.get("relative_attention_num_buckets", 32))
   return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
 
 
@@ -83,6 +85,9 @@ def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
   architecture = config.architecture.hf_architecture
   d.update(model_type=config.model_type, architectures=[architecture], position_embedding_type="absolute")
+  if config.architecture.relative_attention:
+    del d["type_vocab_size"]
+    d["relative_attention_num_buckets"] = config.relative_attention_buckets
   return d
 
 
@@ -155,7 +160,7 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
   tensors = {_normalise_name(k): v for k, v in raw.items()}
   expected = traverse_util.flatten_dict(abstract_params(config), sep="/")
   flat, missing = {}, []
-  for ours, theirs, how in _name_pairs(config.num_layers):
+  for ours, theirs, how in _name_pairs(config):
     if theirs not in tensors:
       missing.append((ours, theirs))
       continue
@@ -204,9 +209,10 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict | None = None) -> di
   """Hugging Face tensors of encoder params, or of task-model params ({"encoder": ..., <head>: ...})."""
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   if head is None:
-    return _convert(flat, _name_pairs(config.num_layers))
+    return _convert(flat, _name_pairs(config))
   encoder = {k[len("encoder/") :]: v for k, v in flat.items() if k.startswith("encoder/")}
-  tensors = {"bert." + k: v for k, v in _convert(encoder, _name_pairs(config.num_layers)).items()}
+  prefix = config.architecture.weights_prefix
+  tensors = {prefix + k: v for k, v in _convert(encoder, _name_pairs(config)).items()}
   tensors.update(_convert(flat, head_kind(head).hf_weights))
   return tensors
 

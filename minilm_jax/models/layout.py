@@ -12,8 +12,9 @@ A row names one parameter of `Encoder` (`{i}`: the layer index) and says, for ea
   columns), "ffn" (intermediate units), "input_hidden" / "output_hidden" (the hidden dimensions
   of the first / last kept layer, for the embeddings and the pooler), None (kept whole).
 
-A new encoder architecture adds its module and its rows here; conversion, sharding rules and ETD
-follow from the table.
+A new encoder architecture adds its module and its rows here (`rows`: BERT's renamed or left out by
+`HF_NAMES`, plus its own, `ARCHITECTURE_PARAMS`); conversion, sharding rules and ETD follow from the
+table.
 """
 
 import dataclasses
@@ -80,7 +81,30 @@ ENCODER = (
   Param("pooler/kernel", "pooler.dense.weight", linear=True, etd_axes=("output_hidden", "output_hidden")),
   Param("pooler/bias", "pooler.dense.bias", etd_axes=("output_hidden",)),
 )
-_BY_PATH = {p.path: p for p in ENCODER}
+# Each architecture's Hugging Face names where they are not BERT's, by our path; None: a parameter it
+# does not have. MPNet names its attention `attn.q/k/v/o`, its layer norm after attention
+# `attention.LayerNorm`, and has no token types.
+_MPNET_LAYER = {
+  **{f"attention/{ours}/{kind}": f"attention.attn.{theirs}.{name}"
+     for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v"), ("output", "o"))
+     for kind, name in (("kernel", "weight"), ("bias", "bias"))},
+  "attention/LayerNorm/scale": "attention.LayerNorm.weight",
+  "attention/LayerNorm/bias": "attention.LayerNorm.bias",
+}  # fmt: skip
+HF_NAMES = {
+  "mpnet": {
+    "embeddings/token_type_embeddings/embedding": None,
+    **{f"{LAYER}/{ours}": f"encoder.layer.{{i}}.{theirs}" for ours, theirs in _MPNET_LAYER.items()},
+  },
+}
+# Parameters of one architecture alone: MPNet's relative-attention bias, [buckets, heads], shared by
+# its layers (ETD keeps every head, so the table whole).
+ARCHITECTURE_PARAMS = {
+  "mpnet": (
+    Param("relative_attention_bias/embedding", "encoder.relative_attention_bias.weight", etd_axes=(None, None)),
+  ),
+}
+_BY_PATH = {p.path: p for p in (*ENCODER, *(p for extra in ARCHITECTURE_PARAMS.values() for p in extra))}
 _LAYER_INDEX = re.compile(r"layer_\d+")
 
 
@@ -106,9 +130,17 @@ def word_embeddings(encoder_params: Mapping):
   return x
 
 
-def named_params(num_layers: int):
+def rows(model_type: str = "bert") -> tuple:
+  """The rows of an encoder of `model_type`: BERT's, with its own names (`HF_NAMES`) and parameters
+  (`ARCHITECTURE_PARAMS`)."""
+  renamed = HF_NAMES.get(model_type, {})
+  kept = (dataclasses.replace(p, hf_name=renamed.get(p.path, p.hf_name)) for p in ENCODER)
+  return (*(p for p in kept if p.hf_name is not None), *ARCHITECTURE_PARAMS.get(model_type, ()))
+
+
+def named_params(num_layers: int, model_type: str = "bert"):
   """Yields (our path, Hugging Face name, row) for every parameter of a `num_layers` encoder."""
-  for p in ENCODER:
+  for p in rows(model_type):
     for i in range(num_layers) if p.per_layer else (0,):
       yield p.path.format(i=i), p.hf_name.format(i=i), p
 
