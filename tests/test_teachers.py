@@ -36,9 +36,7 @@ def test_an_mpnet_teacher_distils_into_mpnet_and_bert_students(
   overrides = {"num_steps": 2, "student.model_type": "mpnet", **OBJECTIVES[objective], **STUDENTS[student]}
   config = tiny_config(tiny_mpnet_teacher, tiny_corpus, **overrides)
   state = build_distillation(config, str(tmp_path / "run")).run()
-  assert int(state.step) == 2 and all(
-    np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params)
-  )
+  assert int(state.step) == 2 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
   record = runs.read_record(str(tmp_path / "run"))
   assert record.encoder.model_type == config.student.model_type
   if student == "own_family_etd":
