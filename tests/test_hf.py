@@ -244,7 +244,7 @@ def _random_mpnet(tmp_path, **overrides):
 def test_mpnet_relative_position_buckets_are_transformers():
   """Every relative position up to 600 apart falls in transformers' MPNet bucket (its float32
   logarithm's boundaries included)."""
-  from minilm_jax.models.encoder import relative_position_buckets
+  from minilm_jax.models.mpnet import relative_position_buckets
 
   length = 601
   relative = torch.arange(length)[None, :] - torch.arange(length)[:, None]
@@ -285,3 +285,105 @@ def test_random_mpnet_matches_transformers_and_exports_as_mpnet(tmp_path):
 def test_an_mpnet_config_the_encoder_cannot_honour_is_one_line(tmp_path):
   with pytest.raises(UserError, match="relative_attention_num_buckets=16: transformers buckets relative positions"):
     hf.load(_random_mpnet(tmp_path, relative_attention_num_buckets=16))
+
+
+# DeBERTa-v3-base's attention (its config.json), and the variants transformers also implements.
+DEBERTA_V3 = dict(
+  relative_attention=True,
+  position_buckets=8,
+  max_relative_positions=-1,
+  pos_att_type=["p2c", "c2p"],
+  share_att_key=True,
+  norm_rel_ebd="layer_norm",
+  position_biased_input=False,
+  type_vocab_size=0,
+)
+DEBERTA_VARIANTS = {
+  "v3": DEBERTA_V3,
+  "separate_position_keys_and_absolute_positions": {
+    **DEBERTA_V3,
+    "share_att_key": False,
+    "position_biased_input": True,
+    "type_vocab_size": 2,
+    "norm_rel_ebd": "none",
+  },
+  "no_buckets_c2p_only": {**DEBERTA_V3, "position_buckets": -1, "max_relative_positions": 24, "pos_att_type": ["c2p"]},
+}
+
+
+def _random_deberta(tmp_path, **overrides):
+  torch.manual_seed(0)
+  config = transformers.DebertaV2Config(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=256,
+    pad_token_id=0,
+    hidden_act="gelu",
+    **overrides,
+  )
+  model = transformers.DebertaV2Model(config)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  path = str(tmp_path / "deberta")
+  model.save_pretrained(path)
+  return path
+
+
+def test_deberta_relative_positions_are_transformers():
+  from minilm_jax.models.deberta import relative_positions
+
+  layer = torch.zeros(1, 300, 4)
+  theirs = transformers.models.deberta_v2.modeling_deberta_v2.build_relative_position(layer, layer, 256, 512)
+  np.testing.assert_array_equal(relative_positions(300, 256, 512), theirs[0].numpy())
+  theirs = transformers.models.deberta_v2.modeling_deberta_v2.build_relative_position(layer, layer, 8, 256)
+  np.testing.assert_array_equal(relative_positions(300, 8, 256), theirs[0].numpy())
+
+
+@pytest.mark.parametrize("variant", DEBERTA_VARIANTS)
+def test_random_deberta_matches_transformers_and_exports_as_deberta(tmp_path, variant):
+  """A DeBERTa-v2/v3 checkpoint transformers wrote loads with parity on padded batches of several
+  lengths (c2p and p2c terms, log-bucketed relative positions, shared or separate position keys,
+  the relative embeddings' norm, absolute positions where asked), every layer exposing its content
+  queries, keys and values; `hf.save` writes what transformers loads as `DebertaV2Model`."""
+  path = _random_deberta(tmp_path, **DEBERTA_VARIANTS[variant])
+  model, params = _load(path)
+  assert model.config.model_type == "deberta-v2"
+  for length, lengths in ((11, [11, 7, 4]), (40, [40, 30, 3])):  # beyond 4 apart: the log buckets
+    rng = np.random.default_rng(length)
+    ids = rng.integers(3, 120, size=(3, length))
+    mask = np.zeros_like(ids)
+    for j, n in enumerate(lengths):
+      mask[j, :n], ids[j, n:] = 1, 0
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    ours = _ours(model, params, batch)
+    _assert_parity(ours, _theirs(path, batch), mask)
+    assert ours.layers[0].q.shape == ours.layers[-1].v.shape == (3, 4, length, 12)
+  out = str(tmp_path / "exported")
+  hf.save(out, model.config, params)
+  assert type(transformers.AutoModel.from_pretrained(out)).__name__ == "DebertaV2Model"
+  np.testing.assert_allclose(
+    _theirs(out, batch).last_hidden_state.numpy(), _theirs(path, batch).last_hidden_state.numpy(), atol=1e-6
+  )
+  again = hf.load(out).params
+  for key in ("embeddings", "layer_0", "layer_1"):
+    jax.tree.map(np.testing.assert_array_equal, params[key], again[key])
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    ({"pos_att_type": ["p2p"]}, "deberta-v2 pos_att_type \\['p2p'\\]: transformers computes c2p, p2c alone"),
+    ({"conv_kernel_size": 3}, "conv_kernel_size > 0"),
+  ],
+)
+def test_a_deberta_config_the_encoder_cannot_honour_is_one_line(tmp_path, overrides, message):
+  path = tmp_path / "deberta"
+  path.mkdir()
+  config = transformers.DebertaV2Config(hidden_size=48, num_attention_heads=4, **{**DEBERTA_V3, **overrides})
+  (path / "config.json").write_text(config.to_json_string())
+  with pytest.raises(UserError, match=message):
+    hf.load(str(path))

@@ -1,5 +1,5 @@
 """An encoder's architecture (`EncoderConfig`): the model types it may be (`MODEL_TYPES`: the BERT
-family and MPNet, each an `Architecture`), activations and compute dtypes, checked when it is made;
+family, MPNet and DeBERTa v2/v3, each an `Architecture`), activations and compute dtypes, checked when it is made;
 `minilm_jax.models.hf` maps Hugging Face's names to ours."""
 
 import dataclasses
@@ -7,6 +7,7 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from minilm_jax.errors import UserError
 
@@ -23,19 +24,24 @@ class Architecture:
   hf_architecture: str  # the transformers class of the encoder alone
   mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
   task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
-  relative_attention: bool = False  # MPNet: a bias by bucketed relative position on every layer's scores
+  # How attention reads relative positions: "" not at all; "bias": a learned bias of the scores by
+  # bucketed relative position (MPNet, `models.mpnet`); "disentangled": DeBERTa's c2p and p2c terms
+  # (`models.deberta`).
+  relative_positions: str = ""
   weights_prefix: str = "bert."  # what transformers' task models put before the encoder's weights
+  masks_embeddings: bool = False  # DeBERTa zeroes the padding's embeddings
 
 
 MODEL_TYPES = {
   "bert": Architecture(False, "BertModel", "bert", True),
   "roberta": Architecture(True, "RobertaModel", "roberta", False, weights_prefix="roberta."),
   "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False, weights_prefix="roberta."),
-  "mpnet": Architecture(True, "MPNetModel", "roberta", False, relative_attention=True, weights_prefix="mpnet."),
+  "mpnet": Architecture(True, "MPNetModel", "roberta", False, relative_positions="bias", weights_prefix="mpnet."),
+  "deberta-v2": Architecture(
+    False, "DebertaV2Model", "bert", False, "disentangled", weights_prefix="deberta.", masks_embeddings=True
+  ),
 }
-# transformers' MPNet buckets relative positions into 32 buckets up to a distance of 128, whatever
-# its table's size (`MPNetEncoder.compute_position_bias`).
-RELATIVE_ATTENTION_BUCKETS, RELATIVE_ATTENTION_MAX_DISTANCE = 32, 128
+MPNET_BUCKETS = 32  # transformers' MPNet buckets relative positions into 32 (`models.mpnet`)
 
 
 def exact_gelu(x):
@@ -54,7 +60,16 @@ ACTIVATIONS = {
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Fields one architecture alone sets, and their value elsewhere (`EncoderConfig.to_dict`).
-_ARCHITECTURE_FIELDS = {"relative_attention_buckets": 0}
+_ARCHITECTURE_FIELDS = {
+  "relative_attention_buckets": 0,
+  "embedding_size": 0,
+  "absolute_positions": True,
+  "relative_terms": "",
+  "position_buckets": 0,
+  "max_relative_positions": 0,
+  "share_position_keys": False,
+  "norm_relative_embeddings": False,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +92,25 @@ class EncoderConfig:
   initializer_range: float = 0.02
   dtype: str = "float32"
   relative_attention_buckets: int = 0  # rows of the relative-attention bias table (MPNet's); 0: none
+  # DeBERTa's (`models.deberta`): the word embeddings' width (0: hidden_size), absolute positions or
+  # none, the disentangled terms ("c2p,p2c"), log buckets of relative positions (0: exact) up to
+  # `max_relative_positions` (0: no relative attention), the layers' own key and query maps for the
+  # relative embeddings or their own position maps, the relative embeddings layer-normed.
+  embedding_size: int = 0
+  absolute_positions: bool = True
+  relative_terms: str = ""
+  position_buckets: int = 0
+  max_relative_positions: int = 0
+  share_position_keys: bool = False
+  norm_relative_embeddings: bool = False
 
   def __post_init__(self):
     if self.model_type not in MODEL_TYPES:
       raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
-    if self.architecture.relative_attention and self.relative_attention_buckets < RELATIVE_ATTENTION_BUCKETS:
+    if self.architecture.relative_positions == "bias" and self.relative_attention_buckets < MPNET_BUCKETS:
       raise UserError(
         f"{self.model_type} with relative_attention_num_buckets={self.relative_attention_buckets}: transformers "
-        f"buckets relative positions into {RELATIVE_ATTENTION_BUCKETS}, so the table needs at least that many rows"
+        f"buckets relative positions into {MPNET_BUCKETS}, so the table needs at least that many rows"
       )
     if self.hidden_size % self.num_heads:
       raise UserError(
@@ -99,6 +125,13 @@ class EncoderConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def score_scale(self) -> float:
+    """What the attention scores are divided by: sqrt(head_dim), times the count of score terms
+    (DeBERTa's content term and its c2p and p2c terms) under the root."""
+    terms = 1 + len([t for t in self.relative_terms.split(",") if t])
+    return float(np.sqrt(np.float32(self.head_dim) * np.float32(terms)))
 
   @property
   def architecture(self) -> Architecture:

@@ -1,9 +1,11 @@
 """A post-layer-norm Transformer encoder whose layers hand back Q, K, V: the BERT family (BERT,
-RoBERTa, XLM-R) and MPNet, one module for each architecture `models.config.MODEL_TYPES` names.
+RoBERTa, XLM-R), MPNet and DeBERTa v2/v3, the architectures `models.config.MODEL_TYPES` names.
 
 Post-layer-norm, exact (erf) GELU, absolute learned positions, as Hugging Face's BertModel and
 RobertaModel; MPNet adds to every layer's attention scores a bias by bucketed relative position
-(`RelativePositionBias`), one table shared by the layers, and has no token types. Parameters are
+(`mpnet.RelativePositionBias`), one table shared by the layers, and has no token types; DeBERTa
+adds its disentangled c2p and p2c terms from relative embeddings shared by the layers
+(`deberta.disentangled_bias`), and has absolute positions only where its config asks. Parameters are
 float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and layer-norm statistics always run
 in float32 (flax's LayerNorm promotes its statistics itself).
 
@@ -11,27 +13,18 @@ Module names follow the Hugging Face layout so that the name mapping in `minilm_
 short table.
 """
 
-import math
-
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import dropout as dropout_bits
 from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
-from minilm_jax.models import layout
-from minilm_jax.models.config import (
-  ACTIVATIONS,
-  DTYPES,
-  RELATIVE_ATTENTION_BUCKETS,
-  RELATIVE_ATTENTION_MAX_DISTANCE,
-  EncoderConfig,
-)
+from minilm_jax.models import deberta, layout, mpnet
+from minilm_jax.models.config import ACTIVATIONS, DTYPES, EncoderConfig
 
 
 @flax.struct.dataclass
@@ -94,7 +87,7 @@ def _layer_norm(config, name):
 def _embed(num, config, name):
   return nn.Embed(
     num,
-    config.hidden_size,
+    config.embedding_size or config.hidden_size,
     param_dtype=jnp.float32,
     embedding_init=nn.initializers.normal(config.initializer_range),
     name=name,
@@ -113,15 +106,20 @@ class Embeddings(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL=None):
+  def __call__(self, input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL=None, mask_BxL=None):
     c = self.config
     if position_ids_BxL is None:
       position_ids_BxL = position_ids(input_ids_BxL, c)
     x = _embed(c.vocab_size, c, "word_embeddings")(input_ids_BxL)
-    x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids_BxL)
-    if c.type_vocab_size:  # MPNet has no token types
+    if c.absolute_positions:  # DeBERTa-v3 has none
+      x += _embed(c.max_position_embeddings, c, "position_embeddings")(position_ids_BxL)
+    if c.type_vocab_size:  # MPNet and DeBERTa-v3 have no token types
       x += _embed(c.type_vocab_size, c, "token_type_embeddings")(token_type_ids_BxL)
+    if c.embedding_size:  # DeBERTa's narrower word embeddings, projected to the hidden width
+      x = nn.Dense(c.hidden_size, use_bias=False, param_dtype=jnp.float32, name="embed_proj")(x)
     x = _layer_norm(c, "LayerNorm")(x.astype(DTYPES[c.dtype]))
+    if c.architecture.masks_embeddings and mask_BxL is not None:
+      x = x * mask_BxL[..., None].astype(x.dtype)
     return Dropout(c.hidden_dropout)(x, deterministic=deterministic)
 
 
@@ -151,42 +149,6 @@ def _probe(module, name, x):
   return module.perturb(name, x)
 
 
-def relative_position_buckets(length: int) -> np.ndarray:
-  """[L, L] bucket of each (query, key) pair's relative position, as transformers' MPNet buckets it
-  (T5's bidirectional scheme: half the buckets a direction, exact up to 8 apart, then logarithmic up
-  to 128), in float32 as it computes it, so that every boundary falls where it falls there."""
-  relative = np.arange(length)[None, :] - np.arange(length)[:, None]  # key position - query position
-  n = -relative
-  half = RELATIVE_ATTENTION_BUCKETS // 2
-  exact = half // 2
-  buckets = (n < 0).astype(np.int64) * half
-  n = np.abs(n)
-  with np.errstate(divide="ignore"):  # log(0) where the exact bucket is taken
-    scaled = np.log(n.astype(np.float32) / np.float32(exact)) / np.float32(
-      math.log(RELATIVE_ATTENTION_MAX_DISTANCE / exact)
-    )
-    large = exact + np.nan_to_num(scaled * np.float32(half - exact), neginf=0.0).astype(np.int64)
-  return buckets + np.where(n < exact, n, np.minimum(large, half - 1))
-
-
-class RelativePositionBias(nn.Module):
-  """[1, H, L, L] float32 bias of the attention scores by relative position (MPNet's): one learned
-  value a bucket and head (`relative_position_buckets`), shared by every layer."""
-
-  config: EncoderConfig
-
-  @nn.compact
-  def __call__(self, length: int):
-    c = self.config
-    table = self.param(
-      "embedding",
-      nn.initializers.normal(c.initializer_range),
-      (c.relative_attention_buckets, c.num_heads),
-      jnp.float32,
-    )
-    return table[relative_position_buckets(length)].transpose(2, 0, 1)[None]
-
-
 def split_heads(x_BxLxD, num_heads):
   b, l, d = x_BxLxD.shape
   return x_BxLxD.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
@@ -213,10 +175,10 @@ def fused_attention_implementation(dtype, head_dim: int, platform: str | None = 
   return "xla"
 
 
-def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int, bias=None):
+def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int, bias=None, scale=None):
   """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask,
   the scores biased by `bias` ([1, H, L, L]: MPNet's relative positions; XLA's kernel, which takes
-  a bias where cuDNN's and ours do not).
+  a bias where cuDNN's and ours do not; `scale`: the scores' divisor, sqrt(head_dim) unless given).
   cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
   broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
   (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. On
@@ -225,7 +187,13 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int, bias=N
   XLA's kernel."""
   if bias is not None:
     return jax.nn.dot_product_attention(
-      q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, bias=bias.astype(q_BxLxHxK.dtype), mask=_key_mask(mask), implementation="xla"
+      q_BxLxHxK,
+      k_BxLxHxK,
+      v_BxLxHxK,
+      bias=bias.astype(q_BxLxHxK.dtype),
+      mask=_key_mask(mask),
+      scale=None if scale is None else 1.0 / scale,
+      implementation="xla",
     )
   implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
   if implementation == "cudnn" and mask.ndim == 2:
@@ -262,23 +230,22 @@ def _dropped_out(attention_BxHxQxK, rng, rate: float):
   return jax.lax.select(keep, scaled, jnp.zeros_like(attention_BxHxQxK))
 
 
-def _scores(q_BxLxHxK, k_BxLxHxK, mask, bias):
-  """[B, H, Lq, Lk] float32 attention scores, biased (`bias`: [1, H, L, L] or None) and masked."""
-  head_dim = q_BxLxHxK.shape[-1]
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / jnp.sqrt(head_dim).astype(
-    jnp.float32
-  )
+def _scores(q_BxLxHxK, k_BxLxHxK, mask, bias, scale=None):
+  """[B, H, Lq, Lk] float32 attention scores over `scale` (sqrt(head_dim) unless given), biased
+  (`bias`: [1 or B, H, L, L] or None) and masked."""
+  scale = jnp.sqrt(q_BxLxHxK.shape[-1]).astype(jnp.float32) if scale is None else jnp.float32(scale)
+  scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / scale
   if bias is not None:
     scores = scores + bias
   return jnp.where(_key_mask(mask), scores, MASK_VALUE)
 
 
-def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, bias=None):
+def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, bias=None, scale=None):
   """Context [B, L, H, K] of attention whose probabilities are dropped out (`_dropped_out`). On
   accelerators, where a shape does not suit our kernel (`kernels.attention.supported`), its
   layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
   (`_RematerialisedLayer`)."""
-  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, bias), axis=-1)
+  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, bias, scale), axis=-1)
   probs = _dropped_out(attention, rng, rate)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
 
@@ -307,13 +274,14 @@ class SelfAttention(nn.Module):
   cache; otherwise the fused `jax.nn.dot_product_attention` computes the context without keeping
   [B, H, L, L] tensors. `cache` ([B, H, max_length, K] keys and values, and where the new tokens
   go) makes the new tokens attend over the cached ones as well; the returned k, v are then the
-  updated caches. `bias` ([1, H, L, L] or None) is added to the scores (MPNet's relative positions):
-  the fused kernels that take none give way to XLA's."""
+  updated caches. `positions` are what the encoder computed once of the relative positions (MPNet's
+  bias, DeBERTa's relative embeddings and their index; None for the BERT family), which bias the
+  scores: the fused kernels that take no bias give way to XLA's."""
 
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, bias, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, mask, positions, deterministic, return_attention=False, cache=None):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
@@ -335,6 +303,11 @@ class SelfAttention(nn.Module):
       qkv = jnp.einsum("bld,tdf->bltf", x, kernel_3xDxD) + bias_3xD
       parts = [qkv[:, :, i] for i in range(3)]
     q, k, v = (_kept(part.reshape(b, l, c.num_heads, c.head_dim)) for part in parts)
+    bias, scale = positions, None
+    if c.architecture.relative_positions == "disentangled":  # the terms count in the scale, relative or not
+      scale = c.score_scale
+      if positions is not None:
+        bias = deberta.disentangled_bias(q, k, positions, self._position_maps(kernels, biases), scale)
     swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
     if cache is not None:
       cached_k, cached_v, index = cache
@@ -344,7 +317,7 @@ class SelfAttention(nn.Module):
     attention = None
     hidden_dropout_name = None  # flax's own name ("Dropout_<n>"), unless set below
     if return_attention or cache is not None:
-      attention = _kept(jax.nn.softmax(_scores(q, k, mask, bias), axis=-1))
+      attention = _kept(jax.nn.softmax(_scores(q, k, mask, bias, scale), axis=-1))
       probs = attention
       if dropout_on_probs:  # the rng the branch below draws: the same entries dropped
         probs = _dropped_out(attention, _ScopeRng(name="Dropout_0")(), c.attention_dropout)
@@ -362,25 +335,35 @@ class SelfAttention(nn.Module):
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )
       else:
-        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, bias)
+        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, bias, scale)
       hidden_dropout_name = "Dropout_1"
     else:
-      context = fused_attention(q, k, v, mask, c.head_dim, bias)
+      context = fused_attention(q, k, v, mask, c.head_dim, bias, scale)
     context = _kept(context)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
     out = _layer_norm(c, "LayerNorm")(_kept(out + x_BxLxD))
     return out, (swap(q), swap(k), swap(v), attention)
 
+  def _position_maps(self, kernels, biases) -> dict:
+    """DeBERTa's maps of the relative embeddings by term: the layer's own key (c2p) and query (p2c)
+    maps (`share_att_key`), or position maps of their own."""
+    c, maps = self.config, {}
+    for term, shared, name in (("c2p", 1, "pos_key"), ("p2c", 0, "pos_query")):
+      if term in c.relative_terms.split(","):
+        own = None if c.share_position_keys else _DenseParams(c.hidden_size, c, name=name)(c.hidden_size)
+        maps[term] = (kernels[shared], biases[shared]) if own is None else own
+    return maps
+
 
 class TransformerLayer(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, bias, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, mask, positions, deterministic, return_attention=False, cache=None):
     c = self.config
     attention_block = SelfAttention(c, name="attention")
-    h, (q, k, v, attention) = attention_block(x_BxLxD, mask, bias, deterministic, return_attention, cache)
+    h, (q, k, v, attention) = attention_block(x_BxLxD, mask, positions, deterministic, return_attention, cache)
 
     pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(h))
     y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
@@ -444,21 +427,30 @@ class Encoder(nn.Module):
     if token_type_ids_BxL is None:
       token_type_ids_BxL = jnp.zeros_like(input_ids_BxL)
     mask = attention_mask.astype(bool)
-    x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL)
+    x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL, mask)
     embeddings = x
-    bias = None
-    if c.architecture.relative_attention:  # one table for every layer, as transformers' MPNet shares it
-      assert cache is None, "incremental decoding is the BERT family's (UniLM's sequence-to-sequence model)"
-      bias = RelativePositionBias(c, name="relative_attention_bias")(input_ids_BxL.shape[1])
+    positions = self._relative_positions(input_ids_BxL.shape[1], cache)
     layers = []
     layer = _RematerialisedLayer if not deterministic and on_accelerator() else TransformerLayer
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = layer(c, name=layout.layer_name(i))(x, mask, bias, deterministic, return_attention, layer_cache)
+      out = layer(c, name=layout.layer_name(i))(x, mask, positions, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled, embeddings=embeddings, layers=tuple(layers))
+
+  def _relative_positions(self, length: int, cache):
+    """What every layer's attention reads of the relative positions, computed once (one table for
+    every layer, as transformers shares it): MPNet's bias, DeBERTa's relative embeddings and index."""
+    kind = self.config.architecture.relative_positions
+    if kind:
+      assert cache is None, "incremental decoding is the BERT family's (UniLM's sequence-to-sequence model)"
+    if kind == "bias":
+      return mpnet.RelativePositionBias(self.config, name="relative_attention_bias")(length)
+    if kind == "disentangled" and self.config.max_relative_positions:
+      return deberta.RelativeEmbeddings(self.config, name="relative_embeddings")(length)
+    return None
 
 
 def dummy_ids(length: int = 8):

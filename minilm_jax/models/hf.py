@@ -16,7 +16,7 @@ import numpy as np
 from flax import traverse_util
 
 from minilm_jax.errors import UserError
-from minilm_jax.models import layout
+from minilm_jax.models import deberta, layout
 from minilm_jax.models.config import MODEL_TYPES
 from minilm_jax.models.encoder import EncoderConfig, abstract_params, init_params
 from minilm_jax.models.heads import MLM_WEIGHTS, head_kind
@@ -61,10 +61,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "v
 
 
 def _name_pairs(config: EncoderConfig):
-  """Yields (our path, HF name, how) for every parameter of `config`'s encoder (`models.layout`).
+  """Yields (our path, HF name, how) for every parameter of `config`'s encoder (`models.layout`; the
+  rows of its architecture that its config has: DeBERTa's position maps only without shared keys...).
   How: "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
+  present = traverse_util.flatten_dict(abstract_params(config), sep="/")
   for ours, theirs, row in layout.named_params(config.num_layers, config.model_type):
-    yield ours, theirs, "linear" if row.linear else "copy"
+    if ours in present:
+      yield ours, theirs, "linear" if row.linear else "copy"
 
 
 def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
@@ -76,8 +79,11 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
       f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented"
     )
   fields = {ours: hf_config[theirs] for ours, theirs in _CONFIG_KEYS.items() if theirs in hf_config}
-  if MODEL_TYPES[model_type].relative_attention:  # MPNet: no token types, a relative-attention table
+  relative = MODEL_TYPES[model_type].relative_positions
+  if relative == "bias":  # MPNet: no token types, a relative-attention table
     fields.update(type_vocab_size=0, relative_attention_buckets=hf_config.get("relative_attention_num_buckets", 32))
+  elif relative == "disentangled":
+    fields.update(deberta.config_from_hf(hf_config))
   return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
 
 
@@ -85,9 +91,12 @@ def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
   architecture = config.architecture.hf_architecture
   d.update(model_type=config.model_type, architectures=[architecture], position_embedding_type="absolute")
-  if config.architecture.relative_attention:
+  relative = config.architecture.relative_positions
+  if relative == "bias":
     del d["type_vocab_size"]
     d["relative_attention_num_buckets"] = config.relative_attention_buckets
+  elif relative == "disentangled":
+    d.update(deberta.config_to_hf(config))
   return d
 
 
@@ -177,7 +186,7 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
     raise UserError(
       f"{model_dir}: weights are missing {len(required)} tensors of a {config.model_type} encoder, e.g. {required[:3]}"
     )
-  if missing:
+  if set(expected) - set(flat):  # a checkpoint without a pooler (DeBERTa's never has one)
     log.info("%s has no pooler; it gets a freshly initialised one", model_dir)
     fresh = traverse_util.flatten_dict(init_params(config, jax.random.key(0)), sep="/")
     flat.update({k: np.asarray(v) for k, v in fresh.items() if k not in flat})

@@ -96,12 +96,36 @@ HF_NAMES = {
     "embeddings/token_type_embeddings/embedding": None,
     **{f"{LAYER}/{ours}": f"encoder.layer.{{i}}.{theirs}" for ours, theirs in _MPNET_LAYER.items()},
   },
-}
+  # DeBERTa's projections are `query_proj`...; it has no pooler (its classifier pools on its own).
+  "deberta-v2": {
+    **{f"{LAYER}/attention/{p}/{kind}": f"encoder.layer.{{i}}.attention.self.{p}_proj.{name}"
+       for p in ("query", "key", "value") for kind, name in (("kernel", "weight"), ("bias", "bias"))},
+    "pooler/kernel": None,
+    "pooler/bias": None,
+  },
+}  # fmt: skip
 # Parameters of one architecture alone: MPNet's relative-attention bias, [buckets, heads], shared by
 # its layers (ETD keeps every head, so the table whole).
 ARCHITECTURE_PARAMS = {
   "mpnet": (
     Param("relative_attention_bias/embedding", "encoder.relative_attention_bias.weight", etd_axes=(None, None)),
+  ),
+  # DeBERTa's relative embeddings and their layer norm, shared by the layers; its layers' own position
+  # maps (without `share_att_key`); its word embeddings' projection (`embedding_size`). Rows a
+  # checkpoint's config does not ask for are not in its parameters, and are left out (`hf._name_pairs`).
+  "deberta-v2": (
+    Param("relative_embeddings/embedding", "encoder.rel_embeddings.weight", etd_axes=(None, "input_hidden")),
+    Param("relative_embeddings/LayerNorm/scale", "encoder.LayerNorm.weight", etd_axes=("input_hidden",)),
+    Param("relative_embeddings/LayerNorm/bias", "encoder.LayerNorm.bias", etd_axes=("input_hidden",)),
+    Param("embeddings/embed_proj/kernel", "embeddings.embed_proj.weight", linear=True, etd_axes=(None, "input_hidden")),
+    *(
+      entry
+      for ours, theirs in (("pos_key", "pos_key_proj"), ("pos_query", "pos_query_proj"))
+      for entry in (
+        _layer(f"attention/{ours}/kernel", f"attention.self.{theirs}.weight", True, "column", ("hidden", "heads")),
+        _layer(f"attention/{ours}/bias", f"attention.self.{theirs}.bias", shard="column", etd_axes=("heads",)),
+      )
+    ),
   ),
 }
 _BY_PATH = {p.path: p for p in (*ENCODER, *(p for extra in ARCHITECTURE_PARAMS.values() for p in extra))}
