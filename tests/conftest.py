@@ -284,6 +284,57 @@ def tiny_mpnet_teacher(tmp_path_factory, tiny_corpus):
 
 
 @pytest.fixture(scope="session")
+def tiny_deberta_teacher(tmp_path_factory, tiny_corpus):
+  """A 2-layer, 32-wide random DeBERTa-v3 (disentangled c2p and p2c attention over log-bucketed
+  relative positions, shared position keys, no absolute positions or token types) with a
+  SentencePiece (unigram) tokenizer as DeBERTa-v3's, trained on the tiny corpus with the `tokenizers`
+  library, as transformers writes both."""
+  import torch
+  import transformers
+  from tokenizers import SentencePieceUnigramTokenizer
+
+  lines = [line for line in open(tiny_corpus).read().split("\n") if line]
+  trainer = SentencePieceUnigramTokenizer()
+  specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+  trainer.train_from_iterator(
+    lines, vocab_size=TEST_VOCAB_SIZE, special_tokens=specials, unk_token="[UNK]", show_progress=False
+  )
+  tokenizer = transformers.DebertaV2TokenizerFast(
+    tokenizer_object=trainer._tokenizer,
+    bos_token="[CLS]",
+    eos_token="[SEP]",
+    cls_token="[CLS]",
+    sep_token="[SEP]",
+    unk_token="[UNK]",
+    pad_token="[PAD]",
+    mask_token="[MASK]",
+  )
+  torch.manual_seed(0)
+  config = transformers.DebertaV2Config(
+    vocab_size=len(tokenizer),
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    pad_token_id=tokenizer.pad_token_id,
+    initializer_range=0.5,
+    hidden_act="gelu",
+    relative_attention=True,
+    position_buckets=16,
+    pos_att_type=["p2c", "c2p"],
+    share_att_key=True,
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+  )
+  path = str(tmp_path_factory.mktemp("tiny_deberta") / "model")
+  transformers.DebertaV2Model(config).save_pretrained(path)
+  tokenizer.save_pretrained(path)
+  return path
+
+
+@pytest.fixture(scope="session")
 def tiny_mlm_teacher(tmp_path_factory, test_tokenizer):
   """A tiny BERT saved with its masked-LM head (BertForMaskedLM), for ETD-Impt and MLM soft labels."""
   return _tiny_bert(tmp_path_factory, test_tokenizer, "tiny_mlm_teacher", "BertForMaskedLM")

@@ -313,7 +313,7 @@ def kind_tests(source: str) -> list:
 def test_kinds_are_tested_in_their_registries_alone():
   """Heads, run records, students, objectives and every configured variant are registries: code
   elsewhere asks an entry (`head_kind(head).generates`, `record.multi_task`,
-  `student_kind(kind).joint`, `config.family.positions_after_padding`), it does not compare a
+  `student_kind(kind).joint`, `config.architecture.positions_after_padding`), it does not compare a
   variant's name (`VARIANT_FIELDS`) nor test which keys a head has."""
   assert kind_tests('if head["kind"] == SEQ2SEQ: pass\nx = record.kind in (A, B)\ny = "labels" in head') == [1, 2, 3]
   assert kind_tests("z = head.get('masked_targets')\nw = kind_of(head).generates") == [1]

@@ -26,21 +26,28 @@ STUDENTS = {
 }
 
 
+# Each teacher's fixture and its Hugging Face model type.
+TEACHERS = {"mpnet": "tiny_mpnet_teacher", "deberta-v2": "tiny_deberta_teacher"}
+
+
 @pytest.mark.parametrize("student", STUDENTS)
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_an_mpnet_teacher_distils_into_mpnet_and_bert_students(
-  tiny_mpnet_teacher, tiny_corpus, tmp_path, objective, student
+@pytest.mark.parametrize("model_type", TEACHERS)
+def test_a_teacher_distils_into_its_own_architecture_and_a_bert_student(
+  request, tiny_corpus, tmp_path, model_type, objective, student
 ):
-  """Two steps of the train program's run from the MPNet teacher: every loss term finite, the
-  student's record of the architecture it was asked for, its export loadable."""
-  overrides = {"num_steps": 2, "student.model_type": "mpnet", **OBJECTIVES[objective], **STUDENTS[student]}
-  config = tiny_config(tiny_mpnet_teacher, tiny_corpus, **overrides)
+  """Two steps of the train program's run from the teacher: every parameter finite, the student's
+  record of the architecture it was asked for."""
+  teacher = request.getfixturevalue(TEACHERS[model_type])
+  overrides = {"num_steps": 2, "student.model_type": model_type, **OBJECTIVES[objective], **STUDENTS[student]}
+  config = tiny_config(teacher, tiny_corpus, **overrides)
   state = build_distillation(config, str(tmp_path / "run")).run()
   assert int(state.step) == 2 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
   record = runs.read_record(str(tmp_path / "run"))
   assert record.encoder.model_type == config.student.model_type
-  if student == "own_family_etd":
-    assert "relative_attention_bias" in state.params and "token_type_embeddings" not in state.params["embeddings"]
+  if student == "own_family_etd":  # its architecture's own parameters, taken from the teacher's
+    own = {"mpnet": "relative_attention_bias", "deberta-v2": "relative_embeddings"}[model_type]
+    assert own in state.params and "token_type_embeddings" not in state.params["embeddings"]
 
 
 def test_a_student_that_cannot_learn_an_mpnet_teacher_is_one_line(tiny_mpnet_teacher, tiny_corpus, tmp_path):
@@ -54,3 +61,26 @@ def test_a_student_that_cannot_learn_an_mpnet_teacher_is_one_line(tiny_mpnet_tea
   for overrides, message in cases:
     with pytest.raises(UserError, match=message):
       build_distillation(tiny_config(tiny_mpnet_teacher, tiny_corpus, **overrides), str(tmp_path / "w"))
+
+
+@pytest.mark.parametrize("model_type", TEACHERS)
+def test_the_relations_read_the_content_queries_and_keys(request, model_type):
+  """What MiniLM's relations read of a teacher whose attention adds relative-position terms (MPNet's
+  bias, DeBERTa's c2p and p2c): each layer's queries and keys are its content projections of the
+  layer's input, the same maps as BERT's, without the relative terms (docs/fidelity.md), while
+  the layer's own attention does include them."""
+  import jax.numpy as jnp
+
+  from minilm_jax.models import hf
+  from minilm_jax.models.encoder import Encoder, split_heads
+
+  loaded = hf.load(request.getfixturevalue(TEACHERS[model_type]))
+  ids = jnp.asarray([[1, 7, 9, 12, 15, 2]])
+  out = Encoder(loaded.config).apply({"params": loaded.params}, ids, return_attention=True)
+  layer = loaded.params["layer_1"]["attention"]
+  for name, got in (("query", out.layers[1].q), ("key", out.layers[1].k)):
+    projected = out.layers[0].hidden @ layer[name]["kernel"] + layer[name]["bias"]
+    np.testing.assert_allclose(got, split_heads(projected, loaded.config.num_heads), atol=1e-5)
+  q, k = out.layers[1].q, out.layers[1].k
+  content = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / loaded.config.score_scale, axis=-1)
+  assert not np.allclose(content, out.layers[1].attention, atol=1e-3)  # the relative terms are the model's

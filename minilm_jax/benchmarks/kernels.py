@@ -114,7 +114,7 @@ def cudnn_loss(q, k, v, mask):
   """A loss through the teacher's attention path (`encoder.fused_attention`: cuDNN's fused kernel on
   GPUs in half precision, without dropout, the padding as lengths) at the student's heads."""
   q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # the encoder's [B, L, H, K]
-  return jnp.sum(fused_attention(q, k, v, mask, STUDENT_DIM).astype(jnp.float32))
+  return jnp.sum(fused_attention(q, k, v, mask).astype(jnp.float32))
 
 
 def _cudnn_reference(student, mask, repeats) -> float | None:

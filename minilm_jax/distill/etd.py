@@ -180,7 +180,7 @@ def extract(
     return x[np.ix_(*(np.arange(n) if axis is None else index_sets[axis] for axis, n in zip(row.etd_axes, x.shape)))]
 
   out = {}
-  for row in layout.rows(teacher.model_type):
+  for row in layout.param_rows(teacher.model_type, flat):
     if row.per_layer:
       for s, t in enumerate(selected):
         out[row.path.format(i=s)] = take(row.path.format(i=t), row, t)

@@ -24,10 +24,8 @@ class Architecture:
   hf_architecture: str  # the transformers class of the encoder alone
   mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
   task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
-  # How attention reads relative positions: "" not at all; "bias": a learned bias of the scores by
-  # bucketed relative position (MPNet, `models.mpnet`); "disentangled": DeBERTa's c2p and p2c terms
-  # (`models.deberta`).
-  relative_positions: str = ""
+  position_bias: bool = False  # MPNet's learned bias of the scores by bucketed relative position (`models.mpnet`)
+  disentangled_attention: bool = False  # DeBERTa's c2p and p2c terms of the scores (`models.deberta`)
   weights_prefix: str = "bert."  # what transformers' task models put before the encoder's weights
   masks_embeddings: bool = False  # DeBERTa zeroes the padding's embeddings
 
@@ -36,9 +34,15 @@ MODEL_TYPES = {
   "bert": Architecture(False, "BertModel", "bert", True),
   "roberta": Architecture(True, "RobertaModel", "roberta", False, weights_prefix="roberta."),
   "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False, weights_prefix="roberta."),
-  "mpnet": Architecture(True, "MPNetModel", "roberta", False, relative_positions="bias", weights_prefix="mpnet."),
+  "mpnet": Architecture(True, "MPNetModel", "roberta", False, position_bias=True, weights_prefix="mpnet."),
   "deberta-v2": Architecture(
-    False, "DebertaV2Model", "bert", False, "disentangled", weights_prefix="deberta.", masks_embeddings=True
+    False,
+    "DebertaV2Model",
+    "bert",
+    False,
+    disentangled_attention=True,
+    weights_prefix="deberta.",
+    masks_embeddings=True,
   ),
 }
 MPNET_BUCKETS = 32  # transformers' MPNet buckets relative positions into 32 (`models.mpnet`)
@@ -107,7 +111,7 @@ class EncoderConfig:
   def __post_init__(self):
     if self.model_type not in MODEL_TYPES:
       raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
-    if self.architecture.relative_positions == "bias" and self.relative_attention_buckets < MPNET_BUCKETS:
+    if self.architecture.position_bias and self.relative_attention_buckets < MPNET_BUCKETS:
       raise UserError(
         f"{self.model_type} with relative_attention_num_buckets={self.relative_attention_buckets}: transformers "
         f"buckets relative positions into {MPNET_BUCKETS}, so the table needs at least that many rows"

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from minilm_jax.errors import UserError
+from minilm_jax.models.config import EncoderConfig
 
 RELATIVE_TERMS = ("c2p", "p2c")  # the disentangled terms transformers implements
 
@@ -52,7 +53,7 @@ def config_from_hf(hf_config: dict) -> dict:
   }
 
 
-def config_to_hf(config) -> dict:  # config: models.config.EncoderConfig
+def config_to_hf(config: EncoderConfig) -> dict:
   """The `deberta-v2` config.json fields of `config` (`config_from_hf`'s, the other way)."""
   terms = [t for t in config.relative_terms.split(",") if t]
   return {
@@ -88,7 +89,7 @@ class RelativeEmbeddings(nn.Module):
   """The relative embeddings every layer reads ([2 x span, D], layer-normed where the config asks)
   and the [L, L] index of each (query, key) pair's row in them."""
 
-  config: object  # models.config.EncoderConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, length: int):

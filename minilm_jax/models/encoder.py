@@ -13,6 +13,8 @@ Module names follow the Hugging Face layout so that the name mapping in `minilm_
 short table.
 """
 
+from typing import Any, NamedTuple
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -175,24 +177,41 @@ def fused_attention_implementation(dtype, head_dim: int, platform: str | None = 
   return "xla"
 
 
-def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, head_dim: int, bias=None, scale=None):
+class ScoreTerms(NamedTuple):
+  """What attention scores add to the content product (a [1 or B, H, L, L] bias by relative position:
+  MPNet's, DeBERTa's c2p and p2c; None: BERT's) and what divides them (None: sqrt(head_dim))."""
+
+  bias: jax.Array | None = None
+  scale: float | None = None
+
+
+class Attending(NamedTuple):
+  """What a layer's attention reads besides its input: the keys each query sees ([B, L] or [B, L, L])
+  and what the encoder computed once of relative positions (`Encoder._relative_positions`)."""
+
+  mask: jax.Array
+  positions: Any = None
+
+
+def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms: ScoreTerms = ScoreTerms()):
   """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask,
-  the scores biased by `bias` ([1, H, L, L]: MPNet's relative positions; XLA's kernel, which takes
-  a bias where cuDNN's and ours do not; `scale`: the scores' divisor, sqrt(head_dim) unless given).
+  the scores biased by `terms` (relative positions: XLA's kernel, which takes a bias where cuDNN's
+  and ours do not).
   cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
   broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
   (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. On
   TPUs our flash kernel (`kernels.attention`, without dropout) keeps the [B, H, L, L] scores out
   of HBM, where XLA's attention writes them. A per-query mask (sequence-to-sequence) stays with
   XLA's kernel."""
-  if bias is not None:
+  head_dim = q_BxLxHxK.shape[-1]
+  if terms.bias is not None:
     return jax.nn.dot_product_attention(
       q_BxLxHxK,
       k_BxLxHxK,
       v_BxLxHxK,
-      bias=bias.astype(q_BxLxHxK.dtype),
+      bias=terms.bias.astype(q_BxLxHxK.dtype),
       mask=_key_mask(mask),
-      scale=None if scale is None else 1.0 / scale,
+      scale=None if terms.scale is None else 1.0 / terms.scale,
       implementation="xla",
     )
   implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
@@ -230,22 +249,21 @@ def _dropped_out(attention_BxHxQxK, rng, rate: float):
   return jax.lax.select(keep, scaled, jnp.zeros_like(attention_BxHxQxK))
 
 
-def _scores(q_BxLxHxK, k_BxLxHxK, mask, bias, scale=None):
-  """[B, H, Lq, Lk] float32 attention scores over `scale` (sqrt(head_dim) unless given), biased
-  (`bias`: [1 or B, H, L, L] or None) and masked."""
-  scale = jnp.sqrt(q_BxLxHxK.shape[-1]).astype(jnp.float32) if scale is None else jnp.float32(scale)
+def _scores(q_BxLxHxK, k_BxLxHxK, mask, terms: ScoreTerms):
+  """[B, H, Lq, Lk] float32 attention scores over their divisor, biased and masked (`terms`)."""
+  scale = jnp.sqrt(q_BxLxHxK.shape[-1]).astype(jnp.float32) if terms.scale is None else jnp.float32(terms.scale)
   scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / scale
-  if bias is not None:
-    scores = scores + bias
+  if terms.bias is not None:
+    scores = scores + terms.bias
   return jnp.where(_key_mask(mask), scores, MASK_VALUE)
 
 
-def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, bias=None, scale=None):
+def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, terms: ScoreTerms):
   """Context [B, L, H, K] of attention whose probabilities are dropped out (`_dropped_out`). On
   accelerators, where a shape does not suit our kernel (`kernels.attention.supported`), its
   layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
   (`_RematerialisedLayer`)."""
-  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, bias, scale), axis=-1)
+  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, terms), axis=-1)
   probs = _dropped_out(attention, rng, rate)
   return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
 
@@ -274,14 +292,13 @@ class SelfAttention(nn.Module):
   cache; otherwise the fused `jax.nn.dot_product_attention` computes the context without keeping
   [B, H, L, L] tensors. `cache` ([B, H, max_length, K] keys and values, and where the new tokens
   go) makes the new tokens attend over the cached ones as well; the returned k, v are then the
-  updated caches. `positions` are what the encoder computed once of the relative positions (MPNet's
-  bias, DeBERTa's relative embeddings and their index; None for the BERT family), which bias the
-  scores: the fused kernels that take no bias give way to XLA's."""
+  updated caches. `attending`'s relative positions bias the scores: the fused kernels that take no
+  bias give way to XLA's."""
 
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, positions, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, attending: Attending, deterministic, return_attention=False, cache=None):
     c = self.config
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
@@ -303,11 +320,13 @@ class SelfAttention(nn.Module):
       qkv = jnp.einsum("bld,tdf->bltf", x, kernel_3xDxD) + bias_3xD
       parts = [qkv[:, :, i] for i in range(3)]
     q, k, v = (_kept(part.reshape(b, l, c.num_heads, c.head_dim)) for part in parts)
-    bias, scale = positions, None
-    if c.architecture.relative_positions == "disentangled":  # the terms count in the scale, relative or not
-      scale = c.score_scale
-      if positions is not None:
-        bias = deberta.disentangled_bias(q, k, positions, self._position_maps(kernels, biases), scale)
+    mask, terms = attending.mask, ScoreTerms(attending.positions)
+    if c.architecture.disentangled_attention:  # its terms count in the divisor, relative or not
+      bias = None
+      if attending.positions is not None:
+        maps = self._position_maps(kernels, biases)
+        bias = deberta.disentangled_bias(q, k, attending.positions, maps, c.score_scale)
+      terms = ScoreTerms(bias, c.score_scale)
     swap = lambda t: t.transpose(0, 2, 1, 3)  # [B, L, H, K] <-> [B, H, L, K]
     if cache is not None:
       cached_k, cached_v, index = cache
@@ -317,7 +336,7 @@ class SelfAttention(nn.Module):
     attention = None
     hidden_dropout_name = None  # flax's own name ("Dropout_<n>"), unless set below
     if return_attention or cache is not None:
-      attention = _kept(jax.nn.softmax(_scores(q, k, mask, bias, scale), axis=-1))
+      attention = _kept(jax.nn.softmax(_scores(q, k, mask, terms), axis=-1))
       probs = attention
       if dropout_on_probs:  # the rng the branch below draws: the same entries dropped
         probs = _dropped_out(attention, _ScopeRng(name="Dropout_0")(), c.attention_dropout)
@@ -329,16 +348,16 @@ class SelfAttention(nn.Module):
       # makes the dropout mask inside from a seed drawn from that rng, so no [B, H, L, L] tensor
       # reaches HBM; elsewhere the explicit path makes the same mask from the same seed.
       rng = _ScopeRng(name="Dropout_0")()
-      platform = kernel_platform()
-      if platform and bias is None and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
+      platform = kernel_platform() if terms.bias is None else None  # our kernel adds no bias
+      if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
         context = attention_kernel.flash_attention(
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )
       else:
-        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, bias, scale)
+        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, terms)
       hidden_dropout_name = "Dropout_1"
     else:
-      context = fused_attention(q, k, v, mask, c.head_dim, bias, scale)
+      context = fused_attention(q, k, v, mask, terms)
     context = _kept(context)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
@@ -360,10 +379,11 @@ class TransformerLayer(nn.Module):
   config: EncoderConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask, positions, deterministic, return_attention=False, cache=None):
+  def __call__(self, x_BxLxD, attending: Attending, deterministic, return_attention=False, cache=None):
     c = self.config
-    attention_block = SelfAttention(c, name="attention")
-    h, (q, k, v, attention) = attention_block(x_BxLxD, mask, positions, deterministic, return_attention, cache)
+    h, (q, k, v, attention) = SelfAttention(c, name="attention")(
+      x_BxLxD, attending, deterministic, return_attention, cache
+    )
 
     pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(h))
     y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
@@ -389,7 +409,7 @@ class TransformerLayer(nn.Module):
 _RematerialisedLayer = nn.remat(
   TransformerLayer,
   policy=jax.checkpoint_policies.save_only_these_names(_KEPT, attention_kernel.RESIDUALS),
-  static_argnums=(4, 5, 6),  # deterministic, return_attention, cache (self is 0)
+  static_argnums=(3, 4, 5),  # deterministic, return_attention, cache (self is 0)
 )
 
 
@@ -429,12 +449,12 @@ class Encoder(nn.Module):
     mask = attention_mask.astype(bool)
     x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL, mask)
     embeddings = x
-    positions = self._relative_positions(input_ids_BxL.shape[1], cache)
+    attending = Attending(mask, self._relative_positions(input_ids_BxL.shape[1], cache))
     layers = []
     layer = _RematerialisedLayer if not deterministic and on_accelerator() else TransformerLayer
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = layer(c, name=layout.layer_name(i))(x, mask, positions, deterministic, return_attention, layer_cache)
+      out = layer(c, name=layout.layer_name(i))(x, attending, deterministic, return_attention, layer_cache)
       layers.append(out)
       x = out.hidden
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
@@ -443,13 +463,13 @@ class Encoder(nn.Module):
   def _relative_positions(self, length: int, cache):
     """What every layer's attention reads of the relative positions, computed once (one table for
     every layer, as transformers shares it): MPNet's bias, DeBERTa's relative embeddings and index."""
-    kind = self.config.architecture.relative_positions
-    if kind:
+    c = self.config
+    if c.architecture.position_bias or c.architecture.disentangled_attention:
       assert cache is None, "incremental decoding is the BERT family's (UniLM's sequence-to-sequence model)"
-    if kind == "bias":
-      return mpnet.RelativePositionBias(self.config, name="relative_attention_bias")(length)
-    if kind == "disentangled" and self.config.max_relative_positions:
-      return deberta.RelativeEmbeddings(self.config, name="relative_embeddings")(length)
+    if c.architecture.position_bias:
+      return mpnet.RelativePositionBias(c, name="relative_attention_bias")(length)
+    if c.architecture.disentangled_attention and c.max_relative_positions:
+      return deberta.RelativeEmbeddings(c, name="relative_embeddings")(length)
     return None
 
 

@@ -79,10 +79,10 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
       f"unsupported position_embedding_type {hf_config['position_embedding_type']!r}: only 'absolute' is implemented"
     )
   fields = {ours: hf_config[theirs] for ours, theirs in _CONFIG_KEYS.items() if theirs in hf_config}
-  relative = MODEL_TYPES[model_type].relative_positions
-  if relative == "bias":  # MPNet: no token types, a relative-attention table
+  architecture = MODEL_TYPES[model_type]
+  if architecture.position_bias:  # MPNet: no token types, a relative-attention table
     fields.update(type_vocab_size=0, relative_attention_buckets=hf_config.get("relative_attention_num_buckets", 32))
-  elif relative == "disentangled":
+  if architecture.disentangled_attention:
     fields.update(deberta.config_from_hf(hf_config))
   return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
 
@@ -91,11 +91,10 @@ def config_to_hf(config: EncoderConfig) -> dict:
   d = {theirs: getattr(config, ours) for ours, theirs in _CONFIG_KEYS.items()}
   architecture = config.architecture.hf_architecture
   d.update(model_type=config.model_type, architectures=[architecture], position_embedding_type="absolute")
-  relative = config.architecture.relative_positions
-  if relative == "bias":
+  if config.architecture.position_bias:
     del d["type_vocab_size"]
     d["relative_attention_num_buckets"] = config.relative_attention_buckets
-  elif relative == "disentangled":
+  if config.architecture.disentangled_attention:
     d.update(deberta.config_to_hf(config))
   return d
 

@@ -162,6 +162,13 @@ def rows(model_type: str = "bert") -> tuple:
   return (*(p for p in kept if p.hf_name is not None), *ARCHITECTURE_PARAMS.get(model_type, ()))
 
 
+def param_rows(model_type: str, params: Mapping) -> tuple:
+  """The rows of the parameters an encoder of `model_type` has in `params` (flat, by our paths), its
+  Hugging Face names aside: a DeBERTa's pooler, which transformers' has not, included."""
+  rows_of_type = (*ENCODER, *ARCHITECTURE_PARAMS.get(model_type, ()))
+  return tuple(p for p in rows_of_type if p.path.format(i=0) in params)
+
+
 def named_params(num_layers: int, model_type: str = "bert"):
   """Yields (our path, Hugging Face name, row) for every parameter of a `num_layers` encoder."""
   for p in rows(model_type):

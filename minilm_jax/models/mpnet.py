@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from minilm_jax.models.config import MPNET_BUCKETS
+from minilm_jax.models.config import MPNET_BUCKETS, EncoderConfig
 
 # transformers' MPNet buckets relative positions into 32 buckets up to a distance of 128, whatever
 # its table's size (`MPNetEncoder.compute_position_bias`).
@@ -37,7 +37,7 @@ class RelativePositionBias(nn.Module):
   """[1, H, L, L] float32 bias of the attention scores by relative position (MPNet's): one learned
   value a bucket and head (`relative_position_buckets`), shared by every layer."""
 
-  config: object  # models.config.EncoderConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, length: int):
