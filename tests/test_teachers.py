@@ -48,6 +48,32 @@ def test_a_teacher_distils_into_its_own_architecture_and_a_bert_student(
   if student == "own_family_etd":  # its architecture's own parameters, taken from the teacher's
     own = {"mpnet": "relative_attention_bias", "deberta-v2": "relative_embeddings"}[model_type]
     assert own in state.params and "token_type_embeddings" not in state.params["embeddings"]
+  if objective == "minilm":  # exported in its family: transformers' class, our load of it the run's
+    _check_export(str(tmp_path / "run"), str(tmp_path / "exported"), state.params)
+
+
+def _check_export(workdir: str, out: str, params):
+  import torch
+  import transformers
+
+  from minilm_jax.models import hf, layout
+  from minilm_jax.models.encoder import Encoder
+
+  config, _ = runs.export_run(workdir, out)
+  model = transformers.AutoModel.from_pretrained(out, attn_implementation="eager").eval()
+  assert type(model).__name__ == config.architecture.hf_architecture
+  loaded = hf.load(out)
+  pooler = "pooler/kernel" in {p.path for p in layout.rows(config.model_type)}  # DeBERTa's: none, as transformers'
+  assert set(loaded.params) == set(params) - {"projection", "mlm_head"}
+  for key, value in loaded.params.items():
+    if key != "pooler" or pooler:
+      jax.tree.map(np.testing.assert_array_equal, value, params[key])
+  ids = np.asarray([[1, 7, 9, 12, 15, 2, 0, 0]])
+  mask = (np.arange(8) < 6).astype(np.int64)[None]
+  ours = Encoder(loaded.config).apply({"params": loaded.params}, ids, mask).last_hidden_state
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+  np.testing.assert_allclose(np.asarray(ours)[0, :6], theirs[0, :6], atol=1e-4)
 
 
 def test_a_student_that_cannot_learn_an_mpnet_teacher_is_one_line(tiny_mpnet_teacher, tiny_corpus, tmp_path):
