@@ -57,6 +57,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gc  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 
@@ -529,3 +530,38 @@ def count_checkpoint_openings(monkeypatch) -> list:
 
   monkeypatch.setattr(runs.RunCheckpoints, "__init__", counted)
   return opened
+
+
+@pytest.fixture(scope="session")
+def squad_dir(tmp_path_factory, sentences):
+  """A SQuAD 2.0 file from real sentences: 'Which word comes first?' answered by the first word, some unanswerable."""
+  d = tmp_path_factory.mktemp("squad")
+  paragraphs = []
+  for i, s in enumerate(sentences[:40]):
+    first = s.split()[0]
+    answerable = i % 3 != 0
+    qa = {
+      "id": f"q{i}",
+      "question": "Which word comes first?",
+      "is_impossible": not answerable,
+      "answers": [{"text": first, "answer_start": 0}] if answerable else [],
+    }
+    paragraphs.append({"context": s, "qas": [qa]})
+  data = {"version": "v2.0", "data": [{"title": "docs", "paragraphs": paragraphs}]}
+  for name in ("train-v2.0.json", "dev-v2.0.json"):
+    (d / name).write_text(json.dumps(data))
+  return str(d)
+
+
+def finetune_config(init, task, data_dir, **overrides):
+  """A fine-tuning config small enough for the tests: 1 epoch at length 32, data parallel on 2 devices."""
+  from minilm_jax.finetuning.config import base_config
+
+  c = base_config()
+  c.task, c.init, c.data_dir = task, init, data_dir
+  c.max_seq_length, c.batch_size, c.eval_batch_size, c.epochs = 32, 8, 16, 1
+  c.optimizer.lr, c.log_every, c.checkpoint.every = 1e-3, 1, 1000
+  # Data parallel on 2 of the 8 fake devices: every device applies the whole update to its replica
+  # of the parameters (22.7M for the real teacher), and the fake devices share 2 cores.
+  c.mesh.data = 2
+  return apply_overrides(c, overrides)

@@ -110,3 +110,23 @@ def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   q, k = out.layers[1].q, out.layers[1].k
   content = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / loaded.config.score_scale, axis=-1)
   assert not np.allclose(content, out.layers[1].attention, atol=1e-3)  # the relative terms are the model's
+
+
+@pytest.mark.parametrize("model_type", TEACHERS)
+def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
+  request, sst2_dir, squad_dir, tmp_path, model_type
+):
+  """`finetune --config.init=<a DeBERTa or MPNet folder>`: sentence classification (its tokenizer's
+  own special tokens around the sentence) and SQuAD spans (the pair inputs its tokenizer writes),
+  each a finite dev score; the task head's export is BERT's alone, so the encoder exports alone."""
+  from conftest import finetune_config
+  from minilm_jax.finetuning.run import build_finetuning
+
+  teacher = request.getfixturevalue(TEACHERS[model_type])
+  _, results = build_finetuning(finetune_config(teacher, "sst2", sst2_dir, epochs=1), str(tmp_path / "sst2")).run()
+  assert 0.0 <= results["dev/accuracy"] <= 1.0
+  config = finetune_config(teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
+  _, results = build_finetuning(config, str(tmp_path / "squad")).run()
+  assert np.isfinite(results["dev/f1"])
+  with pytest.raises(UserError, match=f"exporting a {model_type} task head is not supported"):
+    runs.export_run(str(tmp_path / "sst2"), str(tmp_path / "exported"))
