@@ -435,3 +435,25 @@ def test_kernel_calls_count_their_operands_results_and_products():
   chip = targets.CHIPS["h100"]
   assert report.roofline(1e12, 1e9, chip) == {"step_time_bound_s": 1e12 / chip.peak_bf16_flops, "bound_by": "flops"}
   assert report.roofline(1e12, 1e11, chip)["bound_by"] == "hbm"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("teacher", ["tiny_deberta_teacher", "tiny_mpnet_teacher"])
+def test_a_relative_teachers_step_keeps_the_fused_kernel_where_the_student_can_take_it(request, teacher):
+  """The train step of a DeBERTa or MPNet teacher, traced for one H100: a BERT-shaped student's
+  attention (with dropout) runs in our flash kernel; a student of the teacher's architecture,
+  whose scores add relative-position terms the kernel does not take, on the explicit path. The
+  teacher runs without dropout: XLA's attention, which takes the terms as a bias."""
+  from conftest import tiny_config
+  from minilm_jax.models import hf
+
+  path = request.getfixturevalue(teacher)
+  devices = targets.compile_devices(targets.parse_target("h100x1"))
+  own = hf.read_config(path).model_type
+  for model_type, flash in (("bert", True), (own, False)):
+    overrides = {"student.model_type": model_type, "student.dropout": 0.1, "dtype": "bfloat16"}
+    overrides |= {"student.vocab_size": len(hf.load_tokenizer(path)), "data.max_seq_length": 64}
+    overrides |= {"student.hidden_size": 64, "student.intermediate_size": 128}  # head size 16: the kernel's least
+    program = programs.train(tiny_config(path, "demo", **overrides), devices)
+    lowered = program.step.lower(*program.args).as_text()
+    assert ("minilm_flash_fwd" in lowered) == flash, model_type

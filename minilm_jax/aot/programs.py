@@ -50,6 +50,17 @@ HUB_CONFIGS = {
   "xlm-roberta-large": dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=1024, num_hidden_layers=24,
                             num_attention_heads=16, intermediate_size=4096, max_position_embeddings=514,
                             type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1),
+  "microsoft/deberta-v3-base": dict(model_type="deberta-v2", vocab_size=128100, hidden_size=768, num_hidden_layers=12,
+                                    num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
+                                    relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                                    share_att_key=True, pos_att_type="p2c|c2p", layer_norm_eps=1e-7,
+                                    max_relative_positions=-1, position_biased_input=False, type_vocab_size=0,
+                                    pad_token_id=0),
+  "sentence-transformers/all-mpnet-base-v2": dict(model_type="mpnet", vocab_size=30527, hidden_size=768,
+                                                  num_hidden_layers=12, num_attention_heads=12,
+                                                  intermediate_size=3072, max_position_embeddings=514,
+                                                  layer_norm_eps=1e-5, relative_attention_num_buckets=32,
+                                                  pad_token_id=1),
 }  # fmt: skip
 
 # Token ids only the masked-input objectives and beam search's banned tokens read; they are

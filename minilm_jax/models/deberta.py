@@ -25,7 +25,7 @@ RELATIVE_TERMS = ("c2p", "p2c")  # the disentangled terms transformers implement
 def config_from_hf(hf_config: dict) -> dict:
   """Our `EncoderConfig` fields of a `deberta-v2` config.json; one line for what we cannot honour."""
   terms = hf_config.get("pos_att_type") or []
-  terms = [terms] if isinstance(terms, str) else list(terms)
+  terms = terms.lower().split("|") if isinstance(terms, str) else list(terms)  # DeBERTa's own files: "p2c|c2p"
   unknown = sorted(set(terms) - set(RELATIVE_TERMS))
   if unknown:
     raise UserError(f"deberta-v2 pos_att_type {unknown}: transformers computes {', '.join(RELATIVE_TERMS)} alone")
