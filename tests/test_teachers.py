@@ -59,7 +59,7 @@ def _check_export(workdir: str, out: str, params):
   from minilm_jax.models import hf, layout
   from minilm_jax.models.encoder import Encoder
 
-  config, _ = runs.export_run(workdir, out)
+  config, _ = runs.export_run(workdir, out, sentence_transformers=True)
   model = transformers.AutoModel.from_pretrained(out, attn_implementation="eager").eval()
   assert type(model).__name__ == config.architecture.hf_architecture
   loaded = hf.load(out)
@@ -74,6 +74,15 @@ def _check_export(workdir: str, out: str, params):
   with torch.no_grad():
     theirs = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
   np.testing.assert_allclose(np.asarray(ours)[0, :6], theirs[0, :6], atol=1e-4)
+  # sentence-transformers loads the folder and encodes as the run's student does.
+  from sentence_transformers import SentenceTransformer
+
+  from minilm_jax.devices import parallel
+  from minilm_jax.evaluation.sentences import SentenceEncoder
+
+  texts = ["a short sentence", "another, somewhat longer sentence of words", "the end"]
+  embedded = SentenceTransformer(out, device="cpu").encode(texts)
+  np.testing.assert_allclose(SentenceEncoder.load(workdir, parallel.make_mesh(1), 4, 32)(texts), embedded, atol=1e-5)
 
 
 def test_a_student_that_cannot_learn_an_mpnet_teacher_is_one_line(tiny_mpnet_teacher, tiny_corpus, tmp_path):
