@@ -218,3 +218,15 @@ def test_bench_distill_family_times_the_family_against_each_student_alone():
   assert rows[0]["ideal_speedup"] == pytest.approx((2 * t + sum(students)) / (t + sum(students)))
   with pytest.raises(UserError, match="--family with --profile"):
     distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))
+
+
+def test_a_lone_run_resumed_as_a_family_or_the_reverse_names_the_change(tiny_teacher, tiny_corpus, tmp_path):
+  """A workdir's run resumes only as what it is: a lone run given a family config (and a family given
+  a lone config) is told the `family` field changed, before anything is read or written."""
+  lone, family = str(tmp_path / "lone"), str(tmp_path / "family")
+  build_distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=1), lone).run()
+  build_distillation(_family_config(tiny_teacher, tiny_corpus, STUDENTS[:1], num_steps=1), family).run()
+  with pytest.raises(UserError, match=r"holds a run started with another config \(family: '\(none\)' ->"):
+    build_distillation(_family_config(tiny_teacher, tiny_corpus, STUDENTS[:1], num_steps=2), lone)
+  with pytest.raises(UserError, match=r"holds a run started with another config \(family: .* -> '\(none\)'"):
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2), family)

@@ -24,6 +24,7 @@ whatever runs the command. Compare ratios, not seconds.
 """
 
 import time
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -95,11 +96,18 @@ ROWS = (
 TEACHER_THESIS = {False: "3.2, BERT-large on SST-2: 335M, 1060 s", True: "3.2, BERT-large on QQP: 5766 s"}
 
 
-def _batch(inputs: str, pair: bool, shape: tuple, vocab: int, rng) -> dict:
-  """Full inputs (no padding) of `shape` (batch, seq_len): the joint `[CLS] a [SEP] b [SEP]`
-  sequence of `seq_len` tokens ("joint"), or each sentence apart, `seq_len // 2` tokens of a pair,
-  as word ids ("words") or as ELMo's characters of each token ("chars")."""
-  batch, seq_len = shape
+class Shape(NamedTuple):
+  """A timed batch's examples and tokens an example."""
+
+  batch: int
+  seq_len: int
+
+
+def _batch(inputs: str, pair: bool, shape: Shape, vocab: int, rng) -> dict:
+  """Full inputs (no padding) of `shape`: the joint `[CLS] a [SEP] b [SEP]` sequence of `seq_len`
+  tokens ("joint"), or each sentence apart, `seq_len // 2` tokens of a pair, as word ids ("words")
+  or as ELMo's characters of each token ("chars")."""
+  batch, seq_len = shape.batch, shape.seq_len
   ids = lambda length: rng.integers(min(1000, vocab // 2), vocab, (batch, length)).astype(np.int32)
   ones = lambda length: np.ones((batch, length), np.int32)
   if inputs == "joint":  # the second segment's type ids on its half
@@ -148,8 +156,8 @@ def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str =
   rng = np.random.default_rng(0)
   rows = []
   for name, inputs, pair, model, thesis in _models(teacher, vocab):
-    params = _random_params(model, _batch(inputs, pair, (1, seq_len), vocab, rng), rng)
-    batch_arrays = _batch(inputs, pair, (batch, seq_len), vocab, rng)
+    params = _random_params(model, _batch(inputs, pair, Shape(1, seq_len), vocab, rng), rng)
+    batch_arrays = _batch(inputs, pair, Shape(batch, seq_len), vocab, rng)
     forward = jax.jit(lambda p, b, model=model: model.apply({"params": p}, b, "task"))
     block(forward(params, batch_arrays))  # compile
     start = time.perf_counter()

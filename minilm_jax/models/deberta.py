@@ -87,7 +87,8 @@ def relative_positions(length: int, buckets: int, max_position: int) -> np.ndarr
 
 class RelativeEmbeddings(nn.Module):
   """The relative embeddings every layer reads ([2 x span, D], layer-normed where the config asks)
-  and the [L, L] index of each (query, key) pair's row in them."""
+  and, for a sequence of L tokens, the row of each relative distance from L - 1 down to 1 - L in
+  them (`by_distance`)."""
 
   config: EncoderConfig
 
@@ -100,26 +101,46 @@ class RelativeEmbeddings(nn.Module):
       table = nn.LayerNorm(
         epsilon=c.layer_norm_eps, param_dtype=jnp.float32, use_fast_variance=False, name="LayerNorm"
       )(table)
-    index = np.clip(relative_positions(length, c.position_buckets, c.max_relative_positions) + span, 0, 2 * span - 1)
-    return table, index
+    return table, by_distance(length, span, c.position_buckets, c.max_relative_positions)
+
+
+def by_distance(length: int, span: int, buckets: int, max_position: int) -> np.ndarray:
+  """[2L - 1] row of the relative embeddings for each query-key distance d = L - 1 - j, j = 0..2L - 2
+  (from L - 1 down to 1 - L): d's bucket offset by the span, clipped to the table, as transformers
+  indexes its c2p term."""
+  relative = relative_positions(length, buckets, max_position)  # [q, k]: the bucket of q - k
+  row = np.concatenate([relative[length - 1, :], relative[0, 1:]])  # d = L - 1 ... 0, then -1 ... 1 - L
+  return np.clip(row + span, 0, 2 * span - 1)
+
+
+def _relative_shift(x):
+  """y[..., q, k] = x[..., q, k + L - 1 - q] of x [..., L, 2L - 1], whose column j holds distance
+  q - k = L - 1 - j: Transformer-XL's skew (one reshape and slice), which takes each pair's term
+  from its distance's column without a gather (a per-entry gather is costly on TPUs)."""
+  *lead, length, width = x.shape
+  flat = x.reshape(*lead, length * width)[..., length - 1 : length - 1 + length * (width - 1)]
+  return flat.reshape(*lead, length, width - 1)[..., :length]
 
 
 def disentangled_bias(q_BxLxHxK, k_BxLxHxK, positions, position_maps, scale):
   """[B, H, L, L] float32 c2p and p2c terms of the scores (`positions`: `RelativeEmbeddings`'; the
   position maps: {"c2p": the key map of the relative embeddings, "p2c": the query map}, each a
-  (kernel, bias)), over `scale` as transformers divides them."""
-  table, index = positions
+  (kernel, bias)), over `scale` as transformers divides them. Each term is a product with the
+  relative embedding of every distance ([B, H, L, 2L - 1]), shifted into place (`_relative_shift`)."""
+  table, row = positions
   heads, head_dim = q_BxLxHxK.shape[2], q_BxLxHxK.shape[3]
+
+  def projected(term, order):
+    kernel, b = position_maps[term]
+    return (table.astype(kernel.dtype) @ kernel + b)[order].reshape(-1, heads, head_dim)  # [2L - 1, H, K]
+
   bias = 0.0
-  if "c2p" in position_maps:
-    kernel, b = position_maps["c2p"]
-    keys = (table.astype(kernel.dtype) @ kernel + b).reshape(-1, heads, head_dim)  # [2S, H, K]
-    c2p = jnp.einsum("bqhd,shd->bhqs", q_BxLxHxK, keys.astype(q_BxLxHxK.dtype)).astype(jnp.float32)
-    bias = bias + jnp.take_along_axis(c2p, jnp.asarray(index)[None, None], axis=-1) / scale
-  if "p2c" in position_maps:
-    kernel, b = position_maps["p2c"]
-    queries = (table.astype(kernel.dtype) @ kernel + b).reshape(-1, heads, head_dim)
-    p2c = jnp.einsum("bkhd,shd->bhks", k_BxLxHxK, queries.astype(k_BxLxHxK.dtype)).astype(jnp.float32)
-    # transformers' p2c index is the c2p index of the (key, query) pair, read along the key's row.
-    bias = bias + jnp.swapaxes(jnp.take_along_axis(p2c, jnp.asarray(index).T[None, None], axis=-1), -1, -2) / scale
+  if "c2p" in position_maps:  # query q against the key of distance q - k
+    keys = projected("c2p", row).astype(q_BxLxHxK.dtype)
+    c2p = jnp.einsum("bqhd,jhd->bhqj", q_BxLxHxK, keys).astype(jnp.float32)
+    bias = bias + _relative_shift(c2p) / scale
+  if "p2c" in position_maps:  # key k against the query of distance q - k, read along the key's row
+    queries = projected("p2c", row[::-1]).astype(k_BxLxHxK.dtype)
+    p2c = jnp.einsum("bkhd,jhd->bhkj", k_BxLxHxK, queries).astype(jnp.float32)
+    bias = bias + jnp.swapaxes(_relative_shift(p2c), -1, -2) / scale
   return bias
