@@ -139,3 +139,18 @@ def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
   assert np.isfinite(results["dev/f1"])
   with pytest.raises(UserError, match=f"exporting a {model_type} task head is not supported"):
     runs.export_run(str(tmp_path / "sst2"), str(tmp_path / "exported"))
+
+
+@pytest.mark.parametrize("model_type", TEACHERS)
+def test_bench_distill_times_a_teacher_of_each_architecture_against_transformers(request, model_type):
+  """`bench distill --teacher <folder>` of a DeBERTa or MPNet teacher: our step and transformers'
+  (the same architecture's teacher and student, their queries, keys and values captured by hooks)
+  in one process, every column filled."""
+  from minilm_jax.benchmarks import distill
+
+  teacher = request.getfixturevalue(TEACHERS[model_type])
+  settings = distill.Settings(
+    teacher=teacher, students=["1x16x4"], batch_size=2, seq_lens=[8], repeats=1, train_steps=0, peers=("eager",)
+  )
+  (row,) = distill.run(settings)
+  assert row["ours_tokens_per_s"] > 0 and row["torch_eager_tokens_per_s"] > 0 and row["ratio_vs_eager"] > 0

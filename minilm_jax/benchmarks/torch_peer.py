@@ -1,13 +1,22 @@
 """The PyTorch peer of the distillation step (`bench distill`'s `eager` and `compile` rows):
-transformers' BERT teacher and student at the measurement's shapes, MiniLM's Q-K and V-V relation
-KLs of their last layers' queries, keys and values (captured by forward hooks), AdamW, on CUDA when
-torch has it."""
+transformers' teacher and student of the measurement's architecture (BERT's, MPNet's, DeBERTa's) at
+its shapes, MiniLM's Q-K and V-V relation KLs of their last layers' queries, keys and values
+(captured by forward hooks on their projections), AdamW, on CUDA when torch has it."""
 
 import contextlib
 import math
+from functools import partial
 from typing import Any
 
 from minilm_jax.devices.timing import median_seconds
+from minilm_jax.models import hf
+
+# Where each architecture's last layer projects its queries, keys and values, in transformers.
+_PROJECTIONS = {
+  "mpnet": ("attention.attn", ("q", "k", "v")),
+  "deberta-v2": ("attention.self", ("query_proj", "key_proj", "value_proj")),
+}
+_BERT_PROJECTIONS = ("attention.self", ("query", "key", "value"))
 
 
 def relation_kl(teacher_xy, student_xy, mask, num_heads):
@@ -28,6 +37,13 @@ def relation_kl(teacher_xy, student_xy, mask, num_heads):
   return ((kl * real[:, None, :]).sum((1, 2)) / (num_heads * real.sum(-1))).mean()
 
 
+def _keep_first(captured: dict, key: str, module, inputs, output):
+  """A forward hook keeping a projection's first output of a forward pass (DeBERTa's layers then map
+  the relative embeddings with the same maps); None, so the output is not replaced."""
+  if key not in captured:
+    captured[key] = output
+
+
 def _step(m, batch, compiled: bool):
   """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
   import torch
@@ -35,32 +51,33 @@ def _step(m, batch, compiled: bool):
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
 
-  def bert(c):
-    return transformers.BertConfig(
-      vocab_size=c.vocab_size,
-      hidden_size=c.hidden_size,
-      num_hidden_layers=c.num_layers,
-      num_attention_heads=c.num_heads,
-      intermediate_size=c.intermediate_size,
-      max_position_embeddings=c.max_position_embeddings,
-      attn_implementation="sdpa",
-    )
+  def model(config, mode):
+    """transformers' model of our `config`'s architecture: SDPA attention where it has it."""
+    d = hf.config_to_hf(config)
+    hf_config = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    try:
+      built = transformers.AutoModel.from_config(hf_config, attn_implementation="sdpa")
+    except ValueError:  # DeBERTa's attention is its own
+      built = transformers.AutoModel.from_config(hf_config, attn_implementation="eager")
+    return getattr(built, mode)().to(device)
 
-  teacher = transformers.BertModel(bert(m.teacher_config)).eval().to(device)
-  student = transformers.BertModel(bert(m.student_config)).train().to(device)
+  teacher, student = model(m.teacher_config, "eval"), model(m.student_config, "train")
   captured: dict[str, Any] = {}
 
-  def capture(model, prefix):
-    attention = model.encoder.layer[-1].attention.self
-    for name in ("query", "key", "value"):
-      getattr(attention, name).register_forward_hook(lambda m, i, o, key=prefix + name: captured.__setitem__(key, o))
+  def capture(model, config, prefix):
+    where, names = _PROJECTIONS.get(config.model_type, _BERT_PROJECTIONS)
+    attention = model.encoder.layer[-1].get_submodule(where)
+    for ours, theirs in zip(("query", "key", "value"), names):
+      getattr(attention, theirs).register_forward_hook(partial(_keep_first, captured, prefix + ours))
 
-  capture(teacher, "t_")
-  capture(student, "s_")
+  capture(teacher, m.teacher_config, "t_")
+  capture(student, m.student_config, "s_")
   optimizer = torch.optim.AdamW(
     student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, fused=device == "cuda"
   )
-  inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
+  # MPNet's and DeBERTa-v3's models have no token types (MPNet's takes no such input).
+  given = {k: v for k, v in batch.items() if k != "token_type_ids" or m.teacher_config.type_vocab_size}
+  inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in given.items()}
   mask = inputs["attention_mask"].bool()
   autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if m.dtype == "bfloat16" else contextlib.nullcontext
   num_relation_heads = m.num_relation_heads
