@@ -242,16 +242,37 @@ def tiny_teacher_bert_vocab(tmp_path_factory, minilm_dir):
   return _tiny_bert(tmp_path_factory, minilm_dir, "tiny_teacher_bert_vocab", "BertModel", initializer_range=0.5)
 
 
+def _tiny_teacher_of(tmp_path_factory, name: str, tokenizer, architecture: str, **config_overrides):
+  """A 2-layer, 32-wide random model of a transformers `architecture` ("MPNet", "DebertaV2") and its
+  `tokenizer`, as transformers writes both; initializer_range 0.5 gives peaked attention."""
+  import torch
+  import transformers
+
+  torch.manual_seed(0)
+  config = getattr(transformers, f"{architecture}Config")(
+    vocab_size=len(tokenizer),
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    pad_token_id=tokenizer.pad_token_id,
+    initializer_range=0.5,
+    **config_overrides,
+  )
+  path = str(tmp_path_factory.mktemp(name) / "model")
+  getattr(transformers, f"{architecture}Model")(config).save_pretrained(path)
+  tokenizer.save_pretrained(path)
+  return path
+
+
 @pytest.fixture(scope="session")
 def tiny_mpnet_teacher(tmp_path_factory, tiny_corpus):
-  """A 2-layer, 32-wide random MPNet (its relative-attention bias, positions from padding_idx + 1, no
-  token types) with an MPNet tokenizer (`<s>`, `</s>`, `<pad>`, `<mask>`) trained on the tiny corpus,
-  as transformers writes both."""
-  import torch
+  """A tiny random MPNet (its relative-attention bias, positions from padding_idx + 1, no token
+  types) with an MPNet tokenizer (`<s>`, `</s>`, `<pad>`, `<mask>`) trained on the tiny corpus."""
   import transformers
   from tokenizers import BertWordPieceTokenizer
 
-  folder = tmp_path_factory.mktemp("tiny_mpnet")
+  folder = tmp_path_factory.mktemp("mpnet_tokenizer")
   trainer = BertWordPieceTokenizer(lowercase=True)
   specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
   trainer.train([tiny_corpus], vocab_size=TEST_VOCAB_SIZE, special_tokens=specials, show_progress=False)
@@ -267,30 +288,14 @@ def tiny_mpnet_teacher(tmp_path_factory, tiny_corpus):
     pad_token="<pad>",
     mask_token="<mask>",
   )
-  torch.manual_seed(0)
-  config = transformers.MPNetConfig(
-    vocab_size=len(tokenizer),
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=66,
-    pad_token_id=tokenizer.pad_token_id,
-    initializer_range=0.5,
-  )
-  path = str(folder / "model")
-  transformers.MPNetModel(config).save_pretrained(path)
-  tokenizer.save_pretrained(path)
-  return path
+  return _tiny_teacher_of(tmp_path_factory, "tiny_mpnet", tokenizer, "MPNet", max_position_embeddings=66)
 
 
 @pytest.fixture(scope="session")
 def tiny_deberta_teacher(tmp_path_factory, tiny_corpus):
-  """A 2-layer, 32-wide random DeBERTa-v3 (disentangled c2p and p2c attention over log-bucketed
-  relative positions, shared position keys, no absolute positions or token types) with a
-  SentencePiece (unigram) tokenizer as DeBERTa-v3's, trained on the tiny corpus with the `tokenizers`
-  library, as transformers writes both."""
-  import torch
+  """A tiny random DeBERTa-v3 (disentangled c2p and p2c attention over log-bucketed relative
+  positions, shared position keys, no absolute positions or token types) with a SentencePiece
+  (unigram) tokenizer as DeBERTa-v3's, trained on the tiny corpus with the `tokenizers` library."""
   import transformers
   from tokenizers import SentencePieceUnigramTokenizer
 
@@ -310,29 +315,11 @@ def tiny_deberta_teacher(tmp_path_factory, tiny_corpus):
     pad_token="[PAD]",
     mask_token="[MASK]",
   )
-  torch.manual_seed(0)
-  config = transformers.DebertaV2Config(
-    vocab_size=len(tokenizer),
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=tokenizer.pad_token_id,
-    initializer_range=0.5,
-    hidden_act="gelu",
-    relative_attention=True,
-    position_buckets=16,
-    pos_att_type=["p2c", "c2p"],
-    share_att_key=True,
-    norm_rel_ebd="layer_norm",
-    position_biased_input=False,
-    type_vocab_size=0,
+  deberta_v3 = dict(relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"], share_att_key=True)
+  deberta_v3 |= dict(norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, hidden_act="gelu")
+  return _tiny_teacher_of(
+    tmp_path_factory, "tiny_deberta", tokenizer, "DebertaV2", max_position_embeddings=64, **deberta_v3
   )
-  path = str(tmp_path_factory.mktemp("tiny_deberta") / "model")
-  transformers.DebertaV2Model(config).save_pretrained(path)
-  tokenizer.save_pretrained(path)
-  return path
 
 
 @pytest.fixture(scope="session")

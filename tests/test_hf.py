@@ -100,12 +100,15 @@ def _random_hf_checkpoint(tmp_path, model_type):
     pad_token_id=1,
     layer_norm_eps=1e-5,
   )
-  model = cls(config)
-  # Random init leaves LayerNorm at identity and biases at zero; perturb them so the mapping is really checked.
+  return _saved_perturbed(cls(config), str(tmp_path / model_type))
+
+
+def _saved_perturbed(model, path: str) -> str:
+  """`model` saved at `path` as transformers saves it, its parameters perturbed first: random init
+  leaves LayerNorm at identity and biases at zero, and the mapping must be checked on every one."""
   with torch.no_grad():
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))
-  path = str(tmp_path / model_type)
   model.save_pretrained(path)
   return path
 
@@ -232,13 +235,7 @@ def _random_mpnet(tmp_path, **overrides):
     pad_token_id=1,
     **overrides,
   )
-  model = transformers.MPNetModel(config)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn_like(p))
-  path = str(tmp_path / "mpnet")
-  model.save_pretrained(path)
-  return path
+  return _saved_perturbed(transformers.MPNetModel(config), str(tmp_path / "mpnet"))
 
 
 def test_mpnet_relative_position_buckets_are_transformers():
@@ -324,13 +321,7 @@ def _random_deberta(tmp_path, **overrides):
     hidden_act="gelu",
     **overrides,
   )
-  model = transformers.DebertaV2Model(config)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn_like(p))
-  path = str(tmp_path / "deberta")
-  model.save_pretrained(path)
-  return path
+  return _saved_perturbed(transformers.DebertaV2Model(config), str(tmp_path / "deberta"))
 
 
 def test_deberta_relative_positions_are_transformers():
