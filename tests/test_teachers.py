@@ -30,6 +30,7 @@ STUDENTS = {
 TEACHERS = {"mpnet": "tiny_mpnet_teacher", "deberta-v2": "tiny_deberta_teacher"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student", STUDENTS)
 @pytest.mark.parametrize("objective", OBJECTIVES)
 @pytest.mark.parametrize("model_type", TEACHERS)
@@ -121,6 +122,7 @@ def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   assert not np.allclose(content, out.layers[1].attention, atol=1e-3)  # the relative terms are the model's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", TEACHERS)
 def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
   request, sst2_dir, squad_dir, tmp_path, model_type
@@ -141,6 +143,7 @@ def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
     runs.export_run(str(tmp_path / "sst2"), str(tmp_path / "exported"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", TEACHERS)
 def test_bench_distill_times_a_teacher_of_each_architecture_against_transformers(request, model_type):
   """`bench distill --teacher <folder>` of a DeBERTa or MPNet teacher: our step and transformers'
