@@ -226,9 +226,16 @@ def _checked_path(token: str, where: str) -> str | None:
   places = [os.path.join(ROOT, token), os.path.join(here, token), os.path.join(PACKAGE, token)]
   if "/" not in token:  # a module's file by its name alone: anywhere in the repository
     places += glob.glob(os.path.join(ROOT, "**", token), recursive=True)
-  if any(glob.glob(p) for p in places):
+  if any(glob.glob(p) for p in places) or _ignored(token):
     return None
   return f"`{token}` is no file of the repository"
+
+
+def _ignored(token: str) -> bool:
+  """Whether git ignores `token`: an output a program writes into the checkout (`docs/*_models/`)."""
+  import subprocess
+
+  return subprocess.run(["git", "check-ignore", "-q", token.rstrip("/") + "/x"], cwd=ROOT).returncode == 0
 
 
 def _docstrings() -> list:

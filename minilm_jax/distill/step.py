@@ -40,7 +40,7 @@ def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfi
   padding id and positions). Without a teacher (shape checks of configs), defaults of the
   student's model type stand in."""
   s = config.student
-  base = teacher or EncoderConfig(model_type=s.model_type, vocab_size=s.vocab_size)
+  base = teacher or EncoderConfig.of_type(s.model_type, vocab_size=s.vocab_size)
   if base.vocab_size != s.vocab_size or s.model_type not in (base.model_type, "bert"):
     raise UserError(
       f"student is {s.model_type} with vocab {s.vocab_size} but the teacher is {base.model_type} with "

@@ -64,6 +64,12 @@ ACTIVATIONS = {
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Fields one architecture alone sets, and their value elsewhere (`EncoderConfig.to_dict`).
+# What a model type's checkpoints hold where ours default otherwise: a stand-in encoder of the type
+# (`EncoderConfig.of_type`) has them.
+_TYPE_DEFAULTS = {
+  "mpnet": {"relative_attention_buckets": MPNET_BUCKETS, "type_vocab_size": 0},
+  "deberta-v2": {"type_vocab_size": 0, "absolute_positions": False},
+}
 _ARCHITECTURE_FIELDS = {
   "relative_attention_buckets": 0,
   "embedding_size": 0,
@@ -150,6 +156,11 @@ class EncoderConfig:
     """One line when sequences of `length` (the config's `field`) need more positions than `model` has."""
     if length > self.max_position_embeddings:
       raise UserError(f"{field}={length} exceeds {model}'s {self.max_position_embeddings} positions: lower it")
+
+  @classmethod
+  def of_type(cls, model_type: str, **fields) -> "EncoderConfig":
+    """An encoder of `model_type` with what its checkpoints hold where ours default otherwise."""
+    return cls(model_type=model_type, **{**_TYPE_DEFAULTS.get(model_type, {}), **fields})
 
   def replace(self, **changes) -> "EncoderConfig":
     return dataclasses.replace(self, **changes)
