@@ -2,9 +2,9 @@
 `jax.shard_map` (pmap semantics): each device runs teacher and student on its shard of the batch,
 gradients are averaged with an explicit `pmean`, and every device applies the same update to its
 replica. The teacher is an argument of the step, not part of the train state: no optimizer state,
-never checkpointed, never donated. One step trains one student or a family of
-them from one teacher pass (a lone run is a family of one); `build_train_step` builds it from the
-run's configs, for the `train` program, `minilm_jax.aot` and `bench distill`.
+never checkpointed, never donated. One step trains a run's students from one teacher pass (a lone
+run is a family of one); `build_train_step` builds it from the run's configs, for the `train`
+program, `minilm_jax.aot` and `bench distill`.
 """
 
 import dataclasses
