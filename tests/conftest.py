@@ -252,12 +252,11 @@ def _tiny_teacher_of(tmp_path_factory, name: str, tokenizer, architecture: str, 
   config = getattr(transformers, f"{architecture}Config")(
     vocab_size=len(tokenizer),
     hidden_size=32,
-    num_hidden_layers=2,
+    **{"num_hidden_layers": 2, **config_overrides},
     num_attention_heads=4,
     intermediate_size=64,
     pad_token_id=tokenizer.pad_token_id,
     initializer_range=0.5,
-    **config_overrides,
   )
   path = str(tmp_path_factory.mktemp(name) / "model")
   getattr(transformers, f"{architecture}Model")(config).save_pretrained(path)
@@ -319,6 +318,44 @@ def tiny_deberta_teacher(tmp_path_factory, tiny_corpus):
   deberta_v3 |= dict(norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, hidden_act="gelu")
   return _tiny_teacher_of(
     tmp_path_factory, "tiny_deberta", tokenizer, "DebertaV2", max_position_embeddings=64, **deberta_v3
+  )
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert_teacher(tmp_path_factory, tiny_corpus):
+  """A tiny random ModernBERT (pre-norm, GeGLU, no biases, rotary positions; layers 0 and 3 global,
+  1 and 2 within an 8-token window) with a byte-level BPE tokenizer as ModernBERT's (`[CLS] a [SEP]`,
+  no token types) trained on the tiny corpus with the `tokenizers` library."""
+  import transformers
+  from tokenizers import ByteLevelBPETokenizer
+  from tokenizers.processors import TemplateProcessing
+
+  trainer = ByteLevelBPETokenizer()
+  specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+  trainer.train([tiny_corpus], vocab_size=TEST_VOCAB_SIZE, special_tokens=specials, show_progress=False)
+  backend = trainer._tokenizer
+  backend.post_processor = TemplateProcessing(
+    single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+  )
+  tokenizer = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=backend,
+    cls_token="[CLS]",
+    sep_token="[SEP]",
+    pad_token="[PAD]",
+    unk_token="[UNK]",
+    mask_token="[MASK]",
+    model_input_names=["input_ids", "attention_mask"],
+  )
+  ids = dict(bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2)
+  return _tiny_teacher_of(
+    tmp_path_factory,
+    "tiny_modernbert",
+    tokenizer,
+    "ModernBert",
+    max_position_embeddings=64,
+    local_attention=8,
+    num_hidden_layers=4,
+    **ids,
   )
 
 

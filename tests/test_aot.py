@@ -20,7 +20,7 @@ from conftest import ROOT, load_config_module
 from minilm_jax.aot import programs, report, targets
 from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
-from minilm_jax.models import encoder
+from minilm_jax.models import attention
 
 # Its module fixture is built once: every test of this module runs on the same xdist worker.
 pytestmark = [
@@ -362,14 +362,14 @@ def test_kernel_choice_follows_the_mesh_being_traced():
     mesh = Mesh(np.asarray(devices), ("data",))
 
     def body(x, name=name):
-      seen[name] = (encoder.compute_platform(), encoder.fused_attention_implementation(jnp.bfloat16, 64))
+      seen[name] = (attention.compute_platform(), attention.fused_attention_implementation(jnp.bfloat16, 64))
       return x
 
     jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))).lower(
       jax.ShapeDtypeStruct((len(devices),), jnp.float32)
     )
   assert seen == {"v5e-8": ("tpu", "xla"), "h100x1": ("gpu", "cudnn")}
-  assert encoder.compute_platform() == "cpu"
+  assert attention.compute_platform() == "cpu"
 
 
 def test_padding_as_lengths_equals_the_padding_mask():

@@ -23,7 +23,8 @@ from minilm_jax.devices import parallel, timing
 from minilm_jax.distill.step import LONE, DistillationStep, jit_step
 from minilm_jax.errors import UserError
 from minilm_jax.models import flops
-from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, merge_heads
+from minilm_jax.models.attention import merge_heads
+from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput
 from minilm_jax.training.train_state import make_optimizer
 from minilm_jax.transfer import relations
 from minilm_jax.transfer.objectives import Masking, Objective

@@ -68,9 +68,10 @@ def test_untrained_parameters_are_those_with_zero_gradient(name, weight, expecte
   mask = jnp.ones_like(ids).at[1, 6:].set(0)
 
   def loss(p):
-    t = teacher.apply({"params": teacher_params}, ids, mask, jnp.zeros_like(ids)).layers
-    s = student.apply({"params": p}, ids, mask, jnp.zeros_like(ids)).layers
-    return sum(objective(Outputs(t), Outputs(s), {"attention_mask": mask}, p.get("projection", {})).values())
+    t = teacher.apply({"params": teacher_params}, ids, mask, jnp.zeros_like(ids))
+    s = student.apply({"params": p}, ids, mask, jnp.zeros_like(ids))
+    outputs = [Outputs(out.layers, last_hidden_state=out.last_hidden_state) for out in (t, s)]
+    return sum(objective(*outputs, {"attention_mask": mask}, p.get("projection", {})).values())
 
   grads = traverse_util.flatten_dict(jax.jit(jax.grad(loss))(params), sep="/")  # one program, not op by op
   assert sorted(k for k, g in grads.items() if not np.any(np.asarray(g))) == expected

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from minilm_jax.models.attention import fused_attention_implementation
 from minilm_jax.models.config import exact_gelu
-from minilm_jax.models.encoder import Encoder, EncoderConfig, fused_attention_implementation, init_params
+from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 
 CONFIG = EncoderConfig(
   vocab_size=60,
@@ -122,3 +123,34 @@ def test_exact_gelu_is_flaxs_erfc_form_to_rounding():
   np.testing.assert_allclose(
     exact_gelu(half).astype(jnp.float32), nn.gelu(half, approximate=False).astype(jnp.float32), rtol=2e-2, atol=1e-2
   )
+
+
+def test_sliding_layers_attend_by_blocks_without_an_l_by_l_array_and_train_as_the_dense_window():
+  """ModernBERT's sliding layers on the fused path (`attention.local_attention`): no [.., L, L] array
+  anywhere in the traced encoder (every layer sliding), and the same outputs and gradients as the
+  explicit path's dense scores under the window, at lengths that are and are not a multiple of
+  the blocks (half the window)."""
+  config = EncoderConfig.of_type(
+    "modernbert", vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48, local_window=4
+  ).replace(sliding_layers=(0, 1), initializer_range=0.5, hidden_dropout=0.0, attention_dropout=0.0)
+  params = init_params(config, jax.random.key(2))
+  for length in (11, 12):
+    ids = jnp.asarray(np.random.default_rng(length).integers(1, 60, (3, length)))
+    mask = jnp.asarray(np.arange(length)[None] < np.array([length, 7, 1])[:, None]).astype(jnp.int32)
+
+    def loss(p, return_attention, ids=ids, mask=mask):
+      out = Encoder(config).apply({"params": p}, ids, mask, deterministic=False, return_attention=return_attention)
+      return jnp.sum(out.last_hidden_state * mask[..., None] * jnp.cos(jnp.arange(32))), out
+
+    jaxpr = jax.make_jaxpr(lambda p: loss(p, False)[0])(params)
+    shapes = [v.aval.shape for eqn in jaxpr.eqns for v in eqn.outvars if hasattr(v.aval, "shape")]
+    assert not [s for s in shapes if s[-2:] == (length, length)], "a sliding layer held [L, L]"
+    (dense_loss, dense), dense_grads = jax.value_and_grad(loss, has_aux=True)(params, True)
+    (local_loss, local), local_grads = jax.value_and_grad(loss, has_aux=True)(params, False)
+    rows = np.asarray(mask, bool)
+    np.testing.assert_allclose(local.last_hidden_state[rows], dense.last_hidden_state[rows], atol=2e-5)
+    np.testing.assert_allclose(local_loss, dense_loss, rtol=1e-5)
+    for name, want in traverse_util.flatten_dict(dense_grads, sep="/").items():
+      got = traverse_util.flatten_dict(local_grads, sep="/")[name]
+      np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
+    assert float(jnp.max(dense.layers[0].attention[0, :, 0, 3:])) == 0.0  # 3 apart: outside the window of 4

@@ -378,3 +378,80 @@ def test_a_deberta_config_the_encoder_cannot_honour_is_one_line(tmp_path, overri
   (path / "config.json").write_text(config.to_json_string())
   with pytest.raises(UserError, match=message):
     hf.load(str(path))
+
+
+def _random_modernbert(tmp_path, **overrides):
+  """A 4-layer ModernBERT transformers wrote: layers 0 and 3 global, 1 and 2 within a 16-token window."""
+  torch.manual_seed(0)
+  config = transformers.ModernBertConfig(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=96,
+    max_position_embeddings=512,
+    local_attention=16,
+    **{"pad_token_id": 0, "bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2, **overrides},
+  )
+  return _saved_perturbed(transformers.ModernBertModel(config), str(tmp_path / "modernbert"))
+
+
+def test_random_modernbert_matches_transformers_and_exports_as_modernbert(tmp_path):
+  """A ModernBERT checkpoint transformers wrote loads with parity on padded batches of several
+  lengths, longer than the sliding window (pre-norm layers, GeGLU, no biases, RoPE with the global
+  and the local base, the window on the sliding layers, the final norm), every layer exposing its
+  queries, keys and values; `hf.save` writes what transformers loads as `ModernBertModel`, the
+  fused maps split and stacked back bit for bit."""
+  path = _random_modernbert(tmp_path)
+  model, params = _load(path)
+  c = model.config
+  assert (c.model_type, c.sliding_layers, c.local_window, c.rope_theta, c.local_rope_theta) == (
+    "modernbert",
+    (1, 2),
+    16,
+    160_000.0,
+    10_000.0,
+  )
+  assert "attention" in params["layer_1"] and "LayerNorm" not in params["layer_0"]["attention"]
+  for length, lengths in ((11, [11, 7, 4]), (40, [40, 30, 3])):  # 40 tokens: 20 beyond the window
+    rng = np.random.default_rng(length)
+    ids = rng.integers(3, 120, size=(3, length))
+    mask = np.zeros_like(ids)
+    for j, n in enumerate(lengths):
+      mask[j, :n], ids[j, n:] = 1, 0
+    batch = {"input_ids": ids, "attention_mask": mask}
+    ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), return_attention=True)
+    _assert_parity(ours, _theirs(path, batch), mask)
+    assert ours.layers[0].q.shape == ours.layers[-1].v.shape == (3, 4, length, 12)
+    fused = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))  # the window in XLA's kernel
+    rows = mask.astype(bool)
+    np.testing.assert_allclose(fused.last_hidden_state[rows], ours.last_hidden_state[rows], atol=1e-5)
+  far = np.asarray(ours.layers[1].attention)[0, :, 0, 20:]  # a sliding layer: nothing beyond 8 apart
+  assert far.max() == 0.0 and np.asarray(ours.layers[3].attention)[0, :, 0, 20:].min() > 0.0
+  out = str(tmp_path / "exported")
+  hf.save(out, c, params)
+  assert type(transformers.AutoModel.from_pretrained(out)).__name__ == "ModernBertModel"
+  np.testing.assert_array_equal(
+    _theirs(out, batch).last_hidden_state.numpy(), _theirs(path, batch).last_hidden_state.numpy()
+  )
+  again = hf.load(out)
+  assert again.config == c
+  for key in ("embeddings", "layer_0", "layer_3", "final_norm"):
+    jax.tree.map(np.testing.assert_array_equal, params[key], again.params[key])
+
+
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    ({"local_attention": 15}, "local_attention=15: the sliding window .* must be even; use 16"),
+    ({"attention_bias": True}, "modernbert with attention_bias=True: not implemented"),
+    ({"layer_types": ["full_attention", "chunked_attention"]}, "modernbert layer_types"),
+  ],
+)
+def test_a_modernbert_config_the_encoder_cannot_honour_is_one_line(tmp_path, overrides, message):
+  path = tmp_path / "modernbert"
+  path.mkdir()
+  config = {"model_type": "modernbert", "vocab_size": 120, "hidden_size": 48, "num_hidden_layers": 2}
+  (path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 4, **overrides}))
+  with pytest.raises(UserError, match=message):
+    hf.load(str(path))

@@ -27,7 +27,11 @@ STUDENTS = {
 
 
 # Each teacher's fixture and its Hugging Face model type.
-TEACHERS = {"mpnet": "tiny_mpnet_teacher", "deberta-v2": "tiny_deberta_teacher"}
+TEACHERS = {
+  "mpnet": "tiny_mpnet_teacher",
+  "deberta-v2": "tiny_deberta_teacher",
+  "modernbert": "tiny_modernbert_teacher",
+}
 
 
 @pytest.mark.slow
@@ -47,7 +51,9 @@ def test_a_teacher_distils_into_its_own_architecture_and_a_bert_student(
   record = runs.read_record(str(tmp_path / "run"))
   assert record.encoder.model_type == config.student.model_type
   if student == "own_family_etd":  # its architecture's own parameters, taken from the teacher's
-    own = {"mpnet": "relative_attention_bias", "deberta-v2": "relative_embeddings"}[model_type]
+    own = {"mpnet": "relative_attention_bias", "deberta-v2": "relative_embeddings", "modernbert": "final_norm"}[
+      model_type
+    ]
     assert own in state.params and "token_type_embeddings" not in state.params["embeddings"]
   if objective == "minilm":  # exported in its family: transformers' class, our load of it the run's
     _check_export(str(tmp_path / "run"), str(tmp_path / "exported"), state.params)
@@ -99,7 +105,7 @@ def test_a_student_that_cannot_learn_an_mpnet_teacher_is_one_line(tiny_mpnet_tea
       build_distillation(tiny_config(tiny_mpnet_teacher, tiny_corpus, **overrides), str(tmp_path / "w"))
 
 
-@pytest.mark.parametrize("model_type", TEACHERS)
+@pytest.mark.parametrize("model_type", ["mpnet", "deberta-v2"])
 def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   """What MiniLM's relations read of a teacher whose attention adds relative-position terms (MPNet's
   bias, DeBERTa's c2p and p2c): each layer's queries and keys are its content projections of the
@@ -108,7 +114,8 @@ def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   import jax.numpy as jnp
 
   from minilm_jax.models import hf
-  from minilm_jax.models.encoder import Encoder, split_heads
+  from minilm_jax.models.attention import split_heads
+  from minilm_jax.models.encoder import Encoder
 
   loaded = hf.load(request.getfixturevalue(TEACHERS[model_type]))
   ids = jnp.asarray([[1, 7, 9, 12, 15, 2]])
@@ -120,6 +127,34 @@ def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   q, k = out.layers[1].q, out.layers[1].k
   content = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / loaded.config.score_scale, axis=-1)
   assert not np.allclose(content, out.layers[1].attention, atol=1e-3)  # the relative terms are the model's
+
+
+def test_the_relations_read_modernberts_rotated_queries_and_keys(tiny_modernbert_teacher):
+  """What MiniLM's relations read of a ModernBERT: each layer's queries and keys after the rotation
+  by position, so that on a global layer the attention relation is the model's own attention
+  (docs/fidelity.md), where the unrotated projections of the normed layer input are not."""
+  import jax.numpy as jnp
+
+  from minilm_jax.models import hf, modernbert
+  from minilm_jax.models.attention import split_heads
+  from minilm_jax.models.encoder import Encoder
+
+  loaded = hf.load(tiny_modernbert_teacher)
+  c = loaded.config
+  assert 3 not in c.sliding_layers
+  ids = jnp.asarray([[1, 7, 9, 12, 15, 2]])
+  out = Encoder(c).apply({"params": loaded.params}, ids, return_attention=True)
+  layer = loaded.params["layer_3"]["attention"]
+  normed = jax.nn.standardize(out.layers[2].hidden, epsilon=c.layer_norm_eps) * layer["LayerNorm"]["scale"]
+  rotation = modernbert.rotation(jnp.arange(6)[None], c.head_dim, c.rope_theta)
+  for name, got in (("query", out.layers[3].q), ("key", out.layers[3].k)):
+    projected = (normed @ layer[name]["kernel"]).reshape(1, 6, c.num_heads, c.head_dim)
+    np.testing.assert_allclose(got, modernbert.rotate(projected, rotation).transpose(0, 2, 1, 3), atol=1e-5)
+    unrotated = split_heads(normed @ layer[name]["kernel"], c.num_heads)
+    assert not np.allclose(got, unrotated, atol=1e-3)
+  q, k = out.layers[3].q, out.layers[3].k
+  relation = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(c.head_dim), axis=-1)
+  np.testing.assert_allclose(relation, out.layers[3].attention, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -61,6 +61,11 @@ HUB_CONFIGS = {
                                                   intermediate_size=3072, max_position_embeddings=514,
                                                   layer_norm_eps=1e-5, relative_attention_num_buckets=32,
                                                   pad_token_id=1),
+  "answerdotai/ModernBERT-base": dict(model_type="modernbert", vocab_size=50368, hidden_size=768, num_hidden_layers=22,
+                                      num_attention_heads=12, intermediate_size=1152, max_position_embeddings=8192,
+                                      hidden_activation="gelu", norm_eps=1e-5, local_attention=128,
+                                      global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                                      local_rope_theta=10000.0, pad_token_id=50283),
 }  # fmt: skip
 
 # Token ids only the masked-input objectives and beam search's banned tokens read; they are

@@ -38,7 +38,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention, costs
 from minilm_jax.kernels import platform as pallas_platform
 from minilm_jax.kernels.platform import Tiling, compute_platform, tiling_for
-from minilm_jax.models.encoder import fused_attention, fused_attention_implementation
+from minilm_jax.models.attention import fused_attention, fused_attention_implementation
 from minilm_jax.models.flops import attention_kernel_flops, relation_kl_flops
 from minilm_jax.transfer import relations
 
@@ -111,7 +111,7 @@ def matmul_flops(kernel: str, batch: int, length: int) -> int:
 
 
 def cudnn_loss(q, k, v, mask):
-  """A loss through the teacher's attention path (`encoder.fused_attention`: cuDNN's fused kernel on
+  """A loss through the teacher's attention path (`attention.fused_attention`: cuDNN's fused kernel on
   GPUs in half precision, without dropout, the padding as lengths) at the student's heads."""
   q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # the encoder's [B, L, H, K]
   return jnp.sum(fused_attention(q, k, v, mask).astype(jnp.float32))

@@ -1,7 +1,8 @@
 """The PyTorch peer of the distillation step (`bench distill`'s `eager` and `compile` rows):
-transformers' teacher and student of the measurement's architecture (BERT's, MPNet's, DeBERTa's) at
-its shapes, MiniLM's Q-K and V-V relation KLs of their last layers' queries, keys and values
-(captured by forward hooks on their projections), AdamW, on CUDA when torch has it."""
+transformers' teacher and student of the measurement's architecture (BERT's, MPNet's, DeBERTa's,
+ModernBERT's) at its shapes, MiniLM's Q-K and V-V relation KLs of their last layers' queries, keys
+and values (captured by forward hooks on their projections; ModernBERT's rotated as its attention
+rotates them), AdamW, on CUDA when torch has it."""
 
 import contextlib
 import math
@@ -44,6 +45,37 @@ def _keep_first(captured: dict, key: str, module, inputs, output):
     captured[key] = output
 
 
+def _keep_rotation(captured: dict, key: str, module, args, kwargs):
+  """A forward pre-hook keeping the (cos, sin) a ModernBERT attention rotates by; None: inputs unchanged."""
+  captured[key] = kwargs["position_embeddings"]
+
+
+def _capture(captured: dict, model, config, prefix: str):
+  """Hooks on `model`'s last layer that put its queries, keys and values into `captured`; returns
+  `read() -> {"query", "key", "value"}` ([B, L, D] each), which takes them out again."""
+  names = ("query", "key", "value")
+  if config.architecture.rotary:  # one fused map, then the rotation inside the attention
+    from transformers.models.modernbert.modeling_modernbert import apply_rotary_pos_emb
+
+    attention = model.layers[-1].attn
+    attention.Wqkv.register_forward_hook(partial(_keep_first, captured, prefix + "qkv"))
+    attention.register_forward_pre_hook(partial(_keep_rotation, captured, prefix + "rotation"), with_kwargs=True)
+
+    def read():
+      qkv = captured.pop(prefix + "qkv")
+      b, length, _ = qkv.shape
+      q, k, v = qkv.view(b, length, 3, config.num_heads, config.head_dim).unbind(2)
+      q, k = apply_rotary_pos_emb(q, k, *captured.pop(prefix + "rotation"), unsqueeze_dim=2)
+      return {name: x.reshape(b, length, -1) for name, x in zip(names, (q, k, v))}
+
+    return read
+  where, theirs = _PROJECTIONS.get(config.model_type, _BERT_PROJECTIONS)
+  attention = model.encoder.layer[-1].get_submodule(where)
+  for ours, projection in zip(names, theirs):
+    getattr(attention, projection).register_forward_hook(partial(_keep_first, captured, prefix + ours))
+  return lambda: {name: captured.pop(prefix + name) for name in names}
+
+
 def _step(m, batch, compiled: bool):
   """The PyTorch step and its device ("cuda" when torch has one, else "cpu")."""
   import torch
@@ -63,19 +95,13 @@ def _step(m, batch, compiled: bool):
 
   teacher, student = model(m.teacher_config, "eval"), model(m.student_config, "train")
   captured: dict[str, Any] = {}
-
-  def capture(model, config, prefix):
-    where, names = _PROJECTIONS.get(config.model_type, _BERT_PROJECTIONS)
-    attention = model.encoder.layer[-1].get_submodule(where)
-    for ours, theirs in zip(("query", "key", "value"), names):
-      getattr(attention, theirs).register_forward_hook(partial(_keep_first, captured, prefix + ours))
-
-  capture(teacher, m.teacher_config, "t_")
-  capture(student, m.student_config, "s_")
+  read_teacher = _capture(captured, teacher, m.teacher_config, "t_")
+  read_student = _capture(captured, student, m.student_config, "s_")
   optimizer = torch.optim.AdamW(
     student.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, fused=device == "cuda"
   )
-  # MPNet's and DeBERTa-v3's models have no token types (MPNet's takes no such input).
+  # MPNet's, DeBERTa-v3's and ModernBERT's models have no token types (MPNet's and ModernBERT's take
+  # no such input).
   given = {k: v for k, v in batch.items() if k != "token_type_ids" or m.teacher_config.type_vocab_size}
   inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in given.items()}
   mask = inputs["attention_mask"].bool()
@@ -88,8 +114,7 @@ def _step(m, batch, compiled: bool):
         teacher(**inputs)
       student(**inputs)
     # Popped, so that every call starts with the dict empty: torch.compile's guards then hold.
-    t = {k: captured.pop("t_" + k) for k in ("query", "key", "value")}
-    s = {k: captured.pop("s_" + k) for k in ("query", "key", "value")}
+    t, s = read_teacher(), read_student()
     return sum(
       relation_kl((t[x], t[y]), (s[x], s[y]), mask, num_relation_heads)
       for x, y in (("query", "key"), ("value", "value"))

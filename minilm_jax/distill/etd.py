@@ -25,7 +25,7 @@ from flax import traverse_util
 from minilm_jax.distill.importance import mlm_mask, taylor_scores
 from minilm_jax.errors import UserError
 from minilm_jax.models import layout
-from minilm_jax.models.encoder import EncoderConfig
+from minilm_jax.models.encoder import EncoderConfig, abstract_params
 from minilm_jax.transfer.objectives import Masking
 
 NEURON_TYPES = ("ffn", "head", "hidden")
@@ -179,12 +179,16 @@ def extract(
     x = np.asarray(flat[path])
     return x[np.ix_(*(np.arange(n) if axis is None else index_sets[axis] for axis, n in zip(row.etd_axes, x.shape)))]
 
+  # What the student has: a pre-norm student's first layer has no norm before its attention, whichever
+  # teacher layer it is taken from.
+  wanted = traverse_util.flatten_dict(abstract_params(student), sep="/")
   out = {}
   for row in layout.param_rows(teacher.model_type, flat):
     if row.per_layer:
       for s, t in enumerate(selected):
-        out[row.path.format(i=s)] = take(row.path.format(i=t), row, t)
-    else:
+        if row.path.format(i=s) in wanted:
+          out[row.path.format(i=s)] = take(row.path.format(i=t), row, t)
+    elif row.path in wanted:
       out[row.path] = take(row.path, row, None)
   return traverse_util.unflatten_dict(out, sep="/")
 

@@ -21,7 +21,8 @@ from minilm_jax.devices import parallel
 from minilm_jax.distill import etd
 from minilm_jax.distill.family import LONE, said_of
 from minilm_jax.errors import UserError
-from minilm_jax.models import embeddings
+from minilm_jax.models import embeddings, modernbert
+from minilm_jax.models.config import default_sliding_layers
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.training.train_state import (
   TrainState,
@@ -37,8 +38,9 @@ from minilm_jax.transfer.objectives import Objective, make_objective, uses_embed
 def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfig:
   """The student's encoder: its own depth and width, the teacher's vocabulary and embeddings layout.
   A student is of its teacher's architecture, or BERT-shaped on the teacher's vocabulary (its
-  padding id and positions). Without a teacher (shape checks of configs), defaults of the
-  student's model type stand in."""
+  padding id and positions); a ModernBERT student's layers attend globally or within the window
+  as the teacher's layers it is taken from (ETD), else as ModernBERT's of its depth. Without a
+  teacher (shape checks of configs), defaults of the student's model type stand in."""
   s = config.student
   base = teacher or EncoderConfig.of_type(s.model_type, vocab_size=s.vocab_size)
   if base.vocab_size != s.vocab_size or s.model_type not in (base.model_type, "bert"):
@@ -62,8 +64,13 @@ def student_config(config, teacher: EncoderConfig | None = None) -> EncoderConfi
       layer_norm_eps=base.layer_norm_eps,
       hidden_act=base.hidden_act,
     )
+  sliding = ()
+  if base.architecture.rotary:  # each layer attends as the teacher's layer it is taken from, or as its depth's
+    taken = etd.select_layers(base.num_layers, s.num_layers, config.etd.layers) if s.init == "etd" else None
+    sliding = modernbert.taken_sliding_layers(base, taken) if taken else default_sliding_layers(s.num_layers)
   return base.replace(
     num_layers=s.num_layers,
+    sliding_layers=sliding,
     hidden_size=s.hidden_size,
     num_heads=s.num_heads,
     intermediate_size=s.intermediate_size,

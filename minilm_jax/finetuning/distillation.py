@@ -169,7 +169,7 @@ def distillation_loss(teacher: TaskTeacher, model, task):
     layers = teacher.layers
     assert teacher.encoder is not None  # set with `layers` (load_teacher)
     teacher_out = layers.outputs(teacher.encoder, teacher_params, batch, layers.teacher_layers_needed)
-    terms = layers(teacher_out, Outputs(student.layers, None, student.embeddings), batch, {})
+    terms = layers(teacher_out, Outputs(student.layers, None, student.embeddings, student.last_hidden_state), batch, {})
     return teacher.logits.loss(task, logits, batch, teacher.temperature) + teacher.layers_weight * sum(terms.values())
 
   return loss_of

@@ -1,5 +1,6 @@
-"""What computes, and its formats: the encoder (`encoder`, its architecture in `config`; what MPNet
-and DeBERTa add to BERT's layers in `mpnet` and `deberta`), its parameter layout (`layout`) and
+"""What computes, and its formats: the encoder (`encoder`, its attention paths in `attention`, its
+architecture in `config`; what MPNet, DeBERTa and ModernBERT change of BERT's layers in `mpnet`,
+`deberta` and `modernbert`), its parameter layout (`layout`) and
 sharding rules (`sharding`), task heads (`heads`), beam search
 (`generation`), the thesis's students (`lstm`, `students`), Hugging Face conversion (`hf`),
 sentence-transformers' embeddings (`embeddings`), and analytic FLOPs (`flops`)."""

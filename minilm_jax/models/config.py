@@ -1,8 +1,10 @@
 """An encoder's architecture (`EncoderConfig`): the model types it may be (`MODEL_TYPES`: the BERT
-family, MPNet and DeBERTa v2/v3, each an `Architecture`), activations and compute dtypes, checked when it is made;
+family, MPNet, DeBERTa v2/v3 and ModernBERT, each an `Architecture`), activations and compute
+dtypes, checked when it is made;
 `minilm_jax.models.hf` maps Hugging Face's names to ours."""
 
 import dataclasses
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -15,10 +17,10 @@ from minilm_jax.errors import UserError
 @dataclasses.dataclass(frozen=True)
 class Architecture:
   """What differs between the encoder architectures we load, by Hugging Face model type
-  (`EncoderConfig.model_type`): every one is a post-layer-norm Transformer whose layers hand back
-  their queries, keys and values; these fields say how each numbers its positions, whether it
-  biases its attention scores by relative position, and how its weights are named and exported
-  (`models.layout`'s names by architecture)."""
+  (`EncoderConfig.model_type`): every one is a Transformer whose layers hand back their queries,
+  keys and values; these fields say how each numbers its positions, whether it biases its
+  attention scores by relative position or rotates its queries and keys, where its layer norms
+  sit, and how its weights are named and exported (`models.layout`'s names by architecture)."""
 
   positions_after_padding: bool  # RoBERTa, XLM-R, MPNet number real positions from padding_idx + 1; BERT from 0
   hf_architecture: str  # the transformers class of the encoder alone
@@ -28,6 +30,13 @@ class Architecture:
   disentangled_attention: bool = False  # DeBERTa's c2p and p2c terms of the scores (`models.deberta`)
   weights_prefix: str = "bert."  # what transformers' task models put before the encoder's weights
   masks_embeddings: bool = False  # DeBERTa zeroes the padding's embeddings
+  # ModernBERT (`models.modernbert`): a layer norm before each block rather than after it (none before
+  # the first layer's attention, one after the last layer); rotary positions, and layers that attend
+  # within a sliding window; a gated (GeGLU) feed-forward block; no biases in its maps or norms.
+  pre_norm: bool = False
+  rotary: bool = False
+  gated_mlp: bool = False
+  biases: bool = True
 
 
 MODEL_TYPES = {
@@ -43,6 +52,17 @@ MODEL_TYPES = {
     disentangled_attention=True,
     weights_prefix="deberta.",
     masks_embeddings=True,
+  ),
+  "modernbert": Architecture(
+    False,
+    "ModernBertModel",
+    "bert",
+    False,
+    weights_prefix="model.",
+    pre_norm=True,
+    rotary=True,
+    gated_mlp=True,
+    biases=False,
   ),
 }
 MPNET_BUCKETS = 32  # transformers' MPNet buckets relative positions into 32 (`models.mpnet`)
@@ -66,9 +86,19 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Fields one architecture alone sets, and their value elsewhere (`EncoderConfig.to_dict`).
 # What a model type's checkpoints hold where ours default otherwise: a stand-in encoder of the type
 # (`EncoderConfig.of_type`) has them.
-_TYPE_DEFAULTS = {
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
   "mpnet": {"relative_attention_buckets": MPNET_BUCKETS, "type_vocab_size": 0},
   "deberta-v2": {"type_vocab_size": 0, "absolute_positions": False},
+  # ModernBERT-base's: a 128-token window, every third layer global, rotary bases 160,000 and 10,000.
+  "modernbert": {
+    "type_vocab_size": 0,
+    "absolute_positions": False,
+    "max_position_embeddings": 8192,
+    "layer_norm_eps": 1e-5,
+    "local_window": 128,
+    "rope_theta": 160_000.0,
+    "local_rope_theta": 10_000.0,
+  },
 }
 _ARCHITECTURE_FIELDS = {
   "relative_attention_buckets": 0,
@@ -79,7 +109,17 @@ _ARCHITECTURE_FIELDS = {
   "max_relative_positions": 0,
   "share_position_keys": False,
   "norm_relative_embeddings": False,
+  "local_window": 0,
+  "sliding_layers": (),
+  "rope_theta": 0.0,
+  "local_rope_theta": 0.0,
 }
+GLOBAL_EVERY = 3  # ModernBERT's default `global_attn_every_n_layers`: layers 0, 3, 6... attend globally
+
+
+def default_sliding_layers(num_layers: int) -> tuple:
+  """The sliding layers of a ModernBERT of `num_layers`: all but every `GLOBAL_EVERY`-th, from the first."""
+  return tuple(i for i in range(num_layers) if i % GLOBAL_EVERY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +153,27 @@ class EncoderConfig:
   max_relative_positions: int = 0
   share_position_keys: bool = False
   norm_relative_embeddings: bool = False
+  # ModernBERT's (`models.modernbert`): the sliding window's width in tokens (`local_attention`: a
+  # token sees those within half of it on either side), the layers that attend within it (the others
+  # attend globally), and the rotary bases of the global and the sliding layers.
+  local_window: int = 0
+  sliding_layers: tuple = ()
+  rope_theta: float = 0.0
+  local_rope_theta: float = 0.0
 
   def __post_init__(self):
+    object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))  # a list from JSON
     if self.model_type not in MODEL_TYPES:
       raise UserError(f"unsupported model_type {self.model_type!r}: minilm_jax supports {', '.join(MODEL_TYPES)}")
     if self.architecture.position_bias and self.relative_attention_buckets < MPNET_BUCKETS:
       raise UserError(
         f"{self.model_type} with relative_attention_num_buckets={self.relative_attention_buckets}: transformers "
         f"buckets relative positions into {MPNET_BUCKETS}, so the table needs at least that many rows"
+      )
+    if self.local_window % 2:
+      raise UserError(
+        f"{self.model_type} local_attention={self.local_window}: the sliding window is a token's "
+        f"neighbours on both sides and must be even; use {self.local_window + 1}"
       )
     if self.hidden_size % self.num_heads:
       raise UserError(
@@ -159,8 +212,12 @@ class EncoderConfig:
 
   @classmethod
   def of_type(cls, model_type: str, **fields) -> "EncoderConfig":
-    """An encoder of `model_type` with what its checkpoints hold where ours default otherwise."""
-    return cls(model_type=model_type, **{**_TYPE_DEFAULTS.get(model_type, {}), **fields})
+    """An encoder of `model_type` with what its checkpoints hold where ours default otherwise
+    (ModernBERT's: every third layer global, from the first)."""
+    fields = {**_TYPE_DEFAULTS.get(model_type, {}), **fields}
+    if MODEL_TYPES.get(model_type, MODEL_TYPES["bert"]).rotary and "sliding_layers" not in fields:
+      fields["sliding_layers"] = default_sliding_layers(fields.get("num_layers", cls.num_layers))
+    return cls(model_type=model_type, **fields)
 
   def replace(self, **changes) -> "EncoderConfig":
     return dataclasses.replace(self, **changes)

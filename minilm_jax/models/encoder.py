@@ -1,19 +1,20 @@
-"""A post-layer-norm Transformer encoder whose layers hand back Q, K, V: the BERT family (BERT,
-RoBERTa, XLM-R), MPNet and DeBERTa v2/v3, the architectures `models.config.MODEL_TYPES` names.
+"""A Transformer encoder whose layers hand back Q, K, V: the BERT family (BERT, RoBERTa, XLM-R),
+MPNet, DeBERTa v2/v3 and ModernBERT, the architectures `models.config.MODEL_TYPES` names.
 
 Post-layer-norm, exact (erf) GELU, absolute learned positions, as Hugging Face's BertModel and
 RobertaModel; MPNet adds to every layer's attention scores a bias by bucketed relative position
 (`mpnet.RelativePositionBias`), one table shared by the layers, and has no token types; DeBERTa
 adds its disentangled c2p and p2c terms from relative embeddings shared by the layers
-(`deberta.disentangled_bias`), and has absolute positions only where its config asks. Parameters are
+(`deberta.disentangled_bias`), and has absolute positions only where its config asks; ModernBERT
+(`models.modernbert`) norms before each block rather than after, rotates its queries and keys by
+position, lets some layers attend within a sliding window, gates its feed-forward block and has no
+biases. Parameters are
 float32; `EncoderConfig.dtype` sets the compute dtype. Softmax and layer-norm statistics always run
 in float32 (flax's LayerNorm promotes its statistics itself).
 
 Module names follow the Hugging Face layout so that the name mapping in `minilm_jax.models.hf` is one
 short table.
 """
-
-from typing import Any, NamedTuple
 
 import flax.linen as nn
 import flax.struct
@@ -23,9 +24,17 @@ from jax.ad_checkpoint import checkpoint_name
 
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import dropout as dropout_bits
-from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import compute_platform, kernel_platform, on_accelerator
-from minilm_jax.models import deberta, layout, mpnet
+from minilm_jax.models import deberta, layout, modernbert, mpnet
+from minilm_jax.models.attention import (
+  Attending,
+  ScopeRng,
+  ScoreTerms,
+  attention_with_dropout,
+  dropped_out,
+  fused_attention,
+  scores,
+)
 from minilm_jax.models.config import ACTIVATIONS, DTYPES, EncoderConfig
 
 
@@ -53,6 +62,7 @@ class EncoderOutput:
 def _dense(features, config, name):
   return nn.Dense(
     features,
+    use_bias=config.architecture.biases,
     dtype=DTYPES[config.dtype],
     param_dtype=jnp.float32,
     kernel_init=nn.initializers.normal(config.initializer_range),
@@ -62,7 +72,7 @@ def _dense(features, config, name):
 
 class _DenseParams(nn.Module):
   """An `nn.Dense`'s parameters (its names, shapes, dtype and initialisers, so the same checkpoints
-  and conversions), returned for a product the caller writes itself."""
+  and conversions), returned for a product the caller writes itself: (kernel, bias or None)."""
 
   features: int
   config: EncoderConfig
@@ -72,6 +82,8 @@ class _DenseParams(nn.Module):
     kernel = self.param(
       "kernel", nn.initializers.normal(self.config.initializer_range), (in_features, self.features), jnp.float32
     )
+    if not self.config.architecture.biases:
+      return kernel, None
     return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
 
 
@@ -81,6 +93,7 @@ def _layer_norm(config, name):
     epsilon=config.layer_norm_eps,
     dtype=DTYPES[config.dtype],
     param_dtype=jnp.float32,
+    use_bias=config.architecture.biases,
     use_fast_variance=False,
     name=name,
   )
@@ -151,123 +164,6 @@ def _probe(module, name, x):
   return module.perturb(name, x)
 
 
-def split_heads(x_BxLxD, num_heads):
-  b, l, d = x_BxLxD.shape
-  return x_BxLxD.reshape(b, l, num_heads, d // num_heads).transpose(0, 2, 1, 3)
-
-
-def merge_heads(x_BxHxLxK):
-  b, h, l, k = x_BxHxLxK.shape
-  return x_BxHxLxK.transpose(0, 2, 1, 3).reshape(b, l, h * k)
-
-
-def _key_mask(mask):
-  """[B, Lk] padding mask (every query sees the same keys) or [B, Lq, Lk] per-query mask ->
-  [B, 1, Lq or 1, Lk], broadcastable over heads."""
-  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
-
-
-def fused_attention_implementation(dtype, head_dim: int, platform: str | None = None) -> str:
-  """Which kernel `jax.nn.dot_product_attention` runs: cuDNN's flash attention on GPUs for the
-  half-precision dtypes and head sizes it supports, XLA's (the same einsum-softmax-einsum as the
-  explicit path, without returning the probabilities) everywhere else."""
-  on_gpu = (platform or compute_platform()) in ("gpu", "cuda")
-  if on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128:
-    return "cudnn"
-  return "xla"
-
-
-class ScoreTerms(NamedTuple):
-  """What attention scores add to the content product (a [1 or B, H, L, L] bias by relative position:
-  MPNet's, DeBERTa's c2p and p2c; None: BERT's) and what divides them (None: sqrt(head_dim))."""
-
-  bias: jax.Array | None = None
-  scale: float | None = None
-
-
-class Attending(NamedTuple):
-  """What a layer's attention reads besides its input: the keys each query sees ([B, L] or [B, L, L])
-  and what the encoder computed once of relative positions (`Encoder._relative_positions`)."""
-
-  mask: jax.Array
-  positions: Any = None
-
-
-def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms: ScoreTerms = ScoreTerms()):
-  """Context [B, L, H, K] of fused attention under a [B, Lk] padding mask or a [B, Lq, Lk] mask,
-  the scores biased by `terms` (relative positions: XLA's kernel, which takes a bias where cuDNN's
-  and ours do not).
-  cuDNN's kernel takes padding as per-row lengths, not as a mask (in bfloat16 it rejects a mask
-  broadcast over queries: "Bias must have same seq length as QKV"); our padding is on the right
-  (packed blocks, tokenizers' right padding), so a row's length is its count of real tokens. On
-  TPUs our flash kernel (`kernels.attention`, without dropout) keeps the [B, H, L, L] scores out
-  of HBM, where XLA's attention writes them. A per-query mask (sequence-to-sequence) stays with
-  XLA's kernel."""
-  head_dim = q_BxLxHxK.shape[-1]
-  if terms.bias is not None:
-    return jax.nn.dot_product_attention(
-      q_BxLxHxK,
-      k_BxLxHxK,
-      v_BxLxHxK,
-      bias=terms.bias.astype(q_BxLxHxK.dtype),
-      mask=_key_mask(mask),
-      scale=None if terms.scale is None else 1.0 / terms.scale,
-      implementation="xla",
-    )
-  implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
-  if implementation == "cudnn" and mask.ndim == 2:
-    lengths_B = jnp.sum(mask, axis=-1, dtype=jnp.int32)
-    return jax.nn.dot_product_attention(
-      q_BxLxHxK,
-      k_BxLxHxK,
-      v_BxLxHxK,
-      query_seq_lengths=lengths_B,
-      key_value_seq_lengths=lengths_B,
-      implementation="cudnn",
-    )
-  if mask.ndim == 2 and kernel_platform() == "tpu" and attention_kernel.supported(mask.shape[1], head_dim, "tpu"):
-    return attention_kernel.flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, 0, 0.0, "tpu")
-  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
-
-
-class _ScopeRng(nn.Module):
-  """The "dropout" rng of this module's scope: what an `nn.Dropout` of the same name would draw."""
-
-  @nn.compact
-  def __call__(self):
-    return self.make_rng("dropout")
-
-
-def _dropped_out(attention_BxHxQxK, rng, rate: float):
-  """Attention probabilities dropped out, each entry kept or dropped as the flash kernel keeps or
-  drops it (`kernels.dropout.keep_mask` of a seed from `rng`), so a run drops the same entries on
-  every platform and path. On a CPU this hash costs a twentieth of `jax.random.bernoulli`'s
-  threefry bits (1.4 ms against 32 ms for [16, 12, 128, 128]), 9 % of the 3x384 student's step."""
-  batch, heads, queries, keys = attention_BxHxQxK.shape
-  keep = dropout_bits.keep_mask(dropout_bits.seed_from_key(rng), batch, heads, queries, rate, keys)
-  scaled = attention_BxHxQxK * jnp.asarray(dropout_bits.scale(rate), attention_BxHxQxK.dtype)
-  return jax.lax.select(keep, scaled, jnp.zeros_like(attention_BxHxQxK))
-
-
-def _scores(q_BxLxHxK, k_BxLxHxK, mask, terms: ScoreTerms):
-  """[B, H, Lq, Lk] float32 attention scores over their divisor, biased and masked (`terms`)."""
-  scale = jnp.sqrt(q_BxLxHxK.shape[-1]).astype(jnp.float32) if terms.scale is None else jnp.float32(terms.scale)
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q_BxLxHxK, k_BxLxHxK).astype(jnp.float32) / scale
-  if terms.bias is not None:
-    scores = scores + terms.bias
-  return jnp.where(_key_mask(mask), scores, MASK_VALUE)
-
-
-def _attention_with_dropout(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, rng, rate: float, terms: ScoreTerms):
-  """Context [B, L, H, K] of attention whose probabilities are dropped out (`_dropped_out`). On
-  accelerators, where a shape does not suit our kernel (`kernels.attention.supported`), its
-  layer's backward pass recomputes the [B, H, L, L] scores, probabilities and mask
-  (`_RematerialisedLayer`)."""
-  attention = jax.nn.softmax(_scores(q_BxLxHxK, k_BxLxHxK, mask, terms), axis=-1)
-  probs = _dropped_out(attention, rng, rate)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v_BxLxHxK.dtype), v_BxLxHxK)
-
-
 # What a rematerialised layer's backward pass keeps (`_RematerialisedLayer`).
 _KEPT = "kept_for_backward"
 
@@ -286,6 +182,25 @@ class KVCache:
   index: jax.Array
 
 
+def _projections(x_BxLxD, kernels, biases, c: EncoderConfig):
+  """Queries, keys and values [B, L, H, K] (the layout the fused kernels take). One product for the
+  three projections (their parameters kept apart, as `nn.Dense`'s): x is read once rather than
+  three times, forward and backward. The three results side by side, [B, L, 3, D], except on TPUs,
+  which tile an array's last two dimensions in blocks of (8, 128) and would pad the 3 to 8: there
+  [3, B, L, D] (at the paper's 6x384 step, 1.78e11 bytes on an H100 against 1.84e11 the other way;
+  2.28e11 on a v5e-8 against 2.55e11)."""
+  b, l, _ = x_BxLxD.shape
+  dtype, on_tpu = DTYPES[c.dtype], compute_platform() == "tpu"
+  qkv = jnp.einsum(
+    "bld,tdf->tblf" if on_tpu else "bld,tdf->bltf", x_BxLxD.astype(dtype), jnp.stack(kernels).astype(dtype)
+  )
+  if c.architecture.biases:
+    bias_3xD = jnp.stack(biases).astype(dtype)
+    qkv = qkv + (bias_3xD[:, None, None] if on_tpu else bias_3xD)
+  parts = [qkv[i] if on_tpu else qkv[:, :, i] for i in range(3)]
+  return tuple(part.reshape(b, l, c.num_heads, c.head_dim) for part in parts)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention. The attention probabilities are materialised only when asked for
   (`return_attention`), when attention dropout must be applied to them, or when decoding from a
@@ -293,34 +208,30 @@ class SelfAttention(nn.Module):
   [B, H, L, L] tensors. `cache` ([B, H, max_length, K] keys and values, and where the new tokens
   go) makes the new tokens attend over the cached ones as well; the returned k, v are then the
   updated caches. `attending`'s relative positions bias the scores: the fused kernels that take no
-  bias give way to XLA's."""
+  bias give way to XLA's. A pre-norm layer (ModernBERT's) norms its input first, but for the
+  encoder's `first` layer, and adds its output to its input without a norm after. A `sliding`
+  layer's queries see the keys within its window alone (`EncoderConfig.local_window`)."""
 
   config: EncoderConfig
+  first: bool = False
+  sliding: bool = False
 
   @nn.compact
   def __call__(self, x_BxLxD, attending: Attending, deterministic, return_attention=False, cache=None):
     c = self.config
+    residual = x_BxLxD
+    if c.architecture.pre_norm and not self.first:
+      x_BxLxD = _layer_norm(c, "LayerNorm")(x_BxLxD)
     x_BxLxD = _probe(self, "input", x_BxLxD)
     b, l, _ = x_BxLxD.shape
-    # [B, L, H, K]: the layout the fused kernels take; transposed to [B, H, L, K] for the outputs.
-    # One product for the three projections (their parameters kept apart, as `nn.Dense`'s): x is
-    # read once rather than three times, forward and backward. The three results side by side,
-    # [B, L, 3, D], except on TPUs, which tile an array's last two dimensions in blocks of (8, 128)
-    # and would pad the 3 to 8: there [3, B, L, D] (at the paper's 6x384 step, 1.78e11 bytes on an
-    # H100 against 1.84e11 the other way; 2.28e11 on a v5e-8 against 2.55e11).
     kernels, biases = zip(
       *(_DenseParams(c.hidden_size, c, name=n)(x_BxLxD.shape[-1]) for n in ("query", "key", "value"))
     )
-    dtype = DTYPES[c.dtype]
-    x, kernel_3xDxD, bias_3xD = (a.astype(dtype) for a in (x_BxLxD, jnp.stack(kernels), jnp.stack(biases)))
-    if compute_platform() == "tpu":
-      qkv = jnp.einsum("bld,tdf->tblf", x, kernel_3xDxD) + bias_3xD[:, None, None]
-      parts = [qkv[i] for i in range(3)]
-    else:
-      qkv = jnp.einsum("bld,tdf->bltf", x, kernel_3xDxD) + bias_3xD
-      parts = [qkv[:, :, i] for i in range(3)]
-    q, k, v = (_kept(part.reshape(b, l, c.num_heads, c.head_dim)) for part in parts)
-    mask, terms = attending.mask, ScoreTerms(attending.positions)
+    q, k, v = _projections(x_BxLxD, kernels, biases, c)
+    if attending.rotation is not None:  # the layers expose the rotated queries and keys (docs/fidelity.md)
+      q, k = modernbert.rotate(q, attending.rotation), modernbert.rotate(k, attending.rotation)
+    q, k, v = _kept(q), _kept(k), _kept(v)
+    mask, terms = attending.mask, ScoreTerms(attending.positions, window=c.local_window if self.sliding else 0)
     if c.architecture.disentangled_attention:  # its terms count in the divisor, relative or not
       bias = None
       if attending.positions is not None:
@@ -336,10 +247,10 @@ class SelfAttention(nn.Module):
     attention = None
     hidden_dropout_name = None  # flax's own name ("Dropout_<n>"), unless set below
     if return_attention or cache is not None:
-      attention = _kept(jax.nn.softmax(_scores(q, k, mask, terms), axis=-1))
+      attention = _kept(jax.nn.softmax(scores(q, k, mask, terms), axis=-1))
       probs = attention
       if dropout_on_probs:  # the rng the branch below draws: the same entries dropped
-        probs = _dropped_out(attention, _ScopeRng(name="Dropout_0")(), c.attention_dropout)
+        probs = dropped_out(attention, ScopeRng(name="Dropout_0")(), c.attention_dropout)
         hidden_dropout_name = "Dropout_1"
       context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     elif dropout_on_probs:
@@ -347,21 +258,23 @@ class SelfAttention(nn.Module):
       # it keeps its name "Dropout_1". On accelerators (and in the kernel tests) the flash kernel
       # makes the dropout mask inside from a seed drawn from that rng, so no [B, H, L, L] tensor
       # reaches HBM; elsewhere the explicit path makes the same mask from the same seed.
-      rng = _ScopeRng(name="Dropout_0")()
-      platform = kernel_platform() if terms.bias is None else None  # our kernel adds no bias
+      rng = ScopeRng(name="Dropout_0")()
+      platform = kernel_platform() if terms.bias is None and not terms.window else None  # ours: no bias, no window
       if platform and mask.ndim == 2 and attention_kernel.supported(l, c.head_dim, platform):
         context = attention_kernel.flash_attention(
           q, k, v, mask, dropout_bits.seed_from_key(rng), c.attention_dropout, platform
         )
       else:
-        context = _attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, terms)
+        context = attention_with_dropout(q, k, v, mask, rng, c.attention_dropout, terms)
       hidden_dropout_name = "Dropout_1"
     else:
       context = fused_attention(q, k, v, mask, terms)
     context = _kept(context)
     out = _dense(c.hidden_size, c, "output")(_probe(self, "heads", context.reshape(b, l, c.hidden_size)))
     out = Dropout(c.hidden_dropout, name=hidden_dropout_name)(out, deterministic=deterministic)
-    out = _layer_norm(c, "LayerNorm")(_kept(out + x_BxLxD))
+    out = _kept(out + residual)
+    if not c.architecture.pre_norm:
+      out = _layer_norm(c, "LayerNorm")(out)
     return out, (swap(q), swap(k), swap(v), attention)
 
   def _position_maps(self, kernels, biases) -> dict:
@@ -376,19 +289,30 @@ class SelfAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
+  """Self-attention, then the feed-forward block, each added to its input and normed after (BERT's
+  post-norm) or normed before (a pre-norm architecture's: "output_LayerNorm" is then the norm
+  before the feed-forward block). A gated block multiplies the activation by a second map ("gate")."""
+
   config: EncoderConfig
+  first: bool = False  # the encoder's first layer: a pre-norm one has no norm before its attention
+  sliding: bool = False  # its attention within a sliding window (ModernBERT's `sliding_layers`)
 
   @nn.compact
   def __call__(self, x_BxLxD, attending: Attending, deterministic, return_attention=False, cache=None):
     c = self.config
-    h, (q, k, v, attention) = SelfAttention(c, name="attention")(
+    h, (q, k, v, attention) = SelfAttention(c, self.first, self.sliding, name="attention")(
       x_BxLxD, attending, deterministic, return_attention, cache
     )
-
-    pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(h))
-    y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", ACTIVATIONS[c.hidden_act](pre_activation)))
+    ffn_input = _layer_norm(c, "output_LayerNorm")(h) if c.architecture.pre_norm else h
+    pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(ffn_input))
+    activation = ACTIVATIONS[c.hidden_act](pre_activation)
+    if c.architecture.gated_mlp:
+      activation = activation * _dense(c.intermediate_size, c, "gate")(ffn_input)
+    y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", activation))
     y = Dropout(c.hidden_dropout)(y, deterministic=deterministic)
-    out = _layer_norm(c, "output_LayerNorm")(_kept(y + h))
+    out = _kept(y + h)
+    if not c.architecture.pre_norm:
+      out = _layer_norm(c, "output_LayerNorm")(out)
     return LayerOutput(q=q, k=k, v=v, attention=attention, hidden=out)
 
 
@@ -450,13 +374,23 @@ class Encoder(nn.Module):
     x = Embeddings(c, name="embeddings")(input_ids_BxL, token_type_ids_BxL, deterministic, position_ids_BxL, mask)
     embeddings = x
     attending = Attending(mask, self._relative_positions(input_ids_BxL.shape[1], cache))
+    by_kind = {False: attending}  # a layer's Attending by whether it attends within a sliding window
+    if c.architecture.rotary:
+      assert cache is None, "incremental decoding is the BERT family's (UniLM's sequence-to-sequence model)"
+      positions_BxL = position_ids(input_ids_BxL, c) if position_ids_BxL is None else position_ids_BxL
+      by_kind = modernbert.layer_attending(c, mask, positions_BxL)
     layers = []
     layer = _RematerialisedLayer if not deterministic and on_accelerator() else TransformerLayer
     for i in range(c.num_layers if num_layers is None else num_layers):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i], cache.index)
-      out = layer(c, name=layout.layer_name(i))(x, attending, deterministic, return_attention, layer_cache)
+      sliding = i in c.sliding_layers
+      out = layer(c, i == 0, sliding, name=layout.layer_name(i))(
+        x, by_kind[sliding], deterministic, return_attention, layer_cache
+      )
       layers.append(out)
       x = out.hidden
+    if c.architecture.pre_norm:  # the residual stream normed once at the end
+      x = _layer_norm(c, "final_norm")(x)
     pooled = jnp.tanh(_dense(c.hidden_size, c, "pooler")(x[:, 0]))
     return EncoderOutput(last_hidden_state=x, pooler_output=pooled, embeddings=embeddings, layers=tuple(layers))
 

@@ -21,15 +21,26 @@ def parse_shape(spec: str) -> EncoderConfig:
   return EncoderConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
 
 
-def layer_flops_per_token(hidden: int, intermediate: int, length: int) -> int:
-  """Forward FLOPs of one Transformer layer per token at sequence length `length`: the Q/K/V/output
-  projections (8 d^2), the feed-forward block (4 d i), the scores and the weighted sum (4 S d).
-  With i = 4d: 24 d^2 + 4 S d."""
-  return 8 * hidden * hidden + 4 * hidden * intermediate + 4 * length * hidden
+def layer_flops_per_token(hidden: int, intermediate: int, length: int, gated: bool = False) -> int:
+  """Forward FLOPs of one Transformer layer per token where each query sees `length` keys: the
+  Q/K/V/output projections (8 d^2), the feed-forward block (4 d i; 6 d i gated, GeGLU's second
+  map), the scores and the weighted sum (4 S d). With i = 4d: 24 d^2 + 4 S d."""
+  return 8 * hidden * hidden + (6 if gated else 4) * hidden * intermediate + 4 * length * hidden
+
+
+def layers_flops_per_token(config, num_layers: int, length: int) -> int:
+  """Forward FLOPs per token of `config`'s first `num_layers` layers at sequence length `length`: a
+  sliding layer's queries see the keys of their window alone (ModernBERT's)."""
+
+  def keys_seen(i):
+    return min(length, config.local_window + 1) if i in config.sliding_layers else length
+
+  d, i_size, gated = config.hidden_size, config.intermediate_size, config.architecture.gated_mlp
+  return sum(layer_flops_per_token(d, i_size, keys_seen(i), gated) for i in range(num_layers))
 
 
 def encoder_flops_per_token(config, length: int) -> int:
-  return config.num_layers * layer_flops_per_token(config.hidden_size, config.intermediate_size, length)
+  return layers_flops_per_token(config, config.num_layers, length)
 
 
 class LossLayer(NamedTuple):
@@ -46,7 +57,7 @@ def distill_flops_per_token(teacher: LossLayer, student: LossLayer, length: int,
 
   def share(config, layer):
     d = config.hidden_size
-    below = layer * layer_flops_per_token(d, config.intermediate_size, length)
+    below = layers_flops_per_token(config, layer, length)
     return below + 6 * d * d + num_relations * 2 * length * d
 
   return share(*teacher) + 3 * share(*student)
@@ -78,12 +89,12 @@ def distill_step_flops_by_part(
   (teacher, teacher_layer), (student, student_layer) = teacher_read, student_read
   tokens = batch * length
   t_d, s_d = teacher.hidden_size, student.hidden_size
-  student_dense = tokens * (student_layer * (8 * s_d * s_d + 4 * s_d * student.intermediate_size) + 6 * s_d * s_d)
+  ffn = (6 if student.architecture.gated_mlp else 4) * s_d * student.intermediate_size
+  student_dense = tokens * (student_layer * (8 * s_d * s_d + ffn) + 6 * s_d * s_d)
   attention_forward, attention_backward = attention_kernel_flops(batch, length, s_d)
   relation_forward, relation_backward = relation_kl_flops(batch, length, t_d, s_d)
   return {
-    "teacher forward": tokens
-    * (teacher_layer * layer_flops_per_token(t_d, teacher.intermediate_size, length) + 6 * t_d * t_d),
+    "teacher forward": tokens * (layers_flops_per_token(teacher, teacher_layer, length) + 6 * t_d * t_d),
     "student dense forward": student_dense,
     "student dense backward": 2 * student_dense,
     "attention kernel forward": student_layer * attention_forward,

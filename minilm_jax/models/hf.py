@@ -1,4 +1,5 @@
-"""Hugging Face import and export for the BERT family and MPNet, without torch on the safetensors path.
+"""Hugging Face import and export of every architecture `models.config.MODEL_TYPES` names, without
+torch on the safetensors path.
 
 `load(dir) -> LoadedModel` reads `config.json` plus `model.safetensors` (or a sharded
 safetensors index, or `pytorch_model.bin` through torch's pickle-free `weights_only=True` loader).
@@ -16,7 +17,7 @@ import numpy as np
 from flax import traverse_util
 
 from minilm_jax.errors import UserError
-from minilm_jax.models import deberta, layout
+from minilm_jax.models import deberta, layout, modernbert
 from minilm_jax.models.config import MODEL_TYPES
 from minilm_jax.models.encoder import EncoderConfig, abstract_params, init_params
 from minilm_jax.models.heads import MLM_WEIGHTS, head_kind
@@ -61,13 +62,22 @@ _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "sentencepiece.bpe.model", "v
 
 
 def _name_pairs(config: EncoderConfig):
-  """Yields (our path, HF name, how) for every parameter of `config`'s encoder (`models.layout`; the
-  rows of its architecture that its config has: DeBERTa's position maps only without shared keys...).
-  How: "linear" kernels are stored [in, out] here and [out, in] in PyTorch; everything else is copied."""
+  """Yields (our path, HF name, how, part) for every parameter of `config`'s encoder (`models.layout`;
+  the rows of its architecture that its config has: DeBERTa's position maps only without shared
+  keys, no norm before ModernBERT's first attention...). How: "linear" kernels are stored [in, out]
+  here and [out, in] in PyTorch; everything else is copied. Part: (i, n) where the HF tensor is n
+  of ours stacked (`layout.Param.part`), else None."""
   present = traverse_util.flatten_dict(abstract_params(config), sep="/")
   for ours, theirs, row in layout.named_params(config.num_layers, config.model_type):
     if ours in present:
-      yield ours, theirs, "linear" if row.linear else "copy"
+      yield ours, theirs, "linear" if row.linear else "copy", row.part
+
+
+def _ours(tensor, how: str, part):
+  """One of our parameters from its Hugging Face tensor (its part of it, transposed if linear)."""
+  if part is not None:
+    tensor = np.split(tensor, part[1], axis=0)[part[0]]
+  return tensor.T if how == "linear" else tensor
 
 
 def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
@@ -84,6 +94,8 @@ def config_from_hf(hf_config: dict, dtype: str = "float32") -> EncoderConfig:
     fields.update(type_vocab_size=0, relative_attention_buckets=hf_config.get("relative_attention_num_buckets", 32))
   if architecture.disentangled_attention:
     fields.update(deberta.config_from_hf(hf_config))
+  if architecture.rotary:
+    fields.update(modernbert.config_from_hf(hf_config))
   return EncoderConfig(model_type=model_type, dtype=dtype, **fields)
 
 
@@ -96,6 +108,8 @@ def config_to_hf(config: EncoderConfig) -> dict:
     d["relative_attention_num_buckets"] = config.relative_attention_buckets
   if config.architecture.disentangled_attention:
     d.update(deberta.config_to_hf(config))
+  if config.architecture.rotary:
+    d = modernbert.config_to_hf(d, config)
   return d
 
 
@@ -168,16 +182,17 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
   tensors = {_normalise_name(k): v for k, v in raw.items()}
   expected = traverse_util.flatten_dict(abstract_params(config), sep="/")
   flat, missing = {}, []
-  for ours, theirs, how in _name_pairs(config):
+  for ours, theirs, how, part in _name_pairs(config):
     if theirs not in tensors:
       missing.append((ours, theirs))
       continue
-    value = tensors[theirs].T if how == "linear" else tensors[theirs]
+    value = _ours(tensors[theirs], how, part)
     if value.shape != expected[ours].shape:
+      implied = expected[ours].shape[::-1] if how == "linear" else expected[ours].shape
+      implied = (implied[0] * part[1], *implied[1:]) if part else implied
       raise UserError(
         f"{model_dir}: tensor {theirs} has shape {tuple(tensors[theirs].shape)}, but config.json implies "
-        f"{tuple(expected[ours].shape[::-1] if how == 'linear' else expected[ours].shape)}: "
-        f"config and weights do not match"
+        f"{tuple(implied)}: config and weights do not match"
       )
     flat[ours] = np.asarray(value, np.float32)
   required = [theirs for ours, theirs in missing if not ours.startswith(_OPTIONAL_PREFIXES)]
@@ -194,10 +209,18 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
 
 
 def _convert(flat, pairs):
-  out = {}
-  for ours, theirs, how in pairs:
+  """Hugging Face tensors by name of our `flat` parameters, by (ours, theirs, how, part) `pairs`
+  (`_name_pairs`): the parts of a fused tensor stacked in their order."""
+  out: dict = {}
+  parts: dict[str, list] = {}
+  for ours, theirs, how, part in pairs:
     value = np.asarray(flat[ours], np.float32)
-    out[theirs] = np.ascontiguousarray(value.T if how == "linear" else value)
+    value = value.T if how == "linear" else value
+    if part is None:
+      out[theirs] = np.ascontiguousarray(value)
+    else:
+      parts.setdefault(theirs, [None] * part[1])[part[0]] = value
+  out.update({theirs: np.ascontiguousarray(np.concatenate(stacked, axis=0)) for theirs, stacked in parts.items()})
   return out
 
 
@@ -221,7 +244,7 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict | None = None) -> di
   encoder = {k[len("encoder/") :]: v for k, v in flat.items() if k.startswith("encoder/")}
   prefix = config.architecture.weights_prefix
   tensors = {prefix + k: v for k, v in _convert(encoder, _name_pairs(config)).items()}
-  tensors.update(_convert(flat, head_kind(head).hf_weights))
+  tensors.update(_convert(flat, ((*pair, None) for pair in head_kind(head).hf_weights)))
   return tensors
 
 

@@ -1,8 +1,9 @@
 """The encoder's parameter layout: one table that every part handling parameters by name reads.
 
 A row names one parameter of `Encoder` (`{i}`: the layer index) and says, for each reader:
-- `hf_name`, `linear`: the Hugging Face tensor it converts to (`minilm_jax.models.hf`); a linear kernel
-  is stored [in, out] here and [out, in] in PyTorch.
+- `hf_name`, `linear`, `part`: the Hugging Face tensor it converts to (`minilm_jax.models.hf`); a
+  linear kernel is stored [in, out] here and [out, in] in PyTorch; `part` (i, n): the tensor is n
+  of ours stacked along PyTorch's first axis, this one the i-th (ModernBERT's fused maps).
 - `shard`: how tensor parallelism splits it over the mesh's `model` axis (`minilm_jax.devices.parallel`),
   Megatron-style: "column" splits the last axis (Q/K/V and the first feed-forward matrix, by
   output), "row" the first (the attention output and second feed-forward matrix, by input; the
@@ -33,6 +34,7 @@ class Param:
   linear: bool = False
   shard: str | None = None
   etd_axes: tuple = ("hidden",)
+  part: tuple | None = None
 
   @property
   def per_layer(self) -> bool:
@@ -91,6 +93,20 @@ _MPNET_LAYER = {
   "attention/LayerNorm/scale": "attention.LayerNorm.weight",
   "attention/LayerNorm/bias": "attention.LayerNorm.bias",
 }  # fmt: skip
+# ModernBERT's layers are `layers.{i}`: one fused Q/K/V map (`attn.Wqkv`) and one fused map of the
+# gated block's two halves (`mlp.Wi`: the activated half first), norms before the blocks
+# (`attn_norm`, none in layer 0; `mlp_norm`), no biases; its embeddings are `tok_embeddings` and
+# `norm`, without positions or token types; no pooler.
+_MODERNBERT = {
+  "embeddings/word_embeddings/embedding": "embeddings.tok_embeddings.weight",
+  "embeddings/LayerNorm/scale": "embeddings.norm.weight",
+  f"{LAYER}/attention/output/kernel": "layers.{i}.attn.Wo.weight",
+  f"{LAYER}/attention/LayerNorm/scale": "layers.{i}.attn_norm.weight",
+  f"{LAYER}/intermediate/kernel": "layers.{i}.mlp.Wi.weight",
+  f"{LAYER}/output/kernel": "layers.{i}.mlp.Wo.weight",
+  f"{LAYER}/output_LayerNorm/scale": "layers.{i}.mlp_norm.weight",
+  **{f"{LAYER}/attention/{p}/kernel": "layers.{i}.attn.Wqkv.weight" for p in ("query", "key", "value")},
+}
 HF_NAMES = {
   "mpnet": {
     "embeddings/token_type_embeddings/embedding": None,
@@ -103,7 +119,15 @@ HF_NAMES = {
     "pooler/kernel": None,
     "pooler/bias": None,
   },
+  "modernbert": {p.path: _MODERNBERT.get(p.path) for p in ENCODER},
 }  # fmt: skip
+# The part of a fused Hugging Face tensor each of ours is (`Param.part`), by architecture.
+_PARTS = {
+  "modernbert": {
+    **{f"{LAYER}/attention/{p}/kernel": (i, 3) for i, p in enumerate(("query", "key", "value"))},
+    f"{LAYER}/intermediate/kernel": (0, 2),
+  },
+}
 # Parameters of one architecture alone: MPNet's relative-attention bias, [buckets, heads], shared by
 # its layers (ETD keeps every head, so the table whole).
 ARCHITECTURE_PARAMS = {
@@ -126,6 +150,12 @@ ARCHITECTURE_PARAMS = {
         _layer(f"attention/{ours}/bias", f"attention.self.{theirs}.bias", shard="column", etd_axes=("heads",)),
       )
     ),
+  ),
+  # ModernBERT's gate (the second half of `mlp.Wi`, taken with the same units as the first) and the
+  # norm after its last layer.
+  "modernbert": (
+    Param(f"{LAYER}/gate/kernel", "layers.{i}.mlp.Wi.weight", True, "column", ("hidden", "ffn"), part=(1, 2)),
+    Param("final_norm/scale", "final_norm.weight", etd_axes=("output_hidden",)),
   ),
 }
 _BY_PATH = {p.path: p for p in (*ENCODER, *(p for extra in ARCHITECTURE_PARAMS.values() for p in extra))}
@@ -157,8 +187,8 @@ def word_embeddings(encoder_params: Mapping):
 def rows(model_type: str = "bert") -> tuple:
   """The rows of an encoder of `model_type`: BERT's, with its own names (`HF_NAMES`) and parameters
   (`ARCHITECTURE_PARAMS`)."""
-  renamed = HF_NAMES.get(model_type, {})
-  kept = (dataclasses.replace(p, hf_name=renamed.get(p.path, p.hf_name)) for p in ENCODER)
+  renamed, parts = HF_NAMES.get(model_type, {}), _PARTS.get(model_type, {})
+  kept = (dataclasses.replace(p, hf_name=renamed.get(p.path, p.hf_name), part=parts.get(p.path)) for p in ENCODER)
   return (*(p for p in kept if p.hf_name is not None), *ARCHITECTURE_PARAMS.get(model_type, ()))
 
 
@@ -166,7 +196,12 @@ def param_rows(model_type: str, params: Mapping) -> tuple:
   """The rows of the parameters an encoder of `model_type` has in `params` (flat, by our paths), its
   Hugging Face names aside: a DeBERTa's pooler, which transformers' has not, included."""
   rows_of_type = (*ENCODER, *ARCHITECTURE_PARAMS.get(model_type, ()))
-  return tuple(p for p in rows_of_type if p.path.format(i=0) in params)
+  layers = {m.group() for m in map(_LAYER_INDEX.match, params) if m}
+  # A row of a layer's is present when any layer has it (ModernBERT's first layer has no attention norm).
+  present = lambda p: (
+    any(p.path.replace(LAYER, layer) in params for layer in layers) if p.per_layer else p.path in params
+  )
+  return tuple(p for p in rows_of_type if present(p))
 
 
 def named_params(num_layers: int, model_type: str = "bert"):

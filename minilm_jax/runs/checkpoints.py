@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 import traceback
+import warnings
 from typing import NoReturn
 
 import jax
@@ -91,7 +92,9 @@ def quiet_orbax_failure_reports():
   whose exception nobody retrieved; as the save unwinds, the TensorStore callbacks that find the
   event loop closed; and, after a restore of a damaged checkpoint fails, its other reads (Orbax's
   coroutines, each holding the failure and a 60-line TensorStore spec; 3,137 lines for one
-  truncated file) as Python collects them. Python reports those last two as unraisable."""
+  truncated file) as Python collects them. Python reports those last two as unraisable; and, as
+  the interpreter ends after a failed save, the warning that one of the save's write coroutines
+  (jax's array serialisation, under Orbax) never ran."""
   absl_logger = logging.getLogger("absl")  # absl.logging's records, which Orbax writes through
   if any(isinstance(f, _NotAnOrbaxError) for f in absl_logger.filters):
     return
@@ -105,6 +108,7 @@ def quiet_orbax_failure_reports():
       where += "".join(traceback.format_tb(record.exc_info[2]))
     return f"{os.sep}orbax{os.sep}" not in where and "orbax" not in record.getMessage()
 
+  warnings.filterwarnings("ignore", message="coroutine 'async_serialize_from_host.*' was never awaited")
   absl_logger.addFilter(_NotAnOrbaxError())
   logging.getLogger("asyncio").addFilter(not_an_orbax_task)
   previous_hook = sys.unraisablehook

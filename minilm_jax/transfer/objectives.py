@@ -50,7 +50,8 @@ import ml_collections
 
 from minilm_jax.errors import UserError
 from minilm_jax.models import embeddings, layout
-from minilm_jax.models.encoder import Encoder, EncoderOutput, merge_heads
+from minilm_jax.models.attention import merge_heads
+from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.models.heads import LMHead
 from minilm_jax.transfer import relations
 
@@ -147,6 +148,9 @@ class Outputs(NamedTuple):
   layers: tuple
   mlm_logits: Any | None = None
   embeddings: Any | None = None  # the embedding layer's output [B, L, D]: the input of layer 0
+  # The last layer's output as the model hands it on (`EncoderOutput.last_hidden_state`: a pre-norm
+  # model's final norm applied), what a sentence embedding pools.
+  last_hidden_state: Any | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,7 +373,7 @@ class Objective:
       logits = LMHead(model.config).apply(
         {"params": params["mlm_head"]}, out.last_hidden_state, layout.word_embeddings(params)
       )
-    return Outputs(out.layers, logits, out.embeddings)
+    return Outputs(out.layers, logits, out.embeddings, out.last_hidden_state)
 
   def student_terms(self, student: Encoder, params, teacher: Outputs, batch: dict, rngs=None) -> dict:
     """The loss terms of student `params` (its encoder's, plus what it learns besides) against the
@@ -383,9 +387,9 @@ class Objective:
     terms = DISTILLATION_OBJECTIVES[self.name][0](self, teacher, student, batch, projection)
     if self.embedding_weight > 0:
       mask = batch["attention_mask"]
-      t_embedding = embeddings.sentence_embeddings(teacher.layers[-1].hidden, mask, self.pooling)
+      t_embedding = embeddings.sentence_embeddings(teacher.last_hidden_state, mask, self.pooling)
       kernel = projection["embedding"]["kernel"] if "embedding" in projection else None
-      s_embedding = embeddings.sentence_embeddings(student.layers[-1].hidden, mask, self.pooling, kernel)
+      s_embedding = embeddings.sentence_embeddings(student.last_hidden_state, mask, self.pooling, kernel)
       distance = embeddings.EMBEDDING_LOSSES[self.embedding_loss]
       terms[f"embedding_{self.embedding_loss}"] = self.embedding_weight * distance(s_embedding, t_embedding)
     return terms

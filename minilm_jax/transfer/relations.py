@@ -17,8 +17,10 @@ import jax.numpy as jnp
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention as attention_kernel
 from minilm_jax.kernels import relation_kl as relation_kl_kernel
+from minilm_jax.kernels.attention import MASK_VALUE
 from minilm_jax.kernels.platform import kernel_platform
-from minilm_jax.models.encoder import MASK_VALUE, LayerOutput, merge_heads, split_heads
+from minilm_jax.models.attention import merge_heads, split_heads
+from minilm_jax.models.encoder import LayerOutput
 
 PROJECTIONS = ("q", "k", "v")
 # The relation sets of the papers, by name.
