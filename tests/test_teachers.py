@@ -129,6 +129,36 @@ def test_the_relations_read_the_content_queries_and_keys(request, model_type):
   assert not np.allclose(content, out.layers[1].attention, atol=1e-3)  # the relative terms are the model's
 
 
+def test_a_modernbert_student_takes_each_layers_kind_and_its_first_layer_has_no_attention_norm(
+  tiny_modernbert_teacher, tiny_corpus
+):
+  """ETD from ModernBERT's layers 2 and 4 (a sliding layer, then a global one): the student's first
+  layer attends within the window and its second globally, as the layers they are taken from; its
+  first layer has no norm before its attention (as every ModernBERT's), the second takes the
+  teacher's; a random student attends as ModernBERT's of its depth."""
+  from minilm_jax.distill import etd
+  from minilm_jax.distill.step import student_config
+  from minilm_jax.models import hf
+
+  loaded = hf.load(tiny_modernbert_teacher)
+  assert loaded.config.sliding_layers == (1, 2)
+  overrides = {"student.model_type": "modernbert", "student.init": "etd", "etd.layers": "2,4"}
+  overrides |= {"student.hidden_size": 32, "student.intermediate_size": 64}
+  config = tiny_config(tiny_modernbert_teacher, tiny_corpus, **overrides)
+  student = student_config(config, loaded.config)
+  assert student.sliding_layers == (0,) and student.local_window == loaded.config.local_window
+  indices = etd.random_indices(loaded.config, student, seed=0)
+  params = etd.extract(loaded.params, loaded.config, student, indices, config.etd.layers)
+  assert "LayerNorm" not in params["layer_0"]["attention"]
+  np.testing.assert_array_equal(
+    params["layer_1"]["attention"]["LayerNorm"]["scale"], loaded.params["layer_3"]["attention"]["LayerNorm"]["scale"]
+  )
+  config = tiny_config(
+    tiny_modernbert_teacher, tiny_corpus, **{"student.model_type": "modernbert", "student.num_layers": 4}
+  )
+  assert student_config(config, loaded.config).sliding_layers == (1, 2)
+
+
 def test_the_relations_read_modernberts_rotated_queries_and_keys(tiny_modernbert_teacher):
   """What MiniLM's relations read of a ModernBERT: each layer's queries and keys after the rotation
   by position, so that on a global layer the attention relation is the model's own attention

@@ -133,8 +133,11 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms: ScoreTerms = S
       scale=None if terms.scale is None else 1.0 / terms.scale,
       implementation="xla",
     )
-  if terms.window and mask.ndim == 2:
-    return local_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms)
+  if terms.window:  # by blocks where they do less work than the dense scores (longer than 1.5 windows)
+    if mask.ndim == 2 and q_BxLxHxK.shape[1] > 3 * (terms.window // 2):
+      return local_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms)
+    visible = _visible(mask, terms.window)
+    return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=visible, implementation="xla")
   implementation = fused_attention_implementation(q_BxLxHxK.dtype, head_dim)
   if implementation == "cudnn" and mask.ndim == 2:
     lengths_B = jnp.sum(mask, axis=-1, dtype=jnp.int32)
@@ -148,8 +151,7 @@ def fused_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, terms: ScoreTerms = S
     )
   if mask.ndim == 2 and kernel_platform() == "tpu" and attention_kernel.supported(mask.shape[1], head_dim, "tpu"):
     return attention_kernel.flash_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask, 0, 0.0, "tpu")
-  visible = _visible(mask, terms.window)  # a per-query mask (sequence-to-sequence) with a window
-  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=visible, implementation="xla")
+  return jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxHxK, v_BxLxHxK, mask=_key_mask(mask), implementation="xla")
 
 
 class ScopeRng(nn.Module):

@@ -16,6 +16,8 @@ Module names follow the Hugging Face layout so that the name mapping in `minilm_
 short table.
 """
 
+from typing import Any
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -87,16 +89,31 @@ class _DenseParams(nn.Module):
     return kernel, self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
 
 
+class LayerNorm(nn.Module):
+  """`nn.LayerNorm`'s parameters ("scale", and "bias" where the architecture has biases) and its
+  two-pass statistics (the variance of the centred input: E[x^2] - E[x]^2 loses float32 precision
+  when the mean is large, 1e-4 off transformers), in float32, written out: on a CPU flax's own
+  two-pass form took a pre-norm 6x384 student's step from 0.59 to 0.74 s (its input also feeds
+  the residual sum)."""
+
+  epsilon: float
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    features = x.shape[-1]
+    x = x.astype(jnp.float32)
+    centred = x - jnp.mean(x, axis=-1, keepdims=True)
+    variance = jnp.mean(centred * centred, axis=-1, keepdims=True)
+    y = centred * (jax.lax.rsqrt(variance + self.epsilon) * self.param("scale", nn.initializers.ones, (features,)))
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros, (features,))
+    return y.astype(self.dtype)
+
+
 def _layer_norm(config, name):
-  # use_fast_variance=False: E[x^2]-E[x]^2 loses float32 precision when the mean is large (off by 1e-4 from HF).
-  return nn.LayerNorm(
-    epsilon=config.layer_norm_eps,
-    dtype=DTYPES[config.dtype],
-    param_dtype=jnp.float32,
-    use_bias=config.architecture.biases,
-    use_fast_variance=False,
-    name=name,
-  )
+  return LayerNorm(config.layer_norm_eps, config.architecture.biases, DTYPES[config.dtype], name=name)
 
 
 def _embed(num, config, name):
@@ -304,10 +321,16 @@ class TransformerLayer(nn.Module):
       x_BxLxD, attending, deterministic, return_attention, cache
     )
     ffn_input = _layer_norm(c, "output_LayerNorm")(h) if c.architecture.pre_norm else h
-    pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(ffn_input))
-    activation = ACTIVATIONS[c.hidden_act](pre_activation)
     if c.architecture.gated_mlp:
-      activation = activation * _dense(c.intermediate_size, c, "gate")(ffn_input)
+      # One product for the two maps (their parameters kept apart): on a CPU, two bias-free products
+      # of one input under the gate took a ModernBERT 6x384 student's step from 0.67 to 0.95 s.
+      maps = [_DenseParams(c.intermediate_size, c, name=n)(ffn_input.shape[-1])[0] for n in ("intermediate", "gate")]
+      both = ffn_input @ jnp.concatenate(maps, axis=1).astype(ffn_input.dtype)
+      pre_activation, gate = _kept(both[..., : c.intermediate_size]), both[..., c.intermediate_size :]
+      activation = ACTIVATIONS[c.hidden_act](pre_activation) * gate
+    else:
+      pre_activation = _kept(_dense(c.intermediate_size, c, "intermediate")(ffn_input))
+      activation = ACTIVATIONS[c.hidden_act](pre_activation)
     y = _dense(c.hidden_size, c, "output")(_probe(self, "ffn", activation))
     y = Dropout(c.hidden_dropout)(y, deterministic=deterministic)
     out = _kept(y + h)
