@@ -3,6 +3,7 @@ MiniLM's relations into a student of its own architecture (started from its laye
 BERT-shaped student on its vocabulary; a student that cannot be either is one line before any work."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -192,9 +193,11 @@ def test_the_relations_read_modernberts_rotated_queries_and_keys(tiny_modernbert
 def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
   request, sst2_dir, squad_dir, tmp_path, model_type
 ):
-  """`finetune --config.init=<a DeBERTa or MPNet folder>`: sentence classification (its tokenizer's
-  own special tokens around the sentence) and SQuAD spans (the pair inputs its tokenizer writes),
-  each a finite dev score; the task head's export is BERT's alone, so the encoder exports alone."""
+  """`finetune --config.init=<a DeBERTa, MPNet or ModernBERT folder>`: sentence classification (its
+  tokenizer's own special tokens around the sentence) and SQuAD spans (the pair inputs its tokenizer
+  writes), each a finite dev score; each exported as transformers' task model of the architecture,
+  whose logits are ours, where transformers' head computes ours (ModernBERT's norms the pooled
+  vector: its task heads are refused in one line and the encoder exports alone)."""
   from conftest import finetune_config
   from minilm_jax.finetuning.run import build_finetuning
 
@@ -204,8 +207,38 @@ def test_a_teacher_of_each_architecture_fine_tunes_and_answers_spans(
   config = finetune_config(teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
   _, results = build_finetuning(config, str(tmp_path / "squad")).run()
   assert np.isfinite(results["dev/f1"])
-  with pytest.raises(UserError, match=f"exporting a {model_type} task head is not supported"):
-    runs.export_run(str(tmp_path / "sst2"), str(tmp_path / "exported"))
+  for task, auto, texts in (
+    ("sst2", "AutoModelForSequenceClassification", (["Return the path.", "Something else entirely, at length."],)),
+    ("squad", "AutoModelForQuestionAnswering", (["Which word comes first?"], ["Return the value."])),
+  ):
+    out = str(tmp_path / f"{task}_exported")
+    if model_type == "modernbert":
+      with pytest.raises(UserError, match="exporting a modernbert .* head is not supported"):
+        runs.export_run(str(tmp_path / task), out)
+      continue
+    runs.export_run(str(tmp_path / task), out)
+    assert _exported_logits(str(tmp_path / task), out, auto, texts) < 1e-4
+
+
+def _exported_logits(workdir: str, out: str, auto: str, texts: tuple) -> float:
+  """The largest difference between a run's task model's logits and those of transformers' task
+  model of its export (of the architecture's own class), on `texts`."""
+  import torch
+  import transformers
+
+  from minilm_jax.models.heads import task_model
+
+  config, params, tokenizer, head = runs.read_run(workdir)[:4]
+  batch = tokenizer(*texts, padding=True, return_tensors="np")
+  ids, mask = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
+  ours = task_model(config, head).apply({"params": params}, ids, mask)
+  model = getattr(transformers, auto).from_pretrained(out).eval()
+  assert type(model).__name__.startswith(config.architecture.hf_architecture.removesuffix("Model"))
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"]))
+  theirs = (theirs.logits,) if "logits" in theirs else (theirs.start_logits, theirs.end_logits)
+  ours = ours if isinstance(ours, tuple) else (ours,)
+  return max(float(np.abs(np.asarray(o) - t.numpy()).max()) for o, t in zip(ours, theirs))
 
 
 @pytest.mark.slow

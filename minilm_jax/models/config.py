@@ -25,7 +25,7 @@ class Architecture:
   positions_after_padding: bool  # RoBERTa, XLM-R, MPNet number real positions from padding_idx + 1; BERT from 0
   hf_architecture: str  # the transformers class of the encoder alone
   mlm_weights: str  # the Hugging Face layout of its masked-LM head (`heads.MLM_WEIGHTS`)
-  task_heads_export: bool  # its task heads export in transformers' layout (BERT's alone so far)
+  head_layout: str  # how its transformers task models name our task heads' weights (`HeadKind.hf_weights`)
   position_bias: bool = False  # MPNet's learned bias of the scores by bucketed relative position (`models.mpnet`)
   disentangled_attention: bool = False  # DeBERTa's c2p and p2c terms of the scores (`models.deberta`)
   weights_prefix: str = "bert."  # what transformers' task models put before the encoder's weights
@@ -40,15 +40,15 @@ class Architecture:
 
 
 MODEL_TYPES = {
-  "bert": Architecture(False, "BertModel", "bert", True),
-  "roberta": Architecture(True, "RobertaModel", "roberta", False, weights_prefix="roberta."),
-  "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", False, weights_prefix="roberta."),
-  "mpnet": Architecture(True, "MPNetModel", "roberta", False, position_bias=True, weights_prefix="mpnet."),
+  "bert": Architecture(False, "BertModel", "bert", "bert"),
+  "roberta": Architecture(True, "RobertaModel", "roberta", "roberta", weights_prefix="roberta."),
+  "xlm-roberta": Architecture(True, "XLMRobertaModel", "roberta", "roberta", weights_prefix="roberta."),
+  "mpnet": Architecture(True, "MPNetModel", "roberta", "roberta", position_bias=True, weights_prefix="mpnet."),
   "deberta-v2": Architecture(
     False,
     "DebertaV2Model",
     "bert",
-    False,
+    "deberta",
     disentangled_attention=True,
     weights_prefix="deberta.",
     masks_embeddings=True,
@@ -57,7 +57,7 @@ MODEL_TYPES = {
     False,
     "ModernBertModel",
     "bert",
-    False,
+    "",  # its task models norm the pooled vector (`ModernBertPredictionHead`), which ours do not
     weights_prefix="model.",
     pre_norm=True,
     rotary=True,

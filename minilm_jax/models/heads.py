@@ -258,8 +258,11 @@ class HeadKind:
   record) is a dict {"kind": <a key of HEADS>, ...the module's fields}."""
 
   module: Callable[[EncoderConfig, dict], nn.Module]
-  hf_architecture: str  # the transformers class an export loads as (the encoder under `bert.`)
-  hf_weights: tuple  # (our name, transformers' name, "linear" | "copy") of the head's parameters
+  hf_class: str  # the transformers class an export loads as, after the architecture's name ("Bert...")
+  # By the architecture's `head_layout`: (our path in the task model, transformers' name, "linear" |
+  # "copy") of the head's parameters (an encoder parameter named here is exported as the head's
+  # alone); a layout not here does not export this head.
+  hf_weights: dict
   hf_config: Callable[[dict], dict] = lambda head: {}  # its own config.json fields
   label_dtype: Callable[[dict], Any] = lambda head: jnp.int32  # of the training labels
   check_params: Callable[[Any, dict], None] = lambda params, head: None  # a one-line error if they do not fit
@@ -270,24 +273,39 @@ class HeadKind:
   positions: Callable[[dict], int] = lambda head: 0  # extra positions its model's inputs hold
 
 
+def _linear(ours: str, theirs: str) -> tuple:
+  return ((f"{ours}/kernel", f"{theirs}.weight", "linear"), (f"{ours}/bias", f"{theirs}.bias", "copy"))
+
+
+# Our classifier is BERT's: the pooler's dense map and tanh on the first token, then a linear map.
+# RoBERTa's, XLM-R's and MPNet's classification heads hold the same two maps themselves
+# ("classifier.dense", "classifier.out_proj"); DeBERTa's pools by its ContextPooler, the same map
+# with `pooler_hidden_act` tanh (`HEAD_LAYOUT_CONFIG`).
+_SPAN_WEIGHTS = _linear("qa_outputs", "qa_outputs")
+HEAD_LAYOUT_CONFIG = {"deberta": {"pooler_hidden_act": "tanh"}}
+
 HEADS = {
   CLASSIFICATION: HeadKind(
     lambda config, head: SequenceClassifier(config, head["num_labels"]),
-    "BertForSequenceClassification",
-    (("classifier/kernel", "classifier.weight", "linear"), ("classifier/bias", "classifier.bias", "copy")),
+    "ForSequenceClassification",
+    {
+      "bert": _linear("classifier", "classifier"),
+      "roberta": (*_linear("encoder/pooler", "classifier.dense"), *_linear("classifier", "classifier.out_proj")),
+      "deberta": (*_linear("encoder/pooler", "pooler.dense"), *_linear("classifier", "classifier")),
+    },
     hf_config=_classification_config,
     check_params=_check_classifier,
     label_dtype=lambda head: jnp.float32 if head["num_labels"] == 1 else jnp.int32,  # one output: regression
   ),
   SPAN: HeadKind(
     lambda config, head: SpanExtractor(config),
-    "BertForQuestionAnswering",
-    (("qa_outputs/kernel", "qa_outputs.weight", "linear"), ("qa_outputs/bias", "qa_outputs.bias", "copy")),
+    "ForQuestionAnswering",
+    {"bert": _SPAN_WEIGHTS, "roberta": _SPAN_WEIGHTS, "deberta": _SPAN_WEIGHTS},
   ),
   SEQ2SEQ: HeadKind(
     lambda config, head: Seq2SeqLM(config, head["target_length"], masked_targets(head)),
-    "BertForMaskedLM",
-    MLM_WEIGHTS["bert"],
+    "ForMaskedLM",
+    {"bert": MLM_WEIGHTS["bert"]},
     generates=True,
     positions=lambda head: head["target_length"],
   ),

@@ -20,7 +20,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import deberta, layout, modernbert
 from minilm_jax.models.config import MODEL_TYPES
 from minilm_jax.models.encoder import EncoderConfig, abstract_params, init_params
-from minilm_jax.models.heads import MLM_WEIGHTS, head_kind
+from minilm_jax.models.heads import HEAD_LAYOUT_CONFIG, MLM_WEIGHTS, head_kind
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +241,13 @@ def to_hf_tensors(config: EncoderConfig, params, head: dict | None = None) -> di
   flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
   if head is None:
     return _convert(flat, _name_pairs(config))
+  weights = head_kind(head).hf_weights[config.architecture.head_layout]
+  taken = {ours[len("encoder/") :] for ours, _, _ in weights if ours.startswith("encoder/")}  # the head's own
   encoder = {k[len("encoder/") :]: v for k, v in flat.items() if k.startswith("encoder/")}
   prefix = config.architecture.weights_prefix
-  tensors = {prefix + k: v for k, v in _convert(encoder, _name_pairs(config)).items()}
-  tensors.update(_convert(flat, ((*pair, None) for pair in head_kind(head).hf_weights)))
+  pairs = (pair for pair in _name_pairs(config) if pair[0] not in taken)
+  tensors = {prefix + k: v for k, v in _convert(encoder, pairs).items()}
+  tensors.update(_convert(flat, ((*pair, None) for pair in weights)))
   return tensors
 
 
@@ -252,18 +255,28 @@ def config_with_head(config: EncoderConfig, head: dict | None = None) -> dict:
   d = config_to_hf(config)
   if head is None:
     return d
-  kind = head_kind(head)
-  return {**d, "architectures": [kind.hf_architecture], **kind.hf_config(head)}
+  kind, layout = head_kind(head), config.architecture.head_layout
+  return {
+    **d,
+    "architectures": [_task_class(config, head)],
+    **kind.hf_config(head),
+    **HEAD_LAYOUT_CONFIG.get(layout, {}),
+  }
+
+
+def _task_class(config: EncoderConfig, head: dict) -> str:
+  """The transformers class of `config`'s architecture with `head` ("MPNet" + "ForSequenceClassification")."""
+  return config.architecture.hf_architecture.removesuffix("Model") + head_kind(head).hf_class
 
 
 def save(out_dir: str, config: EncoderConfig, params, tokenizer=None, head: dict | None = None):
   """Writes `config.json`, `model.safetensors` and (given a tokenizer) its files to `out_dir`. With
   `head` (a head description, `models.heads.HEADS`), `params` are a task model's and the directory
   loads as the head's transformers class (BertForSequenceClassification, ...)."""
-  if head is not None and not config.architecture.task_heads_export:
+  if head is not None and config.architecture.head_layout not in head_kind(head).hf_weights:
     raise UserError(
-      f"exporting a {config.model_type} task head is not supported (its Hugging Face head differs "
-      f"from BERT's): export the encoder alone"
+      f"exporting a {config.model_type} {head['kind']} head is not supported (transformers' "
+      f"{_task_class(config, head)} computes another head than ours): export the encoder alone"
     )
   if head is not None:
     head_kind(head).check_params(params, head)
