@@ -222,20 +222,18 @@ def test_pytorch_bin_loads_through_weights_only(tmp_path):
   )
 
 
-def _random_mpnet(tmp_path, **overrides):
-  """A random MPNetModel as transformers writes it (its LayerNorms and biases perturbed off identity)."""
+def _random_model(tmp_path, architecture: str, **fields):
+  """A random transformers `<architecture>Model`, 48 wide with 4 heads (2 layers unless `fields` say
+  otherwise), as transformers writes it, its LayerNorms and biases perturbed off identity."""
   torch.manual_seed(0)
-  config = transformers.MPNetConfig(
-    vocab_size=120,
-    hidden_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=96,
-    max_position_embeddings=300,
-    pad_token_id=1,
-    **overrides,
+  config = getattr(transformers, f"{architecture}Config")(
+    vocab_size=120, hidden_size=48, num_attention_heads=4, intermediate_size=96, **{"num_hidden_layers": 2, **fields}
   )
-  return _saved_perturbed(transformers.MPNetModel(config), str(tmp_path / "mpnet"))
+  return _saved_perturbed(getattr(transformers, f"{architecture}Model")(config), str(tmp_path / architecture.lower()))
+
+
+def _random_mpnet(tmp_path, **overrides):
+  return _random_model(tmp_path, "MPNet", max_position_embeddings=300, pad_token_id=1, **overrides)
 
 
 def test_mpnet_relative_position_buckets_are_transformers():
@@ -309,19 +307,9 @@ DEBERTA_VARIANTS = {
 
 
 def _random_deberta(tmp_path, **overrides):
-  torch.manual_seed(0)
-  config = transformers.DebertaV2Config(
-    vocab_size=120,
-    hidden_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=96,
-    max_position_embeddings=256,
-    pad_token_id=0,
-    hidden_act="gelu",
-    **overrides,
+  return _random_model(
+    tmp_path, "DebertaV2", max_position_embeddings=256, pad_token_id=0, hidden_act="gelu", **overrides
   )
-  return _saved_perturbed(transformers.DebertaV2Model(config), str(tmp_path / "deberta"))
 
 
 def test_deberta_relative_positions_are_transformers():
@@ -381,19 +369,10 @@ def test_a_deberta_config_the_encoder_cannot_honour_is_one_line(tmp_path, overri
 
 
 def _random_modernbert(tmp_path, **overrides):
-  """A 4-layer ModernBERT transformers wrote: layers 0 and 3 global, 1 and 2 within a 16-token window."""
-  torch.manual_seed(0)
-  config = transformers.ModernBertConfig(
-    vocab_size=120,
-    hidden_size=48,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=96,
-    max_position_embeddings=512,
-    local_attention=16,
-    **{"pad_token_id": 0, "bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2, **overrides},
-  )
-  return _saved_perturbed(transformers.ModernBertModel(config), str(tmp_path / "modernbert"))
+  """4 layers: 0 and 3 global, 1 and 2 within a 16-token window."""
+  ids = {"pad_token_id": 0, "bos_token_id": 1, "cls_token_id": 1, "eos_token_id": 2, "sep_token_id": 2}
+  fields = {"num_hidden_layers": 4, "max_position_embeddings": 512, "local_attention": 16, **ids, **overrides}
+  return _random_model(tmp_path, "ModernBert", **fields)
 
 
 def test_random_modernbert_matches_transformers_and_exports_as_modernbert(tmp_path):
