@@ -61,6 +61,9 @@ def test_dropout_bits_keep_the_rate_and_differ_by_seed_and_position():
   assert dropout.scale(0.1) == 256 / 230 and dropout.threshold(0.002) == 1
   with pytest.raises(UserError, match="below 1/512"):
     dropout.threshold(0.001)
+  assert dropout.threshold(0.998) == 255
+  with pytest.raises(UserError, match="dropout rate=0.999 rounds to 256/256"):
+    dropout.threshold(0.999)
 
 
 @pytest.mark.parametrize(("queries", "keys"), [(128, 128), (10, 13)])

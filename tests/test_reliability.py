@@ -125,6 +125,11 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
     ),
     "distill.temperature=0.0 is out of range: it must be above 0",
   )
+  # A dropout rate in range that the 8-bit mask rounds to keeping nothing (a ZeroDivisionError once).
+  _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.student.dropout=0.999"),
+    "student.dropout=0.999 rounds to 256/256 in the 8-bit dropout mask, which keeps nothing: use at most 0.998",
+  )
   assert not workdir.exists()
   with pytest.raises(UserError, match=r"data.epochs=1000000000000 passes of \d+ batches make \d+ steps, more than"):
     overrides = {"data.epochs": 10**12, "num_steps": 0, "optimizer.warmup_steps": 0}

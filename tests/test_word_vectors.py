@@ -113,7 +113,8 @@ def test_vocabulary_and_tokenizer(vector_files, tmp_path):
       "line 1: the header counts 500 vectors and the file holds 40",
     ),
     ("late.txt", b"the 0.1 0.2\n" * 5 + b"of 0.1 x\n", "line 6 ('of'): a value that is not a number"),
-    ("space.txt", b"the 0.1 0.2\n 0.1 0.2\n", "line 2: the word '' is empty or holds a control character"),
+    # A line without its word: its first value read as the word (a space before a word is no word).
+    ("space.txt", b"the 0.1 0.2\n 0.1 0.2\n", "line 2: 1 values where the file's vectors have 2"),
     ("bombin.txt", b"\xef\xbb\xbf2 1\nthe 0.1\nof 0.2 0.3\n", "line 3: 2 values where the file's vectors have 1"),
   ],
 )
@@ -201,6 +202,13 @@ def test_vectors_files_as_their_writers_write_them(tmp_path, vector_files, caplo
     read, _ = word_vectors.read_word_vectors(str(path), 0)
     assert list(read) == WORDS
     np.testing.assert_array_equal(read["plant"], vectors["plant"])
+  path = tmp_path / "spaced.txt"  # a space before the word, two between the values
+  path.write_text(
+    "".join(f" {word}  " + "  ".join(repr(float(v)) for v in vector) + "\n" for word, vector in vectors.items())
+  )
+  read, _ = word_vectors.read_word_vectors(str(path), 0)
+  assert list(read) == WORDS
+  np.testing.assert_array_equal(read["plant"], vectors["plant"])
   twice = dict(vectors)
   path = tmp_path / "twice.txt"
   write_text(path, twice, header=False)

@@ -93,8 +93,10 @@ class _Reader:
     return f"record {number}", self._word(bytes(word), f"record {number}"), values
 
   def _text_record(self, line: bytes, line_no: int, dim: int):
-    # word2vec.c and fastText end every line with a space after the last value.
-    parts = line.rstrip(b"\r\n").rstrip(b" ").split(b" ")
+    # word2vec.c and fastText end every line with a space after the last value; files written by
+    # hand or other tools put a space before the word or two between values: any run of white
+    # space separates the fields, as gensim reads them.
+    parts = line.split()
     if len(parts) != dim + 1:
       self.fail(f"line {line_no}", f"{len(parts) - 1} values where the file's vectors have {dim}")
     return f"line {line_no}", self._word(parts[0], f"line {line_no}"), parts[1:]

@@ -46,12 +46,17 @@ def _lowbias32(x):
   return x ^ jax.lax.shift_right_logical(x, 16)
 
 
-def threshold(rate: float) -> int:
+def threshold(rate: float, field: str = "dropout rate") -> int:
   """The byte value from which an entry is kept: round(rate * 256). A rate below 1/512 would draw
-  no dropout at all, and is refused."""
+  no dropout at all, one of 0.998 or more (below 1) would keep no entry; both are refused, the
+  config's `field` named."""
   level = int(round(rate * _LEVELS))
   if rate > 0 and level == 0:
-    raise UserError(f"dropout rate {rate} is below 1/512, the smallest the 8-bit mask draws: use 0 or at least 0.002")
+    raise UserError(f"{field}={rate} is below 1/512, the smallest the 8-bit mask draws: use 0 or at least 0.002")
+  if rate < 1 and level == _LEVELS:
+    raise UserError(
+      f"{field}={rate} rounds to 256/256 in the 8-bit dropout mask, which keeps nothing: use at most 0.998"
+    )
   return level
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from minilm_jax.devices import parallel
 from minilm_jax.devices.distributed import check_same_config, config_json, host_scalars
 from minilm_jax.errors import Preempted, UserError
+from minilm_jax.kernels import dropout as dropout_bits
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import RunCheckpoints, is_run
 from minilm_jax.runs.record import RunRecord
@@ -94,6 +95,9 @@ def check_fields(config, ranges: dict, contradictions=()):
       raise UserError(f"{field}={value} is out of range: it must be at least {least}")
     if below is not None and value >= below:
       raise UserError(f"{field}={value} is out of range: it must be below {below}")
+  for field, value in flat.items():  # a rate in range the 8-bit dropout mask cannot draw
+    if field.rsplit(".", 1)[-1] == "dropout" and isinstance(value, float) and 0 < value < 1:
+      dropout_bits.threshold(value, field)
   mesh_data = flat.get("mesh.data")
   if mesh_data is not None and mesh_data != -1 and mesh_data < 1:
     raise UserError(f"mesh.data={mesh_data} is out of range: use -1 (every device) or a count of at least 1")
