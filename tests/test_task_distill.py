@@ -662,3 +662,17 @@ def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written
     writer.kill()
     writer.wait()
   assert lock.holder(teacher) is None
+
+
+def test_a_teacher_folder_whose_name_holds_a_comma_is_one_line(tmp_path, tiny_teacher):
+  """`distill.teacher` and task distillation's `teacher` are comma lists: a folder named `ft,seed1`
+  would be split into two teachers neither of which exists; one line says how to name it, before
+  any work."""
+  folder = tmp_path / "ft,seed1"
+  folder.mkdir()
+  message = "is one folder whose name holds a comma, which separates teachers in"
+  with pytest.raises(UserError, match=f"distill.teacher=.* {message} distill.teacher: rename it"):
+    build_finetuning(_distilling_config(tiny_teacher, str(folder)), str(tmp_path / "kd"))
+  with pytest.raises(UserError, match=f"teacher=.* {message} teacher: rename it"):
+    build_task_distillation(_student_config("wordnet_supersense", str(folder)), str(tmp_path / "student"))
+  assert not (tmp_path / "kd").exists() and not (tmp_path / "student").exists()

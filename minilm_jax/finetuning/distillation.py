@@ -29,7 +29,7 @@ from minilm_jax import runs
 from minilm_jax.data.augment import augmented as augment_examples
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.steps import TaskModel
-from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
+from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits, teacher_paths
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.models.heads import MODEL_INPUTS, apply_model
 from minilm_jax.tasks.glue import ClassificationTask
@@ -106,7 +106,7 @@ def _teacher_runs(teacher: str, task) -> tuple[TeacherRun, ...]:
   """The runs of `distill.teacher` (one, or a comma list), each a teacher of `task` with the first
   one's labels and vocabulary: their logits are averaged, so they must mean the same classes of the
   same texts."""
-  paths = [p.strip() for p in teacher.split(",") if p.strip()]
+  paths = teacher_paths(teacher, "distill.teacher")
   if not paths:
     raise UserError(f"distill.teacher={teacher!r} names no run: give a fine-tuning workdir, or a comma list of them")
   real = [os.path.realpath(p) for p in paths]  # one run, however it is named (FT, FT/, a link to FT)

@@ -34,6 +34,18 @@ class TeacherRun:
   record: RunRecord
 
 
+def teacher_paths(value: str, field: str) -> list:
+  """The runs a comma list of teachers names (`distill.teacher`, task distillation's `teacher`); one
+  line for one folder whose own name holds a comma, which the list would split."""
+  paths = [p.strip() for p in value.split(",") if p.strip()]
+  if len(paths) > 1 and os.path.isdir(value.strip()) and not all(os.path.exists(p) for p in paths):
+    raise UserError(
+      f"{field}={value!r} is one folder whose name holds a comma, which separates teachers in {field}: "
+      f"rename it, or link it under a name without a comma and pass the link"
+    )
+  return paths
+
+
 def find_teachers(teacher_runs: list, tasks: list) -> dict:
   """{task name: the first run that has an output layer for it (a fine-tuning run of the task, or a
   multi-task refined teacher trained on it)} as `TeacherRun`s; a one-line error for a task that has

@@ -27,7 +27,7 @@ from minilm_jax.data import augment, word_vectors
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import MultiTaskRun, MultiTaskSpec, assemble_multitask_run
-from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
+from minilm_jax.finetuning.teachers import find_teachers, teacher_logits, teacher_paths
 from minilm_jax.models import layout
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import make_student, student_kind
@@ -90,7 +90,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   joint = student_kind(kind).joint
   for task in tasks:
     check_objective(config.objective, task.head()["num_labels"], task.name)
-  teacher_runs = [r.strip() for r in config.teacher.split(",") if r.strip()]
+  teacher_runs = teacher_paths(config.teacher, "teacher")
   objective = LOGIT_OBJECTIVES[config.objective]
   vectors = config.student.word_vectors and start is None
   if not teacher_runs and (objective.from_teacher or not (vectors or start)):
