@@ -218,6 +218,18 @@ def test_bad_evaluator_configs_are_one_line_before_anything_is_written(
   assert not os.path.exists(workdir)
 
 
+def test_a_probes_missing_task_files_name_the_evaluators_data_dir(tiny_teacher, tiny_corpus, tmp_path):
+  """A probe reads its own `data_dir`: a folder without the task's files is one line naming that
+  field (the task's own line named the program's `data_dir`, which the probe does not read)."""
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  overrides = {"evaluators.topic.task": "wordnet_supersense", "evaluators.topic.data_dir": str(empty)}
+  config = _config(tiny_teacher, tiny_corpus, tmp_path, **overrides)
+  with pytest.raises(UserError, match=r"^evaluators.topic: WordNet's .* set evaluators.topic.data_dir to") as error:
+    build_distillation(config, str(tmp_path / "run"))
+  assert "\n" not in str(error.value)
+
+
 def test_an_sts_file_without_pairs_is_one_line(tiny_teacher, tiny_corpus, tmp_path):
   header_only = tmp_path / "header.tsv"
   header_only.write_text("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n")

@@ -419,7 +419,10 @@ def probe(name, spec, context: Context) -> Evaluator:
       f"evaluators.{name}.task={spec.task}: a probe classifies single sentences; choose a one-sentence "
       f"classification task (wordnet_supersense, sst2, cola) or task=custom"
     )
-  train, dev = task.load("train", spec.data_dir), task.load("dev", spec.data_dir)
+  try:
+    train, dev = task.load("train", spec.data_dir), task.load("dev", spec.data_dir)
+  except UserError as e:  # the task names its own `data_dir`; the probe reads the evaluator's
+    raise UserError(f"evaluators.{name}: {str(e).replace('data_dir', f'evaluators.{name}.data_dir')}") from None
   train_texts, dev_texts = list(train["text_a"]), list(dev["text_a"])
   train_y, dev_y = np.asarray(train["label"]), np.asarray(dev["label"])
 
