@@ -114,6 +114,15 @@ def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teach
     )
   with pytest.raises(UserError, match="holds no manifest.json: prepare the corpus there first"):
     build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": str(tmp_path)}), str(tmp_path / "b"))
+  # file:// names the local path; gs:// without gcsfs, or a scheme no file system reads, is one line.
+  with pytest.raises(UserError, match=f"data.prepared={tmp_path} holds no manifest.json"):
+    build_distillation(
+      tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": f"file://{tmp_path}"}), str(tmp_path / "b")
+    )
+  for remote, message in (("gs://a-bucket/corpus", "gcsfs"), ("ftp://host/corpus", "no file system reads ftp://")):
+    with pytest.raises(UserError, match=f"data.prepared={remote}: .*{message}") as error:
+      build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"data.prepared": remote}), str(tmp_path / "b"))
+    assert "\n" not in str(error.value)
   other = tmp_path / "other"
   os.makedirs(other)
   for name in os.listdir(prepared):  # the same shards under a manifest of another vocabulary

@@ -41,6 +41,24 @@ def tokenizer_identity(tokenizer) -> dict:
   }
 
 
+def location(directory: str, field: str) -> tuple[str, epath.Path]:
+  """(the directory as the programs name it, its `etils.epath` path): `file://` as the local path
+  it names; one line for a location whose file system is not installed (gs:// without gcsfs) or
+  that no file system reads."""
+  if directory.startswith("file://"):
+    directory = directory[len("file://") :]
+  try:
+    root = epath.Path(directory)
+    root.exists()
+  except ImportError as e:
+    raise UserError(f"{field}={directory}: {e} (pip install gcsfs), or copy the directory to a local disk") from None
+  except KeyError:
+    raise UserError(
+      f"{field}={directory}: no file system reads {directory.split('://')[0]}:// locations: use a local path or gs://"
+    ) from None
+  return directory, root
+
+
 def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_shards: int, sources: list) -> dict:
   """Writes `blocks` (a dataset whose `input_ids` are packed `[CLS] ... [SEP]` blocks, or the
   `LanguageBlocks` of several languages) as padded shards plus the manifest, the manifest last: a
@@ -49,7 +67,7 @@ def write_prepared(blocks, tokenizer, max_seq_length: int, out_dir: str, num_sha
   if isinstance(blocks, LanguageBlocks):  # as `load_corpus` builds it: the languages one after another
     languages = {code: int(count) for code, count in zip(blocks.languages, blocks.counts)}
     blocks = blocks.rows
-  out = epath.Path(out_dir)
+  out_dir, out = location(out_dir, "--out")
   if (out / MANIFEST).exists():
     raise UserError(f"{out_dir} already holds a prepared corpus: choose a new --out (or remove it)")
   out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +150,7 @@ class PreparedBlocks:
   (numpy, in the order of `indices`), what `BatchStream` gathers and `collate_prepared` pads."""
 
   def __init__(self, directory: str, tokenizer, max_seq_length: int, cache_dir: str):
-    root = epath.Path(directory)
+    directory, root = location(directory, "data.prepared")
     if not (root / MANIFEST).exists():
       raise UserError(
         f"data.prepared={directory} holds no {MANIFEST}: prepare the corpus there first "
