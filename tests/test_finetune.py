@@ -65,7 +65,7 @@ def test_sharded_step_equals_single_device(tiny_teacher, sst2_dir, tmp_path):
     state, _ = run.initial_state()
     rng = jax.random.key(1)
     for b in range(3):
-      state, metrics = run.step.train_step(state, parallel.shard_batch(run.stream.batch(b), mesh), rng)
+      state, metrics = run.step.train_step(state, parallel.shard_batch(run.stream.batch(b), mesh), rng, run.schedule)
     if name == "sharded":
       kernel = state.params["encoder"]["layer_0"]["attention"]["query"]["kernel"]
       assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "model")  # really split over the model axis
@@ -331,6 +331,31 @@ def test_grid_with_seeds_reports_mean_and_std_and_picks_by_the_mean(tiny_teacher
   assert best == int(np.argmax([r["dev/accuracy"] for r in rows]))
   header = open(tmp_path / "grid.csv").read().splitlines()[0].split(",")
   assert header[:5] == ["lr", "epochs", "seeds", "dev/accuracy", "dev/accuracy_std"]
+
+
+@pytest.mark.slow
+def test_runs_of_one_shape_share_one_compiled_step_and_end_as_alone(tiny_teacher, sst2_dir, tmp_path, monkeypatch):
+  """A second run in the process whose step differs only in what the step takes as arguments (its
+  seed, learning rate and length) finds the first one's jitted step, predictor and initialiser and
+  traces none of them again; it ends bitwise as the same run does with functions built for it."""
+  from minilm_jax.training import reuse
+
+  first = build_finetuning(finetune_config(tiny_teacher, "sst2", sst2_dir), str(tmp_path / "first"))
+  first.run()
+  overrides = {"seed": 1, "optimizer.lr": 3e-4, "epochs": 2}
+  second = build_finetuning(finetune_config(tiny_teacher, "sst2", sst2_dir, **overrides), str(tmp_path / "second"))
+  assert second.step is first.step and second.predict is first.predict
+  state, results = second.run()
+  compiled = (second.step.train_step, second.step.init, second.predict.forward)
+  assert [f._cache_size() for f in compiled] == [1, 1, 1]  # one trace each, for both runs
+  monkeypatch.setattr(reuse, "_built", type(reuse._built)())  # nothing kept: built anew
+  alone = build_finetuning(finetune_config(tiny_teacher, "sst2", sst2_dir, **overrides), str(tmp_path / "alone"))
+  assert alone.step is not first.step
+  alone_state, alone_results = alone.run()
+  assert alone_results == results and int(state.step) == int(alone_state.step) == 2 * first.num_steps
+  ours, theirs = (traverse_util.flatten_dict(jax.device_get(s.params), sep="/") for s in (state, alone_state))
+  for key, value in theirs.items():
+    np.testing.assert_array_equal(ours[key], value, err_msg=key)
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "configs", "finetune"))))

@@ -4,6 +4,7 @@ step equals the full one."""
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -14,7 +15,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.finetuning import steps as finetuning_steps
 from minilm_jax.models import sharding
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
-from minilm_jax.training.train_state import TrainState, check_accumulation
+from minilm_jax.training.train_state import ConstantRate, Schedule, TrainState, check_accumulation
 from minilm_jax.transfer.objectives import Objective
 
 TEACHER = EncoderConfig(
@@ -85,9 +86,12 @@ def _finetune_step(mesh, accumulate_steps):
 
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=SGD.init(params))
   shardings = sharding.tree_shardings(jax.eval_shape(lambda: state), mesh)
-  step = finetuning_steps.make_train_step(loss_of, SGD, lambda s: 0.5, shardings, mesh, accumulate_steps)
+  step = finetuning_steps.make_train_step(loss_of, lambda rate: SGD, shardings, mesh, accumulate_steps)
   batch = {**_batch(), "target": np.asarray(targets)}
-  new_state, metrics = step(jax.device_put(state, shardings), parallel.shard_batch(batch, mesh), jax.random.key(1))
+  rate = ConstantRate(np.float32(0.5))
+  new_state, metrics = step(
+    jax.device_put(state, shardings), parallel.shard_batch(batch, mesh), jax.random.key(1), rate
+  )
   return jax.device_get(new_state.params), jax.device_get(metrics)
 
 
@@ -101,3 +105,25 @@ def test_accumulation_that_does_not_divide_the_batch_is_one_line_error():
   for bad in (3, 0):
     with pytest.raises(UserError, match=f"optimizer.accumulate_steps={bad} does not split the 8 examples"):
       check_accumulation(bad, 8)
+
+
+@pytest.mark.parametrize(
+  "lr, warmup_proportion, num_steps", [(1e-4, 0.1, 186), (3e-5, 0.1, 7), (6e-5, 0.0, 10), (0.1234567, 0.3, 3)]
+)
+def test_the_schedule_as_an_argument_equals_optax_s_as_constants(lr, warmup_proportion, num_steps):
+  """The training steps take the learning-rate schedule as an argument (runs of other rates share a
+  compiled step): at every step it is the rate of optax's warm-up and decay schedules with the
+  values compiled in, as steps had them before. Bitwise under XLA's default flags; the suite's
+  quick-compile flags (conftest.py) round a few rates 1 ulp apart, as they fuse the
+  constants' arithmetic otherwise."""
+  opt = ml_collections.ConfigDict({"lr": lr, "warmup_proportion": warmup_proportion})
+  warmup = int(warmup_proportion * num_steps)
+  theirs = optax.join_schedules(
+    [optax.linear_schedule(0.0, lr, max(warmup, 1)), optax.linear_schedule(lr, 0.0, max(num_steps - warmup, 1))],
+    [warmup],
+  )
+  counts = jnp.arange(num_steps + 2, dtype=jnp.int32)
+  ours = jax.jit(jax.vmap(lambda count, schedule: schedule(count), in_axes=(0, None)))(
+    counts, Schedule.of(opt, num_steps)
+  )
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(jax.jit(jax.vmap(theirs))(counts)), rtol=3e-7, atol=0)

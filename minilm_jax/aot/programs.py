@@ -3,7 +3,7 @@ the function the program runs, with its mesh, shardings, donation, dtype, accumu
 chunking, and the abstract arguments it is called with.
 
 - `train`: `distill.step.build_train_step`'s step (state, batch, teacher params, rng);
-- `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng);
+- `finetune`: `finetuning.run.build_step`'s training step (state, batch, rng, schedule);
 - `evaluate`: the same config's prediction step (`evaluation.predictor.Predictor`'s function: the task
   model's outputs, or a sequence-to-sequence task's beam search), at `eval_batch_size`.
 
@@ -25,7 +25,6 @@ from minilm_jax.devices import parallel
 from minilm_jax.distill import family
 from minilm_jax.distill import step as distill_step
 from minilm_jax.errors import UserError
-from minilm_jax.evaluation.predictor import Predictor
 from minilm_jax.finetuning import run as finetuning
 from minilm_jax.finetuning.steps import TaskModel
 from minilm_jax.models import hf
@@ -34,7 +33,7 @@ from minilm_jax.models.encoder import EncoderConfig, abstract_params
 from minilm_jax.models.flops import LossLayer, distill_flops_per_token, encoder_flops_per_token, parse_shape
 from minilm_jax.models.heads import MODEL_INPUTS, LMHead, abstract_model_params, head_kind
 from minilm_jax.tasks import get_task
-from minilm_jax.training.train_state import TrainState
+from minilm_jax.training.train_state import Schedule, TrainState
 from minilm_jax.transfer.objectives import Masking
 
 # config.json of the hub models the paper configs name (as published on the Hugging Face hub), so
@@ -184,9 +183,8 @@ def _finetuning_step(config, devices, model_shape: str):
   encoder = pretrained_config(config.init, "init", model_shape).replace(dtype=config.dtype)
   encoder = finetuning.fit_positions(config, encoder, head)
   mesh = parallel.make_mesh(config.mesh.data, config.mesh.model, devices)
-  # The schedule's length changes constants of the program, not its shapes or memory.
   parts = TaskModel(task, head, encoder, _tokenizer(config.init))
-  step = finetuning.build_step(config, parts, mesh, num_steps=1000)
+  step = finetuning.build_step(config, parts, mesh)
   return task, head, mesh, step
 
 
@@ -233,10 +231,14 @@ def _encoder_flops(step, head, length: int, training: bool) -> float | None:
 
 def finetune(config, devices, model_shape: str = "") -> Program:
   task, head, mesh, step = _finetuning_step(config, devices, model_shape)
-  abstract = jax.eval_shape(partial(TrainState.fresh, tx=step.tx), abstract_model_params(step.encoder_config, head))
+  # The schedule is an argument: its length and learning rate change no shape of the program.
+  schedule = Schedule.of(config.optimizer, 1000)
+  tx = step.optimizer(schedule)
+  abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(step.encoder_config, head))
   state = parallel.placed(abstract, step.state_shardings)
   batch, length = config.batch_size, config.max_seq_length
-  args = (state, _task_columns(task, head, config, mesh, batch), _rng(mesh))
+  rates = parallel.placed(jax.eval_shape(lambda: schedule), parallel.replicated(mesh))
+  args = (state, _task_columns(task, head, config, mesh, batch), _rng(mesh), rates)
   per_token = _encoder_flops(step, head, length, training=True)
   flops = None if per_token is None else per_token * batch * length
   return Program("finetune", step.train_step, args, batch * length, flops, "batch_size", batch, mesh)
@@ -245,7 +247,7 @@ def finetune(config, devices, model_shape: str = "") -> Program:
 def evaluate(config, devices, model_shape: str = "") -> Program:
   task, head, mesh, step = _finetuning_step(config, devices, model_shape)
   batch, length = config.eval_batch_size, config.max_seq_length
-  predictor = Predictor(step.predict_forward, mesh, step.state_shardings.params, batch)
+  predictor = step.predictor(batch)
   params = parallel.placed(abstract_model_params(step.encoder_config, head), step.state_shardings.params)
   per_token = _encoder_flops(step, head, length, training=False)
   flops = None if per_token is None else per_token * batch * length

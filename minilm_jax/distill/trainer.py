@@ -78,7 +78,8 @@ class Distillation:
     from the rng it would start from alone, and its ETD start)."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
     starts = {n: s.start_params for n, s in self.students.items()}
-    return restore_or_init(self.checkpoints, self.train_step.fresh_state, (rng, starts), parallel.replicated(self.mesh))
+    init = jax.jit(self.train_step.fresh_state, out_shardings=parallel.replicated(self.mesh))
+    return restore_or_init(self.checkpoints, init, (rng, starts))
 
   def evaluate(self, step: int, state) -> dict:
     """Every student's evaluators due at `step`, a family's under each student's name."""

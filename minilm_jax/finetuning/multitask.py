@@ -34,7 +34,7 @@ from minilm_jax.runs.record import REFINED_TEACHER, RunRecord
 from minilm_jax.tasks import get_task
 from minilm_jax.tasks.inputs import dummy_batch, model_inputs, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run, steps_of_epochs
-from minilm_jax.training.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
+from minilm_jax.training.train_state import Schedule, TrainState, adamw, check_accumulation, restore_or_init
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,8 @@ class MultiTaskSpec:
   """What a kind of multi-task run brings of its own (its builder makes it): the `tasks`, the
   `tokenizer`, the `model` (a body and a head per task) and whether it reads the `joint` sequence;
   `training_rows(task)`, a dataset with the model's inputs and the `target` column that
-  `loss(task, logits, batch)` reads; `init_params(rng)`; `optimizer(num_steps) -> (tx, schedule)`;
+  `loss(task, logits, batch)` reads; `init_params(rng)`; `optimizer(num_steps) -> (optimizer, schedule)`
+  (`optimizer(schedule)` the transformation, `schedule` the learning rate, the train step's argument);
   the run's `record`, what results.json says of it before its metrics (`summary`), and the
   progress bar's caption (`desc`)."""
 
@@ -74,7 +75,8 @@ class MultiTaskRun:
   eval_data: dict  # (task name, split) -> (features, examples)
   num_steps: int
   state_shardings: TrainState
-  train_steps: dict  # task name -> jitted (state, batch, rng) -> (state, metrics)
+  schedule: Any  # the learning rate, the train steps' argument (`MultiTaskSpec.optimizer`)
+  train_steps: dict  # task name -> jitted (state, batch, rng, schedule) -> (state, metrics)
   predictors: dict  # task name -> Predictor
   checkpoints: runs.RunCheckpoints
   init_state: Callable  # rng -> the fresh run's train state
@@ -89,7 +91,8 @@ class MultiTaskRun:
     return self.spec.record
 
   def initial_state(self):
-    return restore_or_init(self.checkpoints, self.init_state, (jax.random.key(self.config.seed),), self.state_shardings)
+    init = jax.jit(self.init_state, out_shardings=self.state_shardings)
+    return restore_or_init(self.checkpoints, init, (jax.random.key(self.config.seed),))
 
   def evaluate(self, params) -> dict:
     """Every task's dev metrics, flat: {"<task>/dev/accuracy": ..., "<task>/dev/loss": ...}; the
@@ -107,7 +110,7 @@ class MultiTaskRun:
   def run(self):
     def step_fn(state, batch, rng):
       task = batch.pop("task")
-      return self.train_steps[task](state, batch, rng)
+      return self.train_steps[task](state, batch, rng, self.schedule)
 
     return fit(self, step_fn, summary=self.spec.summary, desc=self.spec.desc)
 
@@ -130,7 +133,8 @@ def assemble_multitask_run(config, workdir: str, mesh, spec: MultiTaskSpec) -> M
       eval_data[(task.name, split)] = (task_features(joint, task, examples, spec.tokenizer, c.max_seq_length), examples)
   stream = MultiTaskStream(streams, c.seed)
   num_steps = steps_of_epochs(c.epochs, stream.batches_per_epoch, "epochs")
-  tx, schedule = spec.optimizer(num_steps)
+  optimizer, schedule = spec.optimizer(num_steps)
+  tx = optimizer(schedule)
 
   def init_state(rng):
     return TrainState.fresh(spec.init_params(rng), tx)
@@ -145,7 +149,7 @@ def assemble_multitask_run(config, workdir: str, mesh, spec: MultiTaskSpec) -> M
       logits = model.apply({"params": params}, batch, task.name, deterministic=False, rngs=rngs)
       return spec.loss(task, logits, batch)
 
-    return make_train_step(loss_of, tx, schedule, state_shardings, mesh, c.optimizer.accumulate_steps)
+    return make_train_step(loss_of, optimizer, state_shardings, mesh, c.optimizer.accumulate_steps)
 
   def forward(name: str):
     return lambda params, batch: model.apply({"params": params}, batch, name)
@@ -163,6 +167,7 @@ def assemble_multitask_run(config, workdir: str, mesh, spec: MultiTaskSpec) -> M
     eval_data,
     num_steps,
     state_shardings,
+    schedule,
     {t.name: train_step(t) for t in tasks},
     predictors,
     runs.RunCheckpoints(workdir, c.checkpoint.every, c.checkpoint.keep),
@@ -201,7 +206,7 @@ def build_multitask_finetuning(config, workdir: str, mesh=None) -> MultiTaskRun:
       task.load("train", data_dirs[task.name]), tokenizer, config.max_seq_length
     ),
     init_params=init_params,
-    optimizer=partial(make_optimizer, config.optimizer),
+    optimizer=lambda num_steps: (partial(adamw, config.optimizer), Schedule.of(config.optimizer, num_steps)),
     record=RunRecord(REFINED_TEACHER, encoder_config, json.loads(config.to_json()), heads=heads, tasks=names),
     summary={"tasks": list(names)},
     desc=f"multi-task refine {config.task}",

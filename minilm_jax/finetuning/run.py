@@ -1,6 +1,7 @@
 """A fine-tuning run: a pre-trained encoder and a task's head trained on the task's training split
 (`steps.make_train_step`), evaluated on its dev splits after every epoch (`evaluation.predictor.Predictor`)."""
 
+import copy
 import dataclasses
 import json
 import logging
@@ -11,7 +12,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import optax
 from jax.sharding import Mesh
 
 from minilm_jax import runs
@@ -52,24 +52,88 @@ from minilm_jax.runs.record import FINETUNING, RunRecord
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets
 from minilm_jax.training.loop import begin_run, steps_of_epochs
-from minilm_jax.training.train_state import TrainState, check_accumulation, make_optimizer, restore_or_init
+from minilm_jax.training.reuse import config_key, reused
+from minilm_jax.training.train_state import Schedule, TrainState, adamw, check_accumulation, restore_or_init
 
 
 @dataclasses.dataclass(frozen=True)
 class FineTuningStep:
-  """The task model, optimizer and jitted steps of a fine-tuning config on a mesh: what the
-  `finetune` program runs, and what `minilm_jax.aot` compiles from shapes alone."""
+  """The task model, optimizer and jitted functions of a fine-tuning config on a mesh: what the
+  `finetune` program runs, and what `minilm_jax.aot` compiles from shapes alone. Built once per
+  process for each `step_key` (`training.reuse`): a run's seed, learning rate, length and data are
+  the functions' arguments."""
 
+  key: tuple  # `step_key`'s
+  mesh: Mesh
   encoder_config: EncoderConfig  # the pre-trained encoder's, with the config's dropout
   model: nn.Module
-  tx: optax.GradientTransformation
-  schedule: Callable
+  optimizer: Callable  # Schedule -> optax transformation (`train_state.adamw`)
   state_shardings: TrainState
-  train_step: Callable  # (state, batch, rng) -> (state, metrics)
+  train_step: Callable  # (state, batch, rng, schedule, *teacher.frozen) -> (state, metrics)
+  init: Callable  # jitted (rng, pre-trained parameters) -> the fresh train state, sharded
   predict_forward: Callable  # (params, batch) -> outputs (a seq2seq task's: beam search), not jitted
+
+  def predictor(self, batch_size: int) -> Predictor:
+    """The sharded inference of `predict_forward` on batches of `batch_size`, reused likewise."""
+    return reused(
+      (self.key, "predict", batch_size),
+      lambda: Predictor(self.predict_forward, self.mesh, self.state_shardings.params, batch_size),
+    )
 
 
 _MASKING_STREAM = 1  # folded into the step's dropout key: the masked targets' own random stream
+
+# A fine-tuning config's fields that reach its step as arguments (the seed's random keys, the
+# schedule of optimizer.lr over the epochs, the data, the pre-trained parameters) or not at all
+# (evaluation, checkpoints, logging): runs differing only in them share one compiled step. The task
+# enters `step_key` by its loss, the mesh as itself, `init` by its encoder's config and tokenizer.
+_STEP_ARGUMENTS = (
+  "task",
+  "init",
+  "data_dir",
+  "data",
+  "language",
+  "epochs",
+  "seed",
+  "seeds",
+  "optimizer.lr",
+  "optimizer.warmup_proportion",
+  "mesh",
+  "eval_batch_size",
+  "checkpoint",
+  "evaluators",
+  "log_every",
+  "distill.teacher",
+  "distill.cache_dir",
+  "augment",
+  "grid",
+  "doc_stride",
+  "n_best",
+  "max_answer_length",
+  "null_score_threshold",
+)
+
+
+def step_key(config, parts: TaskModel, mesh, teacher=None) -> tuple:
+  """What a fine-tuning step is built from besides its arguments (`training.reuse`): the config's
+  other fields, the encoder's architecture, the task's loss (its class; for a classification task
+  whether it regresses) and head (its label names aside), the tokenizer's special tokens (the masked
+  targets' and beam search's), the mesh, and the teacher encoder whose layers the loss reads."""
+  task, tokenizer = parts.task, parts.tokenizer
+  head = json.dumps({k: v for k, v in parts.head.items() if k != "labels"}, sort_keys=True)
+  task_key = (type(task), getattr(task, "labels", ()) is None)
+  specials = (tuple(sorted(tokenizer.all_special_ids)), tokenizer.sep_token_id, tokenizer.pad_token_id)
+  teacher_encoder = None if teacher is None or teacher.encoder is None else teacher.encoder.config
+  return (
+    config_key(config, _STEP_ARGUMENTS),
+    parts.encoder_config,
+    head,
+    task_key,
+    specials + (tokenizer.mask_token_id,),
+    mesh,
+    teacher is not None,
+    teacher_encoder,
+  )
 
 
 def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderConfig:
@@ -82,16 +146,24 @@ def fit_positions(config, encoder_config: EncoderConfig, head: dict) -> EncoderC
   return encoder_config
 
 
-def build_step(config, parts: TaskModel, mesh, num_steps: int, teacher=None):
+def build_step(config, parts: TaskModel, mesh, teacher=None) -> FineTuningStep:
   """Validates `config` against the mesh and builds its task model and steps on `parts` (the task,
-  its head, the pre-trained encoder's architecture and tokenizer); with a `teacher`
-  (`distillation.load_teacher`) the step learns it instead of the gold labels, and takes
-  `teacher.frozen` after (state, batch, rng)."""
+  its head, the pre-trained encoder's architecture and tokenizer), or finds them built for an equal
+  `step_key`; with a `teacher` (`distillation.load_teacher`) the step learns it instead of the gold
+  labels, and takes `teacher.frozen` after (state, batch, rng, schedule)."""
+  parallel.check_batch_divides(config.batch_size, mesh)
+  check_accumulation(config.optimizer.accumulate_steps, config.batch_size // mesh.shape[parallel.DATA])
+  key = step_key(config, parts, mesh, teacher)
+  return reused(key, lambda: _new_step(key, config, parts, mesh, teacher))
+
+
+def _new_step(key: tuple, config, parts: TaskModel, mesh, teacher) -> FineTuningStep:
+  config = copy.deepcopy(config)  # the functions close over it: as it was keyed, whatever the caller changes
   task, head, tokenizer = parts.task, parts.head, parts.tokenizer
   encoder_config = parts.encoder_config.replace(hidden_dropout=config.dropout, attention_dropout=config.dropout)
   model = task_model(encoder_config, head)
-  parallel.check_batch_divides(config.batch_size, mesh)
-  tx, schedule = make_optimizer(config.optimizer, num_steps)
+  optimizer = partial(adamw, config.optimizer)
+  tx = optimizer(Schedule.of(config.optimizer, 1))  # the state's structure: the same at any schedule
   abstract = jax.eval_shape(partial(TrainState.fresh, tx=tx), abstract_model_params(encoder_config, head))
   state_shardings = sharding.tree_shardings(abstract, mesh)
   loss_of = lambda params, batch, rngs: task.loss(apply_model(model, params, batch, False, rngs), batch, config)
@@ -112,10 +184,15 @@ def build_step(config, parts: TaskModel, mesh, num_steps: int, teacher=None):
       params, mask(batch, jax.random.fold_in(rngs["dropout"], _MASKING_STREAM)), rngs
     )
   accumulate = config.optimizer.accumulate_steps
-  check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
-  train_step = make_train_step(loss_of, tx, schedule, state_shardings, mesh, accumulate, frozen_shardings)
+  train_step = make_train_step(loss_of, optimizer, state_shardings, mesh, accumulate, frozen_shardings)
+
+  def init(rng, pretrained):
+    params = init_task_params(encoder_config, head, rng)
+    return TrainState.fresh({**params, **pretrained}, tx)  # pre-trained body, fresh task head
+
   forward = prediction_forward(task, model, config, tokenizer)
-  return FineTuningStep(encoder_config, model, tx, schedule, state_shardings, train_step, forward)
+  init = jax.jit(init, out_shardings=state_shardings)
+  return FineTuningStep(key, mesh, encoder_config, model, optimizer, state_shardings, train_step, init, forward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +208,7 @@ class FineTuning:
   stream: BatchStream
   eval_data: dict  # split -> (features, context) of `task.prepare`
   num_steps: int
+  schedule: Schedule  # the learning rate over `num_steps`, the train step's argument
   predict: Predictor
   pretrained: dict  # {"encoder": ...} and, for a generating head, the masked-LM head's parameters
   checkpoints: runs.RunCheckpoints
@@ -154,13 +232,7 @@ class FineTuning:
     return selection_metric(self.task)  # results.json's best epoch
 
   def initial_state(self):
-    def init(rng, pretrained):
-      params = init_task_params(self.step.encoder_config, self.head, rng)
-      return TrainState.fresh({**params, **pretrained}, self.step.tx)  # pre-trained body, fresh task head
-
-    return restore_or_init(
-      self.checkpoints, init, (jax.random.key(self.config.seed), self.pretrained), self.step.state_shardings
-    )
+    return restore_or_init(self.checkpoints, self.step.init, (jax.random.key(self.config.seed), self.pretrained))
 
   def record(self) -> RunRecord:
     return RunRecord(
@@ -182,7 +254,7 @@ class FineTuning:
     frozen = () if self.teacher is None else self.teacher.frozen
 
     def step_fn(state, batch, rng):
-      return self.step.train_step(state, batch, rng, *frozen)
+      return self.step.train_step(state, batch, rng, self.schedule, *frozen)
 
     evaluate = None
     if self.evaluators:
@@ -232,8 +304,8 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   )
   eval_data = {split: task.prepare(split, config, tokenizer) for split in task.eval_splits}
   num_steps = steps_of_epochs(config.epochs, stream.batches_per_epoch, "epochs")
-  step = build_step(config, parts, mesh, num_steps, teacher)
-  predict = Predictor(step.predict_forward, mesh, step.state_shardings.params, config.eval_batch_size)
+  step = build_step(config, parts, mesh, teacher)
+  predict = step.predictor(config.eval_batch_size)
   initial = {"encoder": encoder_params}
   if head_kind(head).generates:
     initial.update(_masked_lm_head(config.init, pretrained.mlm_head))
@@ -248,6 +320,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
     stream=stream,
     eval_data=eval_data,
     num_steps=num_steps,
+    schedule=Schedule.of(config.optimizer, num_steps),
     predict=predict,
     pretrained=initial,
     checkpoints=checkpoints,

@@ -37,6 +37,7 @@ from minilm_jax.runs.record import TASK_STUDENT, RunRecord
 from minilm_jax.task_distill import config as task_distill_config
 from minilm_jax.tasks.inputs import dummy_batch, is_pair, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run
+from minilm_jax.training.train_state import ConstantRate
 from minilm_jax.transfer.logits import LOGIT_OBJECTIVES, check_objective, task_loss
 
 # optimizer.name: the thesis's optimisers at a constant learning rate, AdaDelta (BiLSTM) and Adam (MKD).
@@ -142,7 +143,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     target=objective.column,
     training_rows=training_rows,
     init_params=partial(_init_params, model, dummy_batch(joint, tasks), start, init_body, embedding_table),
-    optimizer=lambda num_steps: (task_optimizer(config.optimizer), lambda step: jnp.asarray(config.optimizer.lr)),
+    optimizer=lambda _: (lambda _: task_optimizer(config.optimizer), ConstantRate(np.float32(config.optimizer.lr))),
     record=record,
     summary={"tasks": [t.name for t in tasks], "student": kind, "objective": config.objective},
     desc=f"distill {config.tasks} -> {kind}",

@@ -6,8 +6,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import traverse_util
+from jax.typing import ArrayLike
 
 from minilm_jax.errors import UserError
 
@@ -24,11 +26,11 @@ class TrainState:
     return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def restore_or_init(checkpoints, init_fn, args: tuple, shardings):
+def restore_or_init(checkpoints, init, args: tuple):
   """(train state, index of the next batch) of a run: its latest checkpoint, restored onto the
-  shardings `init_fn`'s state would have, or `init_fn(*args)` placed by `shardings` at batch 0.
-  Restoring first means a failed restore leaves the workdir as it was."""
-  init = jax.jit(init_fn, out_shardings=shardings)
+  shardings `init`'s state would have, or `init(*args)` at batch 0. `init` is jitted with the
+  state's out_shardings (a run's own, or one reused across runs: `training.reuse`). Restoring first
+  means a failed restore leaves the workdir as it was."""
   if checkpoints.latest_step() is None:
     return init(*args), 0
   state, data, _ = checkpoints.restore(jax.eval_shape(init, *args))
@@ -67,19 +69,54 @@ def adamw_config(lr: float, clip_norm: float) -> ml_collections.ConfigDict:
   )
 
 
-def make_optimizer(opt, num_steps: int):
-  """AdamW with linear warm-up then linear decay to 0; no weight decay on biases and LayerNorm (as
-  BERT). The warm-up is `opt.warmup_proportion` of `num_steps` where a config gives that share
-  (fine-tuning, ETD), else `opt.warmup_steps`."""
-  share = opt.get("warmup_proportion", 0.0)
-  warmup = min(int(share * num_steps) if share else opt.get("warmup_steps", 0), num_steps)
-  schedule = optax.join_schedules(
-    [
-      optax.linear_schedule(0.0, opt.lr, max(warmup, 1)),
-      optax.linear_schedule(opt.lr, 0.0, max(num_steps - warmup, 1)),
-    ],
-    [warmup],
-  )
+@flax.struct.dataclass
+class Schedule:
+  """The learning rate at each step: linear warm-up from 0 to `lr` over `warmup` steps, then linear
+  decay to 0 at `num_steps` (BERT's). A pytree of scalars, so that a jitted step can take it as an
+  argument: runs that differ only in their learning rate or length share one compiled step."""
+
+  lr: ArrayLike  # float32
+  warmup: ArrayLike  # int32, each below: as `of` computes them
+  warmup_span: ArrayLike  # max(warmup, 1)
+  decay_span: ArrayLike  # max(num_steps - warmup, 1)
+
+  @classmethod
+  def of(cls, opt, num_steps: int) -> "Schedule":
+    """The schedule of an optimizer config over `num_steps`: the warm-up is `opt.warmup_proportion`
+    of `num_steps` where a config gives that share (fine-tuning, ETD), else `opt.warmup_steps`."""
+    share = opt.get("warmup_proportion", 0.0)
+    warmup = min(int(share * num_steps) if share else opt.get("warmup_steps", 0), num_steps)
+    steps = (warmup, max(warmup, 1), max(num_steps - warmup, 1))
+    return cls(np.float32(opt.lr), *(np.int32(n) for n in steps))
+
+  def __call__(self, count):
+    # optax.join_schedules of two optax.linear_schedule, in their arithmetic (tests/test_steps.py
+    # compares them bitwise), with every value an array rather than a constant.
+    warming = _linear(0.0, self.lr, self.warmup_span, count)
+    return jnp.where(count < self.warmup, warming, _linear(self.lr, 0.0, self.decay_span, count - self.warmup))
+
+
+@flax.struct.dataclass
+class ConstantRate:
+  """A learning rate that does not change (task distillation's Adadelta and Adam), as a step's
+  argument like `Schedule`."""
+
+  lr: ArrayLike
+
+  def __call__(self, count):
+    return self.lr
+
+
+def _linear(init, end, span, count):
+  """optax.polynomial_schedule at power 1: `init` at count 0 to `end` at `span`, then `end`."""
+  frac = 1 - jnp.clip(count, 0, span) / span
+  return (init - end) * frac + end
+
+
+def adamw(opt, schedule: Schedule) -> optax.GradientTransformation:
+  """AdamW at `schedule`'s learning rates; no weight decay on biases and LayerNorm (as BERT); the
+  global gradient norm clipped at `opt.clip_norm` (0: not clipped). Its state does not depend on
+  `schedule`: a step may build it from the schedule it is given."""
 
   def decay_mask(params):
     flat = traverse_util.flatten_dict(params)
@@ -88,7 +125,13 @@ def make_optimizer(opt, num_steps: int):
   tx = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask)
   if opt.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
-  return tx, schedule
+  return tx
+
+
+def make_optimizer(opt, num_steps: int):
+  """(AdamW with BERT's schedule over `num_steps`, the schedule), the schedule's values constants."""
+  schedule = Schedule.of(opt, num_steps)
+  return adamw(opt, schedule), schedule
 
 
 def check_accumulation(accumulate_steps: int, batch_per_device: int, what: str = "batch_size"):
