@@ -25,7 +25,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import flops
 from minilm_jax.models.attention import merge_heads
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput
-from minilm_jax.training.train_state import make_optimizer
+from minilm_jax.training.train_state import Schedule, adamw
 from minilm_jax.transfer import relations
 from minilm_jax.transfer.objectives import Masking, Objective
 
@@ -53,9 +53,9 @@ def test_reference_loss_is_ours():
 def _step_flops(teacher_config, teacher_layer):
   mesh = parallel.make_mesh(1)
   student = Encoder(EncoderConfig(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32))
-  tx, schedule = make_optimizer(distill.OPTIMIZER, 10)
+  schedule = Schedule.of(distill.OPTIMIZER, 10)
   objective = Objective("minilm", ((1, teacher_layer),), ("qk", "vv"), 4, 0, teacher_config.hidden_size, 16)
-  parts = DistillationStep(Encoder(teacher_config), student, objective, tx, schedule)
+  parts = DistillationStep(Encoder(teacher_config), student, objective, adamw(distill.OPTIMIZER, schedule), schedule)
   step = jit_step({LONE: parts}, mesh)
   state = parts.abstract_state()
   teacher_params = jax.eval_shape(

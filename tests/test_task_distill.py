@@ -4,6 +4,7 @@ BiLSTM / bi-attentive / Transformer students, resume, and the one-line errors.""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from minilm_jax.finetuning.config import base_config
 from minilm_jax.finetuning.distillation import distillation_loss
 from minilm_jax.finetuning.multitask import build_multitask_finetuning
 from minilm_jax.finetuning.run import build_finetuning
-from minilm_jax.finetuning.teachers import find_teachers, teacher_logits
+from minilm_jax.finetuning.teachers import TeacherRun, find_teachers, teacher_logits
 from minilm_jax.models.encoder import Encoder
 from minilm_jax.models.heads import apply_model
 from minilm_jax.runs import lock
@@ -609,26 +610,42 @@ def test_distilling_settings_contradicting_the_run_are_one_line(tmp_path, teache
 
 
 @pytest.mark.slow
-def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written(tmp_path, tiny_teacher):
+def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written(tmp_path, tiny_teacher, monkeypatch):
   """The second stage's teacher logits are cached by the teacher's checkpoint content: a teacher run
-  rebuilt at the same path (another seed) is labelled again, not read from the shared cache; the
-  same run named through a trailing slash or a symlink is one teacher named twice; `,` names none;
-  a teacher still being written (its workdir's lock held by a running program) is refused before
-  any work."""
+  rebuilt at the same path (another seed) is labelled again, not read from the shared cache, and
+  the second stage that learnt the first one does not resume on it; a teacher rewritten while its
+  weights are read is refused, its logits never cached; the same run named through a trailing
+  slash or a symlink is one teacher named twice; `,` names none; a teacher still being written (its
+  workdir's lock held by a running program) is refused before any work."""
   task = get_task("wordnet_supersense")
   teacher, cache = str(tmp_path / "teacher"), str(tmp_path / "shared_cache")
+  student = _distilling_config(tiny_teacher, teacher)
+  student.distill.cache_dir = cache
 
-  def labelled(seed):
+  def labelled(seed, run=False):
     c = _finetune_config(tiny_teacher, task.name)
     c.seed = seed
     shutil.rmtree(teacher, ignore_errors=True)
     build_finetuning(c, teacher).run()
-    student = _distilling_config(tiny_teacher, teacher)
-    student.distill.cache_dir = cache
-    return np.asarray(build_finetuning(student, str(tmp_path / f"kd_{seed}")).stream.rows["teacher_logits"])
+    second_stage = build_finetuning(student, str(tmp_path / f"kd_{seed}"))
+    if run:
+      second_stage.run()
+    return np.asarray(second_stage.stream.rows["teacher_logits"])
 
-  first, rebuilt = labelled(0), labelled(1)
+  first, rebuilt = labelled(0, run=True), labelled(1)
   assert np.abs(first - rebuilt).max() > 1e-2  # the rebuilt teacher's own logits, not the first's
+  resumed = f"distill.teacher={teacher} holds other weights than the teacher {tmp_path / 'kd_0'} started from"
+  with pytest.raises(UserError, match=re.escape(resumed)):
+    build_finetuning(student, str(tmp_path / "kd_0"))
+  read_as = iter(["before the read", "after it"])
+  with monkeypatch.context() as patched:
+    patched.setattr(TeacherRun, "content_digest", lambda self: next(read_as))
+    with pytest.raises(UserError, match=f"teacher {teacher} changed while its weights were read"):
+      teacher_logits(
+        find_teachers([teacher], [task])[task.name], task, task.load("train", WORDNET_EXCERPT), 32, 128,
+        parallel.make_mesh(2), str(tmp_path / "raced_cache"),
+      )  # fmt: skip
+  assert not os.path.exists(tmp_path / "raced_cache")
   fresh = teacher_logits(
     find_teachers([teacher], [task])[task.name],
     task,

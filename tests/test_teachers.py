@@ -231,7 +231,7 @@ def _exported_logits(workdir: str, out: str, auto: str, texts: tuple) -> float:
   config, params, tokenizer, head = runs.read_run(workdir)[:4]
   batch = tokenizer(*texts, padding=True, return_tensors="np")
   ids, mask = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
-  ours = task_model(config, head).apply({"params": params}, ids, mask)
+  ours = jax.jit(task_model(config, head).apply)({"params": params}, ids, mask)  # jitted: one compile, not one per op
   model = getattr(transformers, auto).from_pretrained(out).eval()
   assert type(model).__name__.startswith(config.architecture.hf_architecture.removesuffix("Model"))
   with torch.no_grad():

@@ -25,11 +25,12 @@ from minilm_jax.models import embeddings, modernbert
 from minilm_jax.models.config import default_sliding_layers
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.training.train_state import (
+  Schedule,
   TrainState,
   accumulated_value_and_grad,
+  adamw,
   check_accumulation,
   guarded_update,
-  make_optimizer,
 )
 from minilm_jax.transfer import relations
 from minilm_jax.transfer.objectives import Objective, make_objective, uses_embedding_term
@@ -287,8 +288,8 @@ def build_student_step(config, teacher_config: EncoderConfig, mesh, masking, poo
   if config.student.init == "etd":  # the extraction's shape checks, before any corpus is read
     etd.check_extractable(teacher_config, student.config)
     etd.select_layers(teacher_config.num_layers, student.config.num_layers, config.etd.layers)
-  tx, schedule = make_optimizer(config.optimizer, config.num_steps)
-  return DistillationStep(teacher, student, objective, tx, schedule)
+  schedule = Schedule.of(config.optimizer, config.num_steps)
+  return DistillationStep(teacher, student, objective, adamw(config.optimizer, schedule), schedule)
 
 
 def teacher_pooling(config, pipeline: tuple | None = None):

@@ -26,7 +26,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
-from minilm_jax.runs.record import DISTILLATION, RunRecord
+from minilm_jax.runs.record import DISTILLATION, RunRecord, check_same_teacher
 from minilm_jax.training.loop import LoopHooks, begin_run, check_fields, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import TrainState, restore_or_init
 from minilm_jax.transfer.objectives import Masking
@@ -187,22 +187,9 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
   masking = Masking.of(teacher.tokenizer)
   mesh = mesh or parallel.make_mesh()
   weights = weights_digest(teacher.params)
-  check_same_teacher(config.teacher.path, workdir, weights, resumed)
+  check_same_teacher(f"teacher.path={config.teacher.path}", workdir, weights, resumed)
   placed = jax.device_put(teacher.params, parallel.replicated(mesh))
   return Shared(config, workdir, mesh, teacher, masking, placed, weights, evaluators.TeacherScores())
-
-
-def check_same_teacher(teacher_path: str, workdir: str, weights: str, record: RunRecord | None):
-  """A run resumes only from the teacher it started with: its `teacher.path` cannot change (the
-  config check), but a model rebuilt or retrained at that path would teach the rest of the run
-  something else (`record`: the resumed run's). Runs whose record predates the digest resume as
-  before."""
-  saved = None if record is None else record.teacher_weights
-  if saved is not None and saved != weights:
-    raise UserError(
-      f"teacher.path={teacher_path} holds other weights than the teacher {workdir} started from "
-      f"(digest {saved[:12]}, now {weights[:12]}): put that teacher back, or start a new --workdir"
-    )
 
 
 def read_corpus(shared: Shared, members: list) -> Shared:

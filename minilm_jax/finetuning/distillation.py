@@ -19,6 +19,7 @@ on the result as on any fine-tuned run.
 """
 
 import dataclasses
+import hashlib
 import os
 from typing import Any
 
@@ -50,6 +51,12 @@ class TaskTeacher:
   layers_weight: float = 0.0
   encoder: Encoder | None = None
   params: Any = None  # the teacher encoder's parameters, an argument of the train step
+  digest: str = ""  # `content_digest()` as the run read its teachers: its record keeps it
+
+  def content_digest(self) -> str:
+    """The teacher runs as their files now hold them (each `TeacherRun.content_digest`, in order):
+    what a second stage records, and compares on a resume."""
+    return hashlib.sha256("".join(run.content_digest() for run in self.runs).encode()).hexdigest()
 
   @property
   def frozen(self) -> tuple:

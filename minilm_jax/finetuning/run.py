@@ -48,7 +48,7 @@ from minilm_jax.models.heads import (
   task_model,
 )
 from minilm_jax.runs import lock
-from minilm_jax.runs.record import FINETUNING, RunRecord
+from minilm_jax.runs.record import FINETUNING, RunRecord, check_same_teacher
 from minilm_jax.tasks import get_task, selection_metric
 from minilm_jax.tasks.seq2seq import mask_targets
 from minilm_jax.training.loop import begin_run, steps_of_epochs
@@ -235,8 +235,10 @@ class FineTuning:
     return restore_or_init(self.checkpoints, self.step.init, (jax.random.key(self.config.seed), self.pretrained))
 
   def record(self) -> RunRecord:
+    config = json.loads(self.config.to_json())
+    weights = None if self.teacher is None else self.teacher.digest
     return RunRecord(
-      FINETUNING, self.step.encoder_config, json.loads(self.config.to_json()), head=self.head, tasks=(self.task.name,)
+      FINETUNING, self.step.encoder_config, config, head=self.head, tasks=(self.task.name,), teacher_weights=weights
     )
 
   def evaluate(self, params) -> dict:
@@ -267,7 +269,7 @@ class FineTuning:
 def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   """Reads the task and the pre-trained encoder, validates `config` against them and the mesh, and
   returns the run's parts: every error a config can cause surfaces here, before any compute."""
-  begin_run(config, workdir, finetuning_config.RANGES)
+  resumed = begin_run(config, workdir, finetuning_config.RANGES)
   task = get_task(config.task, config)
   check_specs(config, FINETUNING_PROVIDES, task)
   head = task.head(config)
@@ -288,7 +290,7 @@ def build_finetuning(config, workdir: str, mesh=None) -> FineTuning:
   mesh = mesh or parallel.make_mesh(config.mesh.data, config.mesh.model)
   parallel.check_batch_divides(config.batch_size, mesh)
   if config.distill.teacher:
-    teacher, train_features = _second_stage(config, parts, mesh, workdir)
+    teacher, train_features = _second_stage(config, parts, mesh, workdir, resumed)
     columns = (*task.train_columns, teacher.logits.column)
   else:
     _refuse_teacher_settings(config.distill, config.augment, task.name)
@@ -354,16 +356,24 @@ def _refuse_teacher_settings(distill, augment, task_name: str):
       )
 
 
-def _second_stage(config, parts: TaskModel, mesh, workdir: str):
+def _second_stage(config, parts: TaskModel, mesh, workdir: str, resumed: RunRecord | None):
   """(the teacher, the training features with its logits) of a run with `distill.teacher`: the
   student learns a fine-tuned teacher of its task on the (augmented) training set, the targets
-  cached in `distill.cache_dir` (default <workdir>/cache). Built only when a teacher is set: a plain
-  run hands its config to none of it."""
+  cached in `distill.cache_dir` (default <workdir>/cache). A run resumed (`resumed`: its record)
+  takes only the teachers it started from. Built only when a teacher is set: a plain run hands its
+  config to none of it."""
   distill = config.distill
   teacher = load_teacher(distill, parts, config.init, mesh)
+  content = teacher.content_digest()
+  check_same_teacher(f"distill.teacher={distill.teacher}", workdir, content, resumed)
   examples = parts.task.load("train", config.data_dir, config.language)
   cache_dir = distill.cache_dir or os.path.join(workdir, "cache")
-  return teacher, teacher_features(teacher, parts, examples, config, cache_dir, mesh)
+  features = teacher_features(teacher, parts, examples, config, cache_dir, mesh)
+  if teacher.content_digest() != content:  # what the run records is what its targets came from
+    raise UserError(
+      f"distill.teacher={distill.teacher} changed while it was read: let whatever rewrites it finish, then rerun"
+    )
+  return dataclasses.replace(teacher, digest=content), features
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -33,6 +33,11 @@ class TeacherRun:
   step: int
   record: RunRecord
 
+  def content_digest(self) -> str:
+    """A digest of the teacher as its files now hold it: the checkpoint step's bytes and its
+    tokenizer's (`checkpoints.step_digest`), wherever the run lies."""
+    return step_digest(self.path, self.step, os.path.join(self.path, runs.TOKENIZER_DIR))
+
 
 def teacher_paths(value: str, field: str) -> list:
   """The runs a comma list of teachers names (`distill.teacher`, task distillation's `teacher`); one
@@ -94,8 +99,10 @@ def teacher_logits(
 ) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
   the cache when a teacher of the same weights and tokenizer (its checkpoint's content, wherever the
-  run lies) already labelled the same texts at the same length."""
-  weights = step_digest(teacher.path, teacher.step, os.path.join(teacher.path, runs.TOKENIZER_DIR))
+  run lies) already labelled the same texts at the same length. The content is digested before the
+  weights are read and again after: a teacher rewritten in between is refused, so a cache file's
+  name always says whose logits it holds."""
+  weights = teacher.content_digest()
   digest = hashlib.sha256(json.dumps([weights, task.name, max_len]).encode())
   for a, b in zip(examples["text_a"], examples["text_b"]):
     digest.update(f"{a}\x00{b}\x01".encode())
@@ -105,6 +112,11 @@ def teacher_logits(
   forward, params, tokenizer = teacher_forward(teacher, task, mesh)
   predict = Predictor(forward, mesh, sharding.tree_shardings(params, mesh), batch_size)
   logits = predict(params, task.features(examples, tokenizer, max_len), desc=f"teacher logits {task.name}")
+  if teacher.content_digest() != weights:  # replaced while it was read: the cache's name would lie
+    raise UserError(
+      f"teacher {teacher.path} changed while its weights were read for its logits: let whatever rewrites it "
+      "finish, then rerun"
+    )
   if jax.process_index() == 0:
     os.makedirs(cache_dir, exist_ok=True)
     with written_whole(path) as pending:  # an interrupted write never looks cached

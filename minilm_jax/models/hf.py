@@ -202,7 +202,8 @@ def load(model_dir: str, dtype: str = "float32", mlm_head: bool = False) -> Load
     )
   if set(expected) - set(flat):  # a checkpoint without a pooler (DeBERTa's never has one)
     log.info("%s has no pooler; it gets a freshly initialised one", model_dir)
-    fresh = traverse_util.flatten_dict(init_params(config, jax.random.key(0)), sep="/")
+    # Jitted: run eagerly, the initialising forward pass compiles each of its operations apart.
+    fresh = traverse_util.flatten_dict(jax.jit(init_params, static_argnums=0)(config, jax.random.key(0)), sep="/")
     flat.update({k: np.asarray(v) for k, v in fresh.items() if k not in flat})
   params = jax.tree.map(jax.numpy.asarray, traverse_util.unflatten_dict(flat, sep="/"))
   return LoadedModel(config, params, mlm_head=_mlm_head(raw, config) if mlm_head else None)

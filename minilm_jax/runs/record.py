@@ -60,7 +60,8 @@ class RunRecord:
   # A family of students distilled together (`distill.family`): each student's own record, by name;
   # the family's `encoder` is None and its `config` the family's.
   students: dict = dataclasses.field(default_factory=dict)
-  # A distillation's teacher as it read it (`checkpoints.weights_digest`): a resume compares it.
+  # The teacher as the run read it (a distillation's `checkpoints.weights_digest`, a second stage's
+  # teacher runs' `TeacherRun.content_digest`): a resume compares it (`check_same_teacher`).
   teacher_weights: str | None = None
 
   def __post_init__(self):
@@ -172,3 +173,16 @@ def _from_unversioned(meta: dict) -> dict:
     fields["kind"] = DISTILLATION
   fields.setdefault("encoder", None)
   return fields
+
+
+def check_same_teacher(named: str, workdir: str, weights: str, record: RunRecord | None):
+  """A run resumes only from the teacher it started with (`record`: the resumed run's; `named`: the
+  field that names the teacher, with its value): the config check keeps the path, but a model
+  rebuilt or retrained there would teach the rest of the run something else. Runs whose record
+  predates the digest resume as before."""
+  saved = None if record is None else record.teacher_weights
+  if saved is not None and saved != weights:
+    raise UserError(
+      f"{named} holds other weights than the teacher {workdir} started from "
+      f"(digest {saved[:12]}, now {weights[:12]}): put that teacher back, or start a new --workdir"
+    )

@@ -128,12 +128,6 @@ def adamw(opt, schedule: Schedule) -> optax.GradientTransformation:
   return tx
 
 
-def make_optimizer(opt, num_steps: int):
-  """(AdamW with BERT's schedule over `num_steps`, the schedule), the schedule's values constants."""
-  schedule = Schedule.of(opt, num_steps)
-  return adamw(opt, schedule), schedule
-
-
 def check_accumulation(accumulate_steps: int, batch_per_device: int, what: str = "batch_size"):
   if accumulate_steps < 1 or batch_per_device % accumulate_steps:
     raise UserError(
