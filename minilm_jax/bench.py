@@ -264,6 +264,8 @@ def _check_flags(suite: str):
   if given:
     reads = ", ".join(f"--{name}" for name in sorted(SUITE_FLAGS[suite] | {"json"}))
     raise UserError(f"bench {suite} does not read --{', --'.join(given)}: it reads {reads}")
+  if _STUDENT.present and not _STUDENT.value:  # `--student=`: an empty list, which would measure the default
+    raise UserError("--student= names no student: give one or more shapes, e.g. --student 6x384, or leave it out")
 
 
 def _seq_lens():

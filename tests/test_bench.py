@@ -224,6 +224,7 @@ def test_bench_bad_shapes_are_one_line_errors():
     ("distill", "--repeats=0"),
     ("student_speed", "--seq_len=1"),
     ("inference", "--student=3x"),
+    ("distill", "--student="),
   ],
 )
 def test_bench_counts_below_one_are_one_line(suite, flag):

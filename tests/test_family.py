@@ -218,6 +218,11 @@ def test_bench_distill_family_times_the_family_against_each_student_alone():
   assert rows[0]["ideal_speedup"] == pytest.approx((2 * t + sum(students)) / (t + sum(students)))
   with pytest.raises(UserError, match="--family with --profile"):
     distill.run(dataclasses.replace(settings, family=True, profile_dir="x"))
+  alone = "--family times a family against each student alone, and"
+  with pytest.raises(UserError, match=f"{alone} --student 2x32 is one: give two or more"):
+    distill.run(dataclasses.replace(settings, family=True, students=["2x32"]))
+  with pytest.raises(UserError, match=f"{alone} --case cpu's 3x384 is one"):  # the case's own one student
+    distill.run(distill.Settings(family=True))
 
 
 def test_a_lone_run_resumed_as_a_family_or_the_reverse_names_the_change(tiny_teacher, tiny_corpus, tmp_path):

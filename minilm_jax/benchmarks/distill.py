@@ -302,6 +302,13 @@ def run(settings: Settings = Settings()):
   entries = CASES[s.case]
   if s.teacher or s.students:  # another model pair: one entry, the rest from the case's first
     entries = [(s.teacher or entries[0][0], s.students or entries[0][1], *entries[0][2:])]
+  lone = next((students for _, students, *_ in entries if len(students) < 2), None)
+  if s.family and lone is not None:  # a family of one: its "speed-up" over itself is noise
+    named = f"--student {','.join(lone)}" if s.students else f"--case {s.case}'s {','.join(lone)}"
+    raise UserError(
+      f"--family times a family against each student alone, and {named} is one: give two or more, "
+      "e.g. --student 6x384,6x768"
+    )
   rows = []
   for case_teacher, case_students, case_batch, case_lens in entries:
     teacher = load_teacher(case_teacher)
