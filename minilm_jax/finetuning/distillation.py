@@ -51,12 +51,13 @@ class TaskTeacher:
   layers_weight: float = 0.0
   encoder: Encoder | None = None
   params: Any = None  # the teacher encoder's parameters, an argument of the train step
-  digest: str = ""  # `content_digest()` as the run read its teachers: its record keeps it
+  read_as: tuple[str, ...] = ()  # each run's `TeacherRun.content_digest`, taken once before its logits
 
-  def content_digest(self) -> str:
-    """The teacher runs as their files now hold them (each `TeacherRun.content_digest`, in order):
-    what a second stage records, and compares on a resume."""
-    return hashlib.sha256("".join(run.content_digest() for run in self.runs).encode()).hexdigest()
+  @property
+  def digest(self) -> str:
+    """The teacher runs as the run read them (`read_as`, in order): what a second stage records,
+    and compares on a resume."""
+    return hashlib.sha256("".join(self.read_as).encode()).hexdigest()
 
   @property
   def frozen(self) -> tuple:
@@ -143,14 +144,19 @@ def teacher_features(
 ) -> datasets.Dataset:
   """The training `examples` (augmented as the config's `augment` block says, when enabled) as the
   student task's features (of `max_seq_length` tokens) plus the teachers' mean logits
-  (`teacher_logits`, `eval_batch_size` at a time); all cached in `cache_dir`."""
+  (`teacher_logits`, `eval_batch_size` at a time, of the runs as `teacher.read_as` says they were
+  read); all cached in `cache_dir`."""
   task, tokenizer, augment = student.task, student.tokenizer, config.augment
   max_len, batch_size = config.max_seq_length, config.eval_batch_size
   if augment.enabled:
     examples = augment_examples(examples, tokenizer.mask_token, augment, cache_dir, f"augment {task.name}")
   features = task.features(examples, tokenizer, max_len)
   logits = np.mean(
-    [teacher_logits(run, task, examples, max_len, batch_size, mesh, cache_dir) for run in teacher.runs], axis=0
+    [
+      teacher_logits(run, task, examples, max_len, batch_size, mesh, cache_dir, read_as)
+      for run, read_as in zip(teacher.runs, teacher.read_as, strict=True)
+    ],
+    axis=0,
   )
   return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 

@@ -364,16 +364,13 @@ def _second_stage(config, parts: TaskModel, mesh, workdir: str, resumed: RunReco
   config to none of it."""
   distill = config.distill
   teacher = load_teacher(distill, parts, config.init, mesh)
-  content = teacher.content_digest()
-  check_same_teacher(f"distill.teacher={distill.teacher}", workdir, content, resumed)
+  # Each run's content, digested once: the record's, and the one its logits are cached under and
+  # checked against after they are computed (`teacher_logits`), so the targets are of what is recorded.
+  teacher = dataclasses.replace(teacher, read_as=tuple(run.content_digest() for run in teacher.runs))
+  check_same_teacher(f"distill.teacher={distill.teacher}", workdir, teacher.digest, resumed)
   examples = parts.task.load("train", config.data_dir, config.language)
   cache_dir = distill.cache_dir or os.path.join(workdir, "cache")
-  features = teacher_features(teacher, parts, examples, config, cache_dir, mesh)
-  if teacher.content_digest() != content:  # what the run records is what its targets came from
-    raise UserError(
-      f"distill.teacher={distill.teacher} changed while it was read: let whatever rewrites it finish, then rerun"
-    )
-  return dataclasses.replace(teacher, digest=content), features
+  return teacher, teacher_features(teacher, parts, examples, config, cache_dir, mesh)
 
 
 def _masked_lm_head(init: str, head) -> dict:

@@ -95,14 +95,22 @@ def teacher_forward(teacher: TeacherRun, task, mesh):
 
 
 def teacher_logits(
-  teacher: TeacherRun, task, examples: datasets.Dataset, max_len: int, batch_size: int, mesh, cache_dir: str
+  teacher: TeacherRun,
+  task,
+  examples: datasets.Dataset,
+  max_len: int,
+  batch_size: int,
+  mesh,
+  cache_dir: str,
+  read_as: str = "",
 ) -> np.ndarray:
   """The teacher's logits [N, labels] for every example, batched through the jitted teacher; from
   the cache when a teacher of the same weights and tokenizer (its checkpoint's content, wherever the
   run lies) already labelled the same texts at the same length. The content is digested before the
-  weights are read and again after: a teacher rewritten in between is refused, so a cache file's
-  name always says whose logits it holds."""
-  weights = teacher.content_digest()
+  weights are read (or given: `read_as`, a caller's `TeacherRun.content_digest` taken before) and
+  again after: a teacher rewritten in between is refused, so a cache file's name always says whose
+  logits it holds."""
+  weights = read_as or teacher.content_digest()
   digest = hashlib.sha256(json.dumps([weights, task.name, max_len]).encode())
   for a, b in zip(examples["text_a"], examples["text_b"]):
     digest.update(f"{a}\x00{b}\x01".encode())
