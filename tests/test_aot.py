@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -235,6 +236,12 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   assert status == 2 and len(lines) == 1, stderr[-3000:]
   assert lines[0].startswith("error: train needs ") and "h100x1's h100 has 59.74 GiB usable" in lines[0]
   assert "optimizer.accumulate_steps" in lines[0] and "batch_size" in lines[0]
+  # A batch whose inputs alone pass the card: refused before compiling (the GPU compiler failed on
+  # it with a 72-line internal error, a kernel launch of more blocks than the card allows).
+  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=268435456", "--target", "h100x1")
+  lines = stderr.strip().splitlines()
+  assert status == 2 and len(lines) == 1, stderr[-3000:]
+  assert lines[0].startswith("error: train needs at least 192.04 GiB per device at batch_size=268435456"), lines
   # With 2 % of the card usable (XLA_PYTHON_CLIENT_MEM_FRACTION, as JAX's allocator reads it):
   # from 2400 (one device: any batch), a few thousand fit.
   small = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.02"}
@@ -252,6 +259,27 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   searched = {int(b): peak for b, peak in row["searched_peak_bytes_per_device"].items()}
   assert searched[largest] <= usable and len(searched) <= 4, searched
   assert any(largest < b <= largest + max(8, largest // 8) and p > usable for b, p in searched.items()), searched
+
+
+def test_the_gpu_compilers_failures_on_sizes_past_any_card_are_a_program_that_does_not_fit(monkeypatch):
+  """Where a program's inputs fit but one of its products has more rows than the GPU compiler can
+  tile: the refusal names the largest array of the compiler's message as the least it needs."""
+  from minilm_jax.aot.__main__ import DoesNotFit, compile_program
+
+  message = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.159 = bf16[17179869184,1152]{1,0} dot("
+
+  class Lowered:
+    def compile(self, compiler_options=None):
+      raise jax.errors.JaxRuntimeError(message)
+
+  step = types.SimpleNamespace(lower=lambda *args: Lowered())
+  program = types.SimpleNamespace(step=step, args=(jax.ShapeDtypeStruct((4, 8), jnp.int32),))
+  with pytest.raises(DoesNotFit) as refused:
+    compile_program(program, targets.parse_target("h100x1"))
+  assert refused.value.needed == 17179869184 * 1152 * 2 and refused.value.at_least
+  message = "INTERNAL: Mosaic failed to compile"  # any other error is the compiler's own, raised as it is
+  with pytest.raises(jax.errors.JaxRuntimeError):
+    compile_program(program, targets.parse_target("h100x1"))
 
 
 def test_unknown_target_and_wrong_program_are_one_line(tmp_path):

@@ -55,7 +55,7 @@ def _step_flops(teacher_config, teacher_layer):
   student = Encoder(EncoderConfig(vocab_size=100, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32))
   schedule = Schedule.of(distill.OPTIMIZER, 10)
   objective = Objective("minilm", ((1, teacher_layer),), ("qk", "vv"), 4, 0, teacher_config.hidden_size, 16)
-  parts = DistillationStep(Encoder(teacher_config), student, objective, adamw(distill.OPTIMIZER, schedule), schedule)
+  parts = DistillationStep(Encoder(teacher_config), student, objective, partial(adamw, distill.OPTIMIZER), schedule)
   step = jit_step({LONE: parts}, mesh)
   state = parts.abstract_state()
   teacher_params = jax.eval_shape(
@@ -63,7 +63,7 @@ def _step_flops(teacher_config, teacher_layer):
   )
   batch = {k: jax.ShapeDtypeStruct((4, 16), jnp.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
   # As lowered, before XLA optimises: layers the step never builds, not layers XLA removes.
-  return step.lower(state, batch, teacher_params, jax.random.key(0)).cost_analysis()["flops"]
+  return step.lower(state, batch, teacher_params, jax.random.key(0), {LONE: schedule}).cost_analysis()["flops"]
 
 
 def test_teacher_layers_above_the_distilled_one_cost_nothing():
@@ -369,9 +369,23 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   older = tmp_path / "older.jsonl"
   keyed = [(json.loads(e["key"]), e) for e in entries]
   older.write_text("".join(json.dumps({**e, "key": json.dumps([{**k[0], "old": 1}, *k[1:]])}) + "\n" for k, e in keyed))
+  older_again = tmp_path / "older_again.jsonl"
+  older_again.write_text(older.read_text())
   with caplog.at_level("WARNING"):
     suite(results=str(older), seeds=0, models=models[:1], tasks=tasks[:1])
   assert f"none of the {len(entries)} measurements in {older} is of these models and settings" in caplog.text
+  # ... which --logged_only, measuring nothing, refuses (it said every row would be measured again).
+  one = dict(seeds=0, models=models[:1], tasks=tasks[:1], logged_only=True)
+  with pytest.raises(UserError, match=f"--logged_only: none of the {len(entries)} measurements in .* run without"):
+    suite(results=str(older_again), **one)
+  with pytest.raises(UserError, match="--logged_only: .*missing.jsonl holds no measurements"):  # was silent
+    suite(results=str(tmp_path / "missing.jsonl"), **one)
+  garbage = tmp_path / "garbage.jsonl"
+  garbage.write_bytes(bytes(range(256)))
+  with pytest.raises(UserError, match="garbage.jsonl:1 is not a line this suite wrote"):  # were tracebacks
+    suite(results=str(garbage), **one)
+  with pytest.raises(UserError, match=f"--results {tmp_path} is a folder: name a JSON Lines file"):
+    suite(results=str(tmp_path), **one)
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:

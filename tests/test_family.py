@@ -136,6 +136,7 @@ def test_each_student_is_evaluated_under_its_name_and_summarised_at_the_end(
   [
     ((dict(name="a"), dict(name="a")), "two students are named 'a'"),
     ((), "family is empty: list at least one student"),
+    (("",), "family is empty: list at least one student"),  # `--config.family=`
     (("s2",), "family entry 0 is 's2', not a student: give each as a dict"),
     ((dict(name="a/b"),), "family entry 0 is named 'a/b': a student's name has no '/'"),
     ((dict(name=" s2"),), "family entry 0 is named ' s2'"),

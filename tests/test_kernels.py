@@ -8,6 +8,7 @@ so the CPU steps keep the explicit path."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -19,9 +20,10 @@ from flax import traverse_util
 
 from conftest import TEST_UMASK, modes_not_from_the_umask
 from minilm_jax.benchmarks import kernels as kernel_check
-from minilm_jax.devices import parallel
+from minilm_jax.devices import parallel, timing
+from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
-from minilm_jax.kernels import attention, dropout, relation_kl
+from minilm_jax.kernels import attention, dropout, platform, relation_kl
 from minilm_jax.kernels.layout import Layout
 from minilm_jax.kernels.platform import TILINGS, Tiling, kernel_platform
 from minilm_jax.transfer import relations
@@ -299,6 +301,16 @@ def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
   for flag, message in (
     ("--tilings=64x4x2,big", "error: --tilings 64x4x2,big: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2"),
     (
+      "--tilings=0x4x2",
+      "error: --tilings 0x4x2: a block is a power of two from 8 rows, warps a power of two from 1 to 32, stages 1 "
+      "or more",
+    ),
+    (  # was a traceback from the allocator
+      "--batch=100000000",
+      f"error: --batch 100000000 --seq_len 128: the inputs and the explicit path take at least 347,900.4 GiB, and "
+      f"this device has {timing.device_memory_bytes() / GiB:,.1f} GiB: lower --batch or --seq_len",
+    ),
+    (
       "--dtype=bfloat16",
       "error: --dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU",
     ),
@@ -308,6 +320,30 @@ def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
   rows = json.loads(out.read_text())
   assert kernel_check.beyond_tolerance(rows) == []
   assert kernel_check.beyond_tolerance([{**rows[0], "grad_error": 0.01}]) == [{**rows[0], "grad_error": 0.01}]
+
+
+@pytest.mark.parametrize(
+  "damage, reason",
+  [
+    ('{"H100|minilm_flash_fwd|32|128": {"tiling": "64x4', "Unterminated string"),  # cut short
+    ("", "Expecting value"),
+    ('{"H100|minilm_flash_fwd|32|128": {"tiling": "0x4x2"}}', "has the tiling '0x4x2': a block is a power of two"),
+    ('[{"tiling": "64x4x2"}]', "it holds a JSON list, not an object of entries"),
+    ('{"H100|minilm_flash_fwd|32|128": "64x4x2"}', "its entry 'H100|minilm_flash_fwd|32|128' has no tiling"),
+  ],
+)
+def test_a_damaged_tuned_table_is_one_line_naming_it(tmp_path, monkeypatch, damage, reason):
+  """Every GPU and TPU step reads the tuned table as it traces its kernels (and `bench kernels`
+  everywhere): a damaged one was a 48-62-line traceback that never named the file."""
+  table = tmp_path / "tuned_tilings.json"
+  table.write_text(damage)
+  monkeypatch.setattr(platform, "TUNED_TABLE", str(table))
+  with pytest.raises(
+    UserError, match=f"the tuned tilings {table} cannot be read \\(.*{re.escape(reason)}.*restore the file"
+  ):
+    kernel_check.run([32], 2, "float32", 1)
+  with pytest.raises(UserError, match="cannot be read"):  # tuning refuses it before its timings
+    kernel_check.tune([32], 2, "float32", 1, [Tiling(32)], str(table))
 
 
 @pytest.mark.xdist_group("aot")  # with the other compiles for targets, on the worker that loads their plugins

@@ -12,6 +12,7 @@ from minilm_jax.distill.step import LONE, DistillationStep, jit_step
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderConfig, LayerOutput, init_params
+from minilm_jax.training.train_state import ConstantRate
 from minilm_jax.transfer import objectives, relations
 from minilm_jax.transfer.objectives import Objective, Outputs, attention_score_mse, layer_pairs, masked_mse
 
@@ -290,14 +291,22 @@ def test_a_new_objective_is_one_registered_function(monkeypatch):
   metrics = {}
   for name in ("attention_only", "minilm"):
     objective = Objective(name, ((1, 1),), ("qk", "vv"), 4, 0, 32, 16)
-    parts = DistillationStep(Encoder(teacher_config), Encoder(student_config), objective, optax.sgd(0.1), lambda s: 0.1)
+    parts = DistillationStep(
+      Encoder(teacher_config), Encoder(student_config), objective, optax.sgd, ConstantRate(np.float32(0.1))
+    )
     step = jit_step({LONE: parts}, mesh)
     state = parts.fresh_state(jax.random.key(0))
     ids = jax.random.randint(jax.random.key(1), (8, 12), 1, 80)
     batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "token_type_ids": jnp.zeros_like(ids)}
     teacher_params = init_params(teacher_config, jax.random.key(2))
     metrics[name] = jax.device_get(
-      step(state, parallel.shard_batch(jax.device_get(batch), mesh), teacher_params, jax.random.key(3))[1]
+      step(
+        state,
+        parallel.shard_batch(jax.device_get(batch), mesh),
+        teacher_params,
+        jax.random.key(3),
+        {LONE: parts.schedule},
+      )[1]
     )
   assert set(k for k in metrics["attention_only"] if k.startswith("loss_")) == {"loss_qk"}
   np.testing.assert_allclose(metrics["attention_only"]["loss"], metrics["minilm"]["loss_qk"], rtol=1e-6)

@@ -2,6 +2,7 @@
 tokenising on the fly, each process's disjoint share of every global batch, resume from a
 prepared corpus, and a mismatched or missing one refused in one line."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -104,6 +105,74 @@ def test_a_resumed_run_continues_the_same_stream_from_a_prepared_corpus(prepared
   assert [m["loss"] for m in read_metrics(str(tmp_path / "resumed"))] == [
     m["loss"] for m in read_metrics(str(tmp_path / "straight"))
   ]
+
+
+def _prepared_anew(directory: str, rows_of):
+  """Shard 0 of the corpus at `directory` rewritten in place with its rows reordered by `rows_of`
+  (other blocks, the same count and sizes). Returns the manifest as it was and the new shard's
+  sha256: written into it, the corpus is as `prepare_data --overwrite` would leave it; left out, a
+  shard changed after the corpus was prepared."""
+  manifest = json.load(open(os.path.join(directory, "manifest.json")))
+  shard = manifest["shards"][0]
+  ids = np.load(os.path.join(directory, shard["blocks"]))
+  lengths = np.load(os.path.join(directory, shard["lengths"]))
+  ids, lengths = ids[rows_of(len(ids))], lengths[rows_of(len(ids))]
+  np.save(os.path.join(directory, shard["blocks"]), ids)
+  np.save(os.path.join(directory, shard["lengths"]), lengths)
+  digest = hashlib.sha256(np.ascontiguousarray(ids).data)
+  digest.update(np.ascontiguousarray(lengths).data)
+  return manifest, digest.hexdigest()
+
+
+def test_a_shard_changed_after_its_corpus_was_prepared_is_one_line(prepared, tiny_teacher, tmp_path):
+  """Two blocks of a shard swapped in place, at the same size: its bytes differ from the sha256 its
+  manifest holds (read without a word before). A shard verified once is not read again while the
+  file system says it is unchanged; a change after that verification is still found."""
+  import shutil
+
+  tokenizer = runs.load_tokenizer_of(tiny_teacher)
+  copy, cache = str(tmp_path / "corpus"), str(tmp_path / "cache")
+  shutil.copytree(prepared, copy)
+  PreparedBlocks(copy, tokenizer, 32, cache)  # verified, and recorded as verified in `cache`
+  assert len(json.load(open(os.path.join(cache, "prepared_verified.json")))) == 3
+  manifest, _ = _prepared_anew(copy, lambda n: [1, 0, *range(2, n)])
+  shard = manifest["shards"][0]
+  message = f"{shard['blocks']} \\(with {shard['lengths']}\\) holds other blocks than {copy}/manifest.json says"
+  for cache_dir in (cache, str(tmp_path / "fresh"), ""):
+    with pytest.raises(UserError, match=message):
+      PreparedBlocks(copy, tokenizer, 32, cache_dir)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_a_corpus_prepared_anew_is_refused(prepared, tiny_teacher, tiny_corpus, tmp_path):
+  """A distillation stopped, its corpus prepared anew at its path (other blocks, the same count and
+  sizes), the same command: one line naming data.prepared, before any checkpoint is touched (it
+  resumed on the new blocks without a word); likewise a corpus file rewritten under a run that
+  tokenises it."""
+  import shutil
+
+  copy, workdir = str(tmp_path / "corpus"), str(tmp_path / "run")
+  shutil.copytree(prepared, copy)
+  config = tiny_config(tiny_teacher, tiny_corpus, num_steps=2, **{"data.prepared": copy})
+  build_distillation(config, workdir).run()
+  assert runs.read_record(workdir).inputs.keys() == {"data.prepared"}
+  manifest, digest = _prepared_anew(copy, lambda n: list(range(n))[::-1])
+  manifest["shards"][0]["sha256"] = digest
+  (tmp_path / "corpus" / "manifest.json").write_text(json.dumps(manifest))
+  checkpoints = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  with pytest.raises(UserError, match=f"data.prepared={copy} holds other content than {workdir} started with"):
+    build_distillation(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == checkpoints
+  # A corpus of local files tokenised by the run: its files' bytes are its identity.
+  corpus, workdir = str(tmp_path / "corpus.txt"), str(tmp_path / "on_the_fly")
+  shutil.copy(tiny_corpus, corpus)
+  config = tiny_config(tiny_teacher, corpus, num_steps=2)
+  build_distillation(config, workdir).run()
+  assert runs.read_record(workdir).inputs.keys() == {"data.corpus"}
+  with open(corpus, "a", encoding="utf-8") as f:
+    f.write("A sentence written after the run began.\n")
+  with pytest.raises(UserError, match=f"data.corpus={corpus} holds other content than {workdir} started with"):
+    build_distillation(config, workdir)
 
 
 def test_a_mismatched_or_missing_prepared_corpus_is_refused(prepared, tiny_teacher, tiny_corpus, tmp_path):

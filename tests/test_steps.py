@@ -41,11 +41,12 @@ def _batch(batch_size=32, length=12, seed=0):
 
 def _distill_step(mesh, accumulate_steps=1, query_chunk=0, batch=None):
   objective = Objective("minilm", ((1, 1),), ("qk", "vv"), 4, query_chunk, 32, 16)
-  parts = DistillationStep(Encoder(TEACHER), Encoder(STUDENT), objective, SGD, lambda s: 0.5)
+  parts = DistillationStep(Encoder(TEACHER), Encoder(STUDENT), objective, lambda rate: SGD, ConstantRate(0.5))
   step = jit_step({LONE: parts}, mesh, accumulate_steps=accumulate_steps)
   state = jax.jit(lambda: parts.fresh_state(jax.random.key(0)), out_shardings=parallel.replicated(mesh))()
   teacher_params = jax.device_put(init_params(TEACHER, jax.random.key(1)), parallel.replicated(mesh))
-  new_state, metrics = step(state, parallel.shard_batch(batch or _batch(), mesh), teacher_params, jax.random.key(2))
+  batch = parallel.shard_batch(batch or _batch(), mesh)
+  new_state, metrics = step(state, batch, teacher_params, jax.random.key(2), {LONE: parts.schedule})
   return jax.device_get(new_state.params), jax.device_get(metrics)
 
 

@@ -101,13 +101,16 @@ def _student_config(tasks, teacher, **student):
 @pytest.mark.slow
 def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_path, teachers, monkeypatch):
   """... and the teacher run's checkpoints are opened once for its record and step, once more for its
-  weights when its logits are not cached yet."""
+  weights when its logits are not cached yet; a rerun after the teacher changed at its path is
+  refused."""
   task = "wordnet_supersense"
-  c = _student_config(task, teachers[task])
+  teacher = str(tmp_path / "teacher")  # a copy, changed at the end
+  shutil.copytree(teachers[task], teacher)
+  c = _student_config(task, teacher)
   c.cache_dir = str(tmp_path / "cache")
   opened = count_checkpoint_openings(monkeypatch)
   run = build_task_distillation(c, str(tmp_path / "a"))
-  assert opened.count(os.path.abspath(teachers[task])) == 2, opened
+  assert opened.count(teacher) == 2, opened
   assert 3000 < len(run.stream.streams[task].rows) <= 4000  # 2,000 originals and up to one copy each
   _, results = run.run()
   assert 0 <= results[f"{task}/dev/accuracy"] <= 1
@@ -120,7 +123,7 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   stamps = [os.path.getmtime(os.path.join(c.cache_dir, name)) for name in cached]
   monkeypatch.setattr(augment, "load_pos_tagger", lambda: pytest.fail("augmented again"))
   again = build_task_distillation(c, str(tmp_path / "b"))
-  assert opened.count(os.path.abspath(teachers[task])) == 3, opened  # the record alone: the logits were cached
+  assert opened.count(teacher) == 3, opened  # the record alone: the logits were cached
   assert sorted(os.listdir(c.cache_dir)) == cached
   assert [os.path.getmtime(os.path.join(c.cache_dir, name)) for name in cached] == stamps
   assert again.stream.streams[task].rows["teacher_logits"] == run.stream.streams[task].rows["teacher_logits"]
@@ -134,6 +137,17 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   rows = evaluate_runs([str(tmp_path / "a")], str(tmp_path / "eval"))
   assert [(r["task"], r["split"]) for r in rows] == [(task, "dev")]
   assert rows[0]["accuracy"] == pytest.approx(results[f"{task}/dev/accuracy"])
+  # The teacher's weights changed at its path (one byte of its checkpoint's largest file): the rerun
+  # is refused before any checkpoint is touched (it resumed on the other teacher's logits).
+  files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(teacher, "checkpoints")) for f in fs]
+  largest = max(files, key=os.path.getsize)
+  with open(largest, "r+b") as f:
+    f.seek(os.path.getsize(largest) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 1]))
+  with pytest.raises(UserError, match=f"teacher={teacher} holds other weights than the teacher {tmp_path / 'a'}"):
+    build_task_distillation(c, str(tmp_path / "a"))
 
 
 @pytest.mark.slow
@@ -615,7 +629,8 @@ def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written
   rebuilt at the same path (another seed) is labelled again, not read from the shared cache, and
   the second stage that learnt the first one does not resume on it; a teacher rewritten while its
   weights are read is refused, its logits never cached; the same run named through a trailing
-  slash or a symlink is one teacher named twice; `,` names none; a teacher still being written (its
+  slash, a symlink or another real path holding its bytes (a bind mount) is one teacher named
+  twice; `,` names none; a teacher still being written (its
   workdir's lock held by a running program) is refused before any work."""
   task = get_task("wordnet_supersense")
   teacher, cache = str(tmp_path / "teacher"), str(tmp_path / "shared_cache")
@@ -657,8 +672,10 @@ def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written
   )
   np.testing.assert_allclose(rebuilt, fresh, rtol=1e-6)
   os.symlink(teacher, tmp_path / "link")
+  shutil.copytree(teacher, tmp_path / "mounted")  # as a bind mount shows it: another real path, the same bytes
   for i, (names, message) in enumerate(
     [
+      (f"{teacher},{tmp_path / 'mounted'}", f"names one run twice: {teacher} and {tmp_path / 'mounted'} hold the same"),
       (f"{teacher},{teacher}/", f"names one run twice \\({teacher} and {teacher}/\\)"),
       (f"{teacher},{tmp_path / 'link'}", f"names one run twice \\({teacher} and {tmp_path / 'link'}\\)"),
       (",", "names no run"),

@@ -510,16 +510,45 @@ def test_guarded_update_skips_non_finite_updates_on_the_device():
 
 
 def test_a_distillation_hands_its_config_to_the_few_places_it_needs(tiny_teacher, tiny_corpus, tmp_path):
-  """`build_distillation`'s config (or a block of it) reaches at most 25 functions in 12 modules
-  (`tests/config_walk.py`, the dynamic walk), and a family's a few more."""
+  """`build_distillation`'s config (or a block of it) reaches at most 26 functions in 12 modules
+  (`tests/config_walk.py`, the dynamic walk; one of them `reuse.config_key`, the step's key), and a
+  family's a few more."""
   from config_walk import summary, walk_call
 
   stops = walk_call(build_distillation, tiny_config(tiny_teacher, tiny_corpus), str(tmp_path / "run"))
   functions, modules = summary(stops)
-  assert functions <= 25 and modules <= 12, list(stops)
+  assert functions <= 26 and modules <= 12, list(stops)
   assert ("distill/trainer.py", "build_distillation") in stops
   family = tiny_config(tiny_teacher, tiny_corpus)
   with family.unlocked():
     family.family = (dict(name="a"), dict(name="b", student=dict(num_layers=1)))
   functions, modules = summary(walk_call(build_distillation, family, str(tmp_path / "family")))
-  assert functions <= 28 and modules <= 12
+  assert functions <= 29 and modules <= 12
+
+
+def test_distillations_of_one_shape_share_one_compiled_step_and_end_as_alone(
+  tiny_teacher, tiny_corpus, tmp_path, monkeypatch
+):
+  """A second distillation in the process whose students differ only in what the step takes as
+  arguments (the seed, the learning rate, the warm-up, the length, the corpus) finds the first's
+  jitted step and traces it no more; it ends bitwise as the same run does with a step built for it."""
+  from minilm_jax.training import reuse
+
+  mesh = parallel.make_mesh(2)
+  first = build_distillation(tiny_config(tiny_teacher, tiny_corpus, num_steps=2), str(tmp_path / "first"), mesh)
+  first.run()
+  overrides = {"seed": 1, "optimizer.lr": 3e-4, "optimizer.warmup_steps": 2, "num_steps": 3}
+  second = build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(tmp_path / "second"), mesh)
+  assert second.train_step.jitted is first.train_step.jitted
+  state = second.run()
+  assert second.train_step.jitted._cache_size() == 1  # one trace, for both runs
+  monkeypatch.setattr(reuse, "_built", type(reuse._built)())  # nothing kept: built anew
+  alone = build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(tmp_path / "alone"), mesh)
+  assert alone.train_step.jitted is not first.train_step.jitted
+  alone_state = alone.run()
+  assert [m["loss"] for m in read_metrics(str(tmp_path / "second"))] == [
+    m["loss"] for m in read_metrics(str(tmp_path / "alone"))
+  ]
+  ours, theirs = (traverse_util.flatten_dict(jax.device_get(s.params), sep="/") for s in (state, alone_state))
+  for key, value in theirs.items():
+    np.testing.assert_array_equal(ours[key], value, err_msg=key)

@@ -167,6 +167,12 @@ def test_multichannel_student_keeps_its_static_channel(tmp_path, vector_files):
   assert runs.load_tokenizer_of(str(tmp_path / "run")).get_vocab() == vocab
   (row,) = evaluate_runs([str(tmp_path / "run")], str(tmp_path / "eval"))
   assert row["accuracy"] == pytest.approx(results["wordnet_supersense/dev/accuracy"])
+  # The vectors file rewritten after the run (one word's vector): its words are the student's
+  # vocabulary and its rows the static channel, so the rerun is refused before it reads a checkpoint.
+  assert runs.read_record(str(tmp_path / "run")).inputs.keys() == {"student.word_vectors"}
+  write_binary(files["bin"], {**vectors, "plant": -vectors["plant"]})
+  with pytest.raises(UserError, match=f"student.word_vectors={files['bin']} holds other content than"):
+    build_task_distillation(c, str(tmp_path / "run"))
 
 
 def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_files):

@@ -54,16 +54,23 @@ flags.mark_flags_as_required(["config", "target"])
 
 
 class DoesNotFit(Exception):
-  """A TPU compile over the chip's memory; `needed` is the compiler's figure (NaN if unreadable)."""
+  """A program over the chip's memory: `needed` is the compiler's figure (NaN if unreadable), or with
+  `at_least` a lower bound (its arguments' bytes alone)."""
 
-  def __init__(self, needed: float):
+  def __init__(self, needed: float, at_least: bool = False):
     super().__init__(f"needs {needed} bytes")
-    self.needed = needed
+    self.needed, self.at_least = needed, at_least
 
 
 # What the GPU compiler logs (from C++, to the process's stderr) for a program over the card:
 # the report, or the one-line refusal, says the same.
-_OVER_CAPACITY_LOG = re.compile(r"^W\d{4} .*hlo_rematerialization\.cc:\d+\] Can't reduce memory use below")
+_OVER_CAPACITY_LOG = re.compile(
+  r"^[WE]\d{4} .*(hlo_rematerialization\.cc:\d+\] Can't reduce memory use below"
+  r"|gpu_hlo_schedule\.cc:\d+\] The byte size of input/output arguments \(\d+\) exceeds the base limit)"
+)
+# How the GPU compiler fails on a program far past any card (its arrays' rows or its kernels' blocks
+# beyond what it can index), not a fault of the program.
+_TOO_LARGE_FOR_THE_GPU_COMPILER = ("Couldn't find output tile sizes", "launch needs more blocks")
 
 
 @contextlib.contextmanager
@@ -87,12 +94,20 @@ def compile_program(program, target, dump_dir: str = "") -> tuple:
   """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit. With
   `dump_dir`, XLA writes its optimised module and buffer assignment there."""
   options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
+  # A batch whose inputs alone pass the chip's memory is refused before compiling: the GPU compiler
+  # fails on such sizes with an internal error of its own (a product with more rows than it can tile,
+  # a kernel launch of more blocks than the card allows), and a TPU compile of them takes minutes.
+  arguments = report.argument_bytes_per_device(program.args)
+  if arguments > target.usable_memory_bytes:
+    raise DoesNotFit(arguments, at_least=True)
   start = time.perf_counter()
   try:
     with _without_over_capacity_log():
       compiled = program.step.lower(*program.args).compile(compiler_options=options)
   except jax.errors.JaxRuntimeError as e:
     message = str(e)
+    if any(said in message for said in _TOO_LARGE_FOR_THE_GPU_COMPILER):
+      raise DoesNotFit(max(arguments, report.largest_array_bytes(message)), at_least=True) from None
     if "RESOURCE_EXHAUSTED" not in message:
       raise
     needed = report.parse_hbm_oom(message)
@@ -278,7 +293,8 @@ def describe(row: dict) -> str:
   lines.append(
     (
       "peak per device",
-      f"{_gib(row['peak_bytes_per_device'])} GiB of {_gib(row['usable_memory_bytes'])} GiB usable "
+      f"{'at least ' if row.get('peak_is_a_lower_bound') else ''}{_gib(row['peak_bytes_per_device'])} GiB "
+      f"of {_gib(row['usable_memory_bytes'])} GiB usable "
       f"({_gib(row['device_memory_bytes'])} GiB on the chip): {verdict}",
     )
   )
@@ -299,11 +315,11 @@ def describe(row: dict) -> str:
   return text
 
 
-def _needed(peak_bytes: float) -> str:
+def _needed(peak_bytes: float, at_least: bool = False) -> str:
   """The memory a program over the chip needs, as the compiler said it (or that it did not say)."""
   if math.isnan(peak_bytes):
     return "more memory than the chip has (the compiler did not say how much)"
-  return f"{_gib(peak_bytes)} GiB"
+  return f"{'at least ' if at_least else ''}{_gib(peak_bytes)} GiB"
 
 
 def main(argv):
@@ -327,6 +343,7 @@ def main(argv):
       row = analyse(program, target, compiled, seconds)
     except DoesNotFit as e:
       row = {"target": target.name, "program": program.name, "fits": False, "peak_bytes_per_device": e.needed}
+      row["peak_is_a_lower_bound"] = e.at_least
       row.update(device_memory_bytes=target.chip.memory_bytes, usable_memory_bytes=target.usable_memory_bytes)
     if dump_dir and row["fits"]:
       row["peak_buffers"] = peak_buffers(dump_dir, target, compiled, _PEAK_BUFFERS.value)
@@ -340,8 +357,9 @@ def main(argv):
   if _JSON.value:
     write_json(_JSON.value, row)
   if not row["fits"] and not _FIND_BATCH.value:
+    needed = _needed(row["peak_bytes_per_device"], row.get("peak_is_a_lower_bound", False))
     raise UserError(
-      f"{program.name} needs {_needed(row['peak_bytes_per_device'])} per device at "
+      f"{program.name} needs {needed} per device at "
       f"{program.batch_field}={program.global_batch}, and {target.name}'s {chip} has "
       f"{_gib(target.usable_memory_bytes)} GiB{' usable' if target.chip.platform == 'cuda' else ''}: "
       f"{_fix(program)}"

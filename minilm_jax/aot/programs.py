@@ -155,6 +155,7 @@ def train(config, devices, model_shape: str = "") -> Program:
     _inputs(mesh, batch, length),
     parallel.placed(teacher, replicated),
     _rng(mesh),
+    built.schedules,
   )
   steps = list(built.students.values())
   flops = _minilm_flops(steps[0], teacher_config, batch, length) if len(steps) == 1 else None

@@ -44,6 +44,32 @@ def memory(compiled) -> dict:
   }
 
 
+def argument_bytes_per_device(args) -> int:
+  """The bytes of a program's arguments on one device (abstract arrays with their shardings): a
+  lower bound of its peak, known before compiling."""
+  total = 0
+  for a in jax.tree.leaves(args):
+    shape = a.sharding.shard_shape(a.shape) if getattr(a, "sharding", None) is not None else a.shape
+    total += math.prod(shape) * a.dtype.itemsize
+  return total
+
+
+# An array in an HLO message: its element type and shape, e.g. "bf16[17179869184,1152]".
+_HLO_ARRAY = re.compile(r"\b(pred|f8e\w+|bf16|[suf]\d+)\[([\d,]+)\]")
+
+
+def _hlo_itemsize(element: str) -> int:
+  """An HLO element type's bytes from its bits ("bf16": 2, "f8e4m3fn": 1); "pred", which has none: 1."""
+  bits = re.match(r"[a-z]+(\d+)", element)
+  return max(1, int(bits.group(1)) // 8) if bits else 1
+
+
+def largest_array_bytes(message: str) -> int:
+  """The bytes of the largest array an XLA message names (0 where it names none)."""
+  arrays = _HLO_ARRAY.findall(message)
+  return max((math.prod(int(d) for d in dims.split(",")) * _hlo_itemsize(e) for e, dims in arrays), default=0)
+
+
 def costs(compiled, platform: str) -> dict:
   """XLA's FLOPs and bytes accessed per device for one call. The GPU compiler gives no cost
   analysis, so its optimised module is analysed by the CPU client's HLO cost model, where custom

@@ -139,12 +139,16 @@ class _OurStep:
     self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))
     self.rng = jax.random.key(2)
 
+  def args(self, state, batch) -> tuple:
+    """The step's arguments at `state` and `batch`."""
+    return state, batch, self.teacher_params, self.rng, self.built.schedules
+
   def __call__(self, state, batch):
-    return self.step(state, batch, self.teacher_params, self.rng)
+    return self.step(*self.args(state, batch))
 
   def bare_seconds(self, batch, repeats):
     batch = parallel.shard_batch(batch, self.mesh)
-    compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
+    compiled = self.step.lower(*self.args(self.state, batch)).compile()
     memory = compiled.memory_analysis()
     footprint = (
       (
@@ -168,13 +172,13 @@ class _OurStep:
     where each step's time goes (`profile.step_table`)."""
     batch = parallel.shard_batch(batch, self.mesh)
     # Run as the executable whose instructions the trace names: one compile, not a second one by `jit`.
-    compiled = self.step.lower(self.state, batch, self.teacher_params, self.rng).compile()
-    self.state, metrics = compiled(self.state, batch, self.teacher_params, self.rng)  # warm before the trace
+    compiled = self.step.lower(*self.args(self.state, batch)).compile()
+    self.state, metrics = compiled(*self.args(self.state, batch))  # warm before the trace
     block(metrics)
     with jax.profiler.trace(directory):
       for number in range(steps):
         with jax.profiler.StepTraceAnnotation(profile.STEP, step_num=number):
-          self.state, metrics = compiled(self.state, batch, self.teacher_params, self.rng)
+          self.state, metrics = compiled(*self.args(self.state, batch))
           block(metrics)
     return profile.step_table(profile.read_trace(directory), compiled.as_text(), flops)
 

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from minilm_jax.cli.outputs import write_json
-from minilm_jax.devices.timing import chip_of, median_seconds, peak_flops
+from minilm_jax.devices.chips import GiB
+from minilm_jax.devices.timing import chip_of, device_memory_bytes, median_seconds, peak_flops
 from minilm_jax.errors import UserError
 from minilm_jax.kernels import attention, costs
 from minilm_jax.kernels import platform as pallas_platform
@@ -131,11 +132,23 @@ def _timed(program, args, repeats):
   return loss, grads, median_seconds(lambda: jax.block_until_ready(program(*args)), repeats)
 
 
-def _check(lengths, dtype: str, tilings):
+def _check(lengths, batch: int, dtype: str, tilings, explicit: bool = True):
+  """One line for what this device cannot run: bfloat16 on a CPU, a length no tiling takes, and
+  inputs (and with `explicit`, the explicit path's attention scores) past the device's memory."""
   if dtype == "bfloat16" and jax.default_backend() == "cpu":
     # XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product, which both paths ask for.
     raise UserError("--dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU")
+  capacity = device_memory_bytes()
   for length in lengths:
+    # The inputs (three student and two teacher projections); the explicit path keeps its [B, H, L, L]
+    # float32 scores and their probabilities for the backward pass, which adds their gradient.
+    needed = batch * HEADS * length * (3 * STUDENT_DIM + 2 * TEACHER_DIM) * jnp.dtype(dtype).itemsize
+    needed += 3 * batch * HEADS * length * length * 4 if explicit else 0
+    if needed > capacity:
+      raise UserError(
+        f"--batch {batch} --seq_len {length}: the inputs{' and the explicit path' if explicit else ''} take at "
+        f"least {needed / GiB:,.1f} GiB, and this device has {capacity / GiB:,.1f} GiB: lower --batch or --seq_len"
+      )
     for tiling in tilings:
       if not all(attention.supported(length, d, compute_platform(), tiling) for d in (STUDENT_DIM, TEACHER_DIM)):
         raise UserError(f"--seq_len {length}: the kernels take multiples of their block or powers of two from 16")
@@ -153,7 +166,7 @@ def run(lengths, batch: int, dtype: str, repeats: int, tilings=()) -> list[dict]
   and the kernel's bound. No `tilings`: the step's (the tuned table's or the platform's)."""
   platform = compute_platform()
   tilings = list(tilings) or [None]
-  _check(lengths, dtype, tilings)
+  _check(lengths, batch, dtype, tilings)
   rows = []
   for length in lengths:
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
@@ -271,8 +284,9 @@ def tune(lengths, batch: int, dtype: str, repeats: int, tilings=(), table: str =
   grid = list(tilings) or TUNING_GRID.get("gpu" if here in pallas_platform.GPU_PLATFORMS else here, [])
   if not grid:
     raise UserError(f"--tune on {here}: name the tilings to time with --tilings, e.g. 32x4x2,64x4x2")
-  _check(lengths, dtype, [])
+  _check(lengths, batch, dtype, [], explicit=False)
   kind, table = jax.devices()[0].device_kind, table or pallas_platform.TUNED_TABLE
+  pallas_platform.tuned_tilings(table)  # a damaged table is refused before the timings, not after
   rows, fastest = list[dict](), dict[str, dict]()
   for length in lengths:
     student, teacher, mask = _inputs(batch, length, jnp.dtype(dtype))
@@ -323,8 +337,8 @@ def _write_table(path: str, fastest: dict):
 def parse_tilings(specs) -> list:
   try:
     return [Tiling.parse(spec) for spec in specs]
-  except (TypeError, ValueError):
-    raise UserError(f"--tilings {','.join(specs)}: write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2") from None
+  except ValueError as e:
+    raise UserError(f"--tilings {','.join(specs)}: {e}") from None
 
 
 def beyond_tolerance(rows) -> list:

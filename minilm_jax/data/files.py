@@ -3,6 +3,7 @@ that an interrupted or failed write (a kill, a full disk) never leaves a half fi
 or a cache, would take it for a whole one."""
 
 import contextlib
+import hashlib
 import os
 
 
@@ -23,3 +24,9 @@ def written_whole(path: str):
       raise OSError(e.errno, e.strerror or str(e), path) from None
     raise
   os.replace(pending, path)
+
+
+def file_digest(path: str) -> str:
+  """The sha256 of a file's bytes: what a run records of an input it reads whole (`RunRecord.inputs`)."""
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()

@@ -162,6 +162,49 @@ class PreparedBlocks:
     self._ids = [_shard(local / s["blocks"], directory, s["rows"]) for s in self.manifest["shards"]]
     self._lengths = [_shard(local / s["lengths"], directory, s["rows"]) for s in self.manifest["shards"]]
     self._starts = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
+    self._verify(local, directory, cache_dir)
+
+  @property
+  def identity(self) -> str:
+    """What the corpus holds, as its manifest says: a digest of its shards' sha256s, block length and
+    tokenizer (a run records it and a resume compares it: a corpus prepared anew at the same path
+    is another corpus)."""
+    m = self.manifest
+    held = {"max_seq_length": m["max_seq_length"], "tokenizer": m["tokenizer"], "shards": m["shards"]}
+    return hashlib.sha256(json.dumps(held, sort_keys=True).encode()).hexdigest()
+
+  def _verify(self, local, directory: str, cache_dir: str):
+    """Each shard's bytes against the sha256 its manifest holds, once per file as it is on disk: a
+    shard verified before (`cache_dir`'s record of each file's size, modification time and inode) is
+    not read again while the file system says it is unchanged. One line naming a shard that differs
+    (rewritten or damaged after the corpus was prepared, at the same size)."""
+    record = os.path.join(cache_dir, "prepared_verified.json") if cache_dir else ""
+    try:
+      with open(record, encoding="utf-8") as f:
+        verified = json.load(f)
+    except (OSError, ValueError):  # none yet (or none kept: no `cache_dir`), or one cut short
+      verified = {}
+    verified = verified if isinstance(verified, dict) else {}
+    now = {}
+    for shard, ids, lengths in zip(self.manifest["shards"], self._ids, self._lengths):
+      if not isinstance(shard.get("sha256"), str):
+        continue  # a manifest written without digests: nothing to compare with
+      files = [os.path.abspath(str(local / shard[kind])) for kind in ("blocks", "lengths")]
+      stamp = [[s.st_size, s.st_mtime_ns, s.st_ino] for s in map(os.stat, files)]
+      key = "|".join(files)
+      if verified.get(key) != {"stat": stamp, "sha256": shard["sha256"]}:
+        digest = hashlib.sha256(np.ascontiguousarray(ids).data)
+        digest.update(np.ascontiguousarray(lengths).data)
+        if digest.hexdigest() != shard["sha256"]:
+          raise UserError(
+            f"{local / shard['blocks']} (with {shard['lengths']}) holds other blocks than {directory}/{MANIFEST} "
+            f"says (their sha256 differs): the shard changed after the corpus was prepared; prepare it again"
+          )
+      now[key] = {"stat": stamp, "sha256": shard["sha256"]}
+    if record and now != verified:
+      os.makedirs(cache_dir, exist_ok=True)
+      with written_whole(record) as pending, open(pending, "w", encoding="utf-8") as f:
+        json.dump(now, f)
 
   def _check(self, directory: str, tokenizer, max_seq_length: int):
     m = self.manifest

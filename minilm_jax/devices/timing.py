@@ -1,5 +1,6 @@
 """Timing on the devices and their peak FLOP/s (`chips.CHIPS`): what the benchmarks measure with."""
 
+import os
 import statistics
 import time
 
@@ -34,3 +35,10 @@ def peak_flops():
   """The peak dense bfloat16 FLOP/s of this process's first device, or None on CPUs and unknown devices."""
   chip = chip_of(jax.devices()[0].device_kind)
   return None if chip is None else chip.peak_bf16_flops
+
+
+def device_memory_bytes() -> int:
+  """The memory this process's first device can hold: its allocator's limit on GPUs and TPUs, the
+  host's physical memory on CPUs (whose devices report none)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

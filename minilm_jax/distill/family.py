@@ -43,7 +43,8 @@ def members(config) -> dict:
       "latest checkpoints (leave checkpoint.best empty, or distil that student alone)"
     )
   members = {}
-  for i, given in enumerate(config.family):
+  # `--config.family=` on the command line is the tuple of one empty string: a family of none.
+  for i, given in enumerate(e for e in config.family if e != ""):
     if not isinstance(given, dict | ml_collections.ConfigDict):
       raise UserError(
         f"family entry {i} is {given!r}, not a student: give each as a dict, "

@@ -7,8 +7,10 @@ run is a family of one); `build_train_step` builds it from the run's configs, fo
 program, `minilm_jax.aot` and `bench distill`.
 """
 
+import copy
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -24,6 +26,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.models import embeddings, modernbert
 from minilm_jax.models.config import default_sliding_layers
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
+from minilm_jax.training.reuse import config_key, reused
 from minilm_jax.training.train_state import (
   Schedule,
   TrainState,
@@ -87,6 +90,36 @@ def resolve_layer(index: int, num_layers: int, what: str) -> int:
   return index % num_layers
 
 
+# What reaches the step as its arguments (the parameters, the batch, the random key, the learning
+# rates: the schedule of optimizer.lr over num_steps) or not at all (the corpus and its reading, the
+# ETD start, evaluation, checkpoints, logging): runs differing only in them share one compiled step
+# (`training.reuse`). The teacher enters the key by its architecture, not its path.
+_STEP_ARGUMENTS = (
+  "seed",
+  "num_steps",
+  "optimizer.lr",
+  "optimizer.warmup_steps",
+  "optimizer.warmup_proportion",
+  "data.corpus",
+  "data.corpus_config",
+  "data.epochs",
+  "data.heldout_blocks",
+  "data.language_alpha",
+  "data.languages",
+  "data.num_proc",
+  "data.prepared",
+  "data.rows",
+  "data.text_column",
+  "teacher.path",
+  "student.init",
+  "etd",
+  "eval_batch_size",
+  "evaluators",
+  "checkpoint",
+  "log_every",
+)
+
+
 def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
   """A fresh train state: the given student parameters (ETD), or random ones, plus what the objective
   learns besides (`Objective.init_learned`: maps to the teacher's width, a masked-LM head)."""
@@ -95,8 +128,10 @@ def init_state(student: Encoder, tx, objective, rng, params=None) -> TrainState:
 
 
 def jit_step(students: dict, mesh, accumulate_steps: int = 1):
-  """`train_step(state, batch, teacher_params, rng) -> (state, metrics)` of `students` (name ->
-  `DistillationStep`, all of one teacher), jitted with the state donated. The teacher runs once a
+  """`train_step(state, batch, teacher_params, rng, schedules) -> (state, metrics)` of `students`
+  (name -> `DistillationStep`, all of one teacher), jitted with the state donated; `schedules` (name
+  -> `train_state.Schedule`) are the students' learning rates, arguments so that runs differing only
+  in them or in their length share the compiled step (`build_train_step`). The teacher runs once a
   batch, deterministically and as deep as the deepest layer any student reads; each student takes
   its own loss, gradient and update from it. `teacher_params` are the encoder's, with its masked-LM
   head under "mlm_head" when an objective runs it. With `accumulate_steps` K each device's batch
@@ -111,7 +146,7 @@ def jit_step(students: dict, mesh, accumulate_steps: int = 1):
   teacher, keyed = first.teacher, list(students) != [LONE]
   depth = max(s.objective.teacher_layers_needed for s in students.values())
 
-  def per_device(state, batch, teacher_params, rng):
+  def per_device(state, batch, teacher_params, rng, schedules):
     states = _member_states(state, students, keyed)
     step_rng = jax.random.fold_in(jax.random.fold_in(rng, state.step), jax.lax.axis_index(parallel.DATA))
 
@@ -150,12 +185,13 @@ def jit_step(students: dict, mesh, accumulate_steps: int = 1):
     for name, s in students.items():
       own = jax.lax.pmean({"loss": losses[name], **{f"loss_{k}": v for k, v in terms[name].items()}}, parallel.DATA)
       with jax.named_scope("optimizer"):
-        new_states[name], skipped = guarded_update(states[name], grads[name], own["loss"], s.tx)
-      lr = s.schedule(states[name].step)
+        tx = s.optimizer(schedules[name])
+        new_states[name], skipped = guarded_update(states[name], grads[name], own["loss"], tx)
+      lr = schedules[name](states[name].step)
       metrics[name] = {**own, "grad_norm": optax.tree.norm(grads[name]), "lr": lr, "skipped": skipped}
     return _joined(new_states, metrics, keyed)
 
-  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=(P(), P()))
+  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P(), P()), out_specs=(P(), P()))
   return jax.jit(step, donate_argnums=0)
 
 
@@ -205,13 +241,20 @@ def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh, seed:
 
 @dataclasses.dataclass(frozen=True)
 class DistillationStep:
-  """One student's part of a run's step: the models, the objective it learns by, its optimizer."""
+  """One student's part of a run's step: the models, the objective it learns by, its optimizer at a
+  schedule (`optimizer(schedule)`: `adamw` of its config) and its learning rates (`schedule`: a
+  `Schedule`, or anything the step can take as an argument and call with the step count)."""
 
   teacher: Encoder
   student: Encoder
   objective: Objective
-  tx: optax.GradientTransformation
-  schedule: Callable
+  optimizer: Callable[[Any], optax.GradientTransformation]
+  schedule: Any
+
+  @property
+  def tx(self) -> optax.GradientTransformation:
+    """Its optimizer; the state it makes is the same at any schedule."""
+    return self.optimizer(self.schedule)
 
   def fresh_state(self, rng, params=None) -> TrainState:
     return init_state(self.student, self.tx, self.objective, rng, params)
@@ -227,7 +270,12 @@ class TrainStep:
   what `bench distill` times."""
 
   students: dict
-  jitted: Any  # (state, batch, teacher_params, rng) -> (state, metrics): also `.lower`
+  jitted: Any  # (state, batch, teacher_params, rng, schedules) -> (state, metrics): also `.lower`
+
+  @property
+  def schedules(self) -> dict:
+    """The step's last argument: each student's learning rates, by name."""
+    return {n: s.schedule for n, s in self.students.items()}
 
   @property
   def teacher(self) -> Encoder:
@@ -261,7 +309,15 @@ def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking
   config = next(iter(members.values()))  # the batch and its split are the family's
   accumulate = config.optimizer.accumulate_steps
   check_accumulation(accumulate, config.batch_size // mesh.shape[parallel.DATA])
-  train_step = TrainStep(steps, jit_step(steps, mesh, accumulate))
+  # Runs whose students differ only in what reaches the step as its arguments share its program.
+  key = (
+    tuple((n, config_key(c, _STEP_ARGUMENTS)) for n, c in members.items()),
+    teacher_config,
+    mesh,
+    masking,
+    tuple(poolings[n] for n in members),
+  )
+  train_step = TrainStep(steps, reused(key, lambda: jit_step(steps, mesh, accumulate)))
   if train_step.keyed:
     for name, step in steps.items():
       if step.objective.needs.mlm_head:
@@ -288,8 +344,8 @@ def build_student_step(config, teacher_config: EncoderConfig, mesh, masking, poo
   if config.student.init == "etd":  # the extraction's shape checks, before any corpus is read
     etd.check_extractable(teacher_config, student.config)
     etd.select_layers(teacher_config.num_layers, student.config.num_layers, config.etd.layers)
-  schedule = Schedule.of(config.optimizer, config.num_steps)
-  return DistillationStep(teacher, student, objective, adamw(config.optimizer, schedule), schedule)
+  optimizer = partial(adamw, copy.deepcopy(config.optimizer))  # the step closes over it: as keyed, whatever changes
+  return DistillationStep(teacher, student, objective, optimizer, Schedule.of(config.optimizer, config.num_steps))
 
 
 def teacher_pooling(config, pipeline: tuple | None = None):

@@ -14,8 +14,8 @@ from jax.sharding import Mesh
 
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, split_heldout
-from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list
-from minilm_jax.data.prepared import corpus_blocks
+from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list, local_corpus_digest
+from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, family
@@ -26,7 +26,7 @@ from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
 from minilm_jax.runs import lock
 from minilm_jax.runs.checkpoints import weights_digest
-from minilm_jax.runs.record import DISTILLATION, RunRecord, check_same_teacher
+from minilm_jax.runs.record import DISTILLATION, RunRecord, check_same_inputs, check_same_teacher
 from minilm_jax.training.loop import LoopHooks, begin_run, check_fields, steps_of_epochs, train_loop
 from minilm_jax.training.train_state import TrainState, restore_or_init
 from minilm_jax.transfer.objectives import Masking
@@ -66,12 +66,14 @@ class Distillation:
   def record(self) -> RunRecord:
     """A lone run's record is its student's; a family's holds each student's under its name."""
     heldout = heldout_record(self.shared.heldout)
-    weights = self.shared.teacher_weights
+    weights, inputs = self.shared.teacher_weights, self.shared.inputs
     if not self.train_step.keyed:
-      return dataclasses.replace(self.lone.record(heldout), teacher_weights=weights)
+      return dataclasses.replace(self.lone.record(heldout), teacher_weights=weights, inputs=inputs)
     students = {n: s.record(heldout).to_json() for n, s in self.students.items()}
     config = json.loads(self.config.to_json())
-    return RunRecord(DISTILLATION, None, config, heldout=heldout, students=students, teacher_weights=weights)
+    return RunRecord(
+      DISTILLATION, None, config, heldout=heldout, students=students, teacher_weights=weights, inputs=inputs
+    )
 
   def initial_state(self):
     """The latest checkpoint's state and data position, or every student fresh at batch 0 (each
@@ -97,8 +99,10 @@ class Distillation:
     dropout_rng = jax.random.fold_in(jax.random.key(self.config.seed), 1)
     teacher_params = self.shared.on_mesh(any(s.step.objective.needs.mlm_head for s in self.students.values()))
 
+    schedules = self.train_step.schedules
+
     def step_fn(state, batch):
-      return self.train_step.jitted(state, batch, teacher_params, dropout_rng)
+      return self.train_step.jitted(state, batch, teacher_params, dropout_rng, schedules)
 
     evaluate = self.evaluate if any(s.evaluators for s in self.students.values()) else None
     caption = f"distill {','.join(self.students)}" if self.train_step.keyed else "distill"
@@ -164,6 +168,7 @@ class Shared:
   stream: BatchStream | None = None
   heldout: Any = None
   collate: Callable | None = None
+  inputs: dict = dataclasses.field(default_factory=dict)  # the corpus's identity (`RunRecord.inputs`)
 
   @property
   def tokenizer(self):
@@ -192,18 +197,27 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
   return Shared(config, workdir, mesh, teacher, masking, placed, weights, evaluators.TeacherScores())
 
 
-def read_corpus(shared: Shared, members: list) -> Shared:
-  """`shared` with the corpus read: its batch stream and held-out blocks. With `data.epochs` the
-  step count is known now, and set in the run's config and in each of its students' (`members`)."""
+def read_corpus(shared: Shared, members: list, resumed: RunRecord | None) -> Shared:
+  """`shared` with the corpus read: its batch stream and held-out blocks, a prepared corpus checked
+  against what the run it resumes (`resumed`) read. With `data.epochs` the step count is known now,
+  and set in the run's config and in each of its students' (`members`)."""
   config = shared.config
   blocks, collate = corpus_blocks(config.data, shared.tokenizer, os.path.join(shared.workdir, "data"))
+  prepared = getattr(blocks, "rows", blocks)  # a corpus of several languages holds its blocks as `rows`
+  if isinstance(prepared, PreparedBlocks):
+    read = {"data.prepared": (config.data.prepared, prepared.identity)}
+  else:  # tokenised here: its local files' bytes (the tokenised cache follows their paths and times)
+    digest = local_corpus_digest(config.data)
+    read = {} if digest is None else {"data.corpus": (config.data.corpus, digest)}
+  check_same_inputs(shared.workdir, read, resumed)
+  inputs = {field: digest for field, (_, digest) in read.items()}
   blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(blocks, config.batch_size, config.seed, collate, *process, f"corpus {config.data.corpus}")
   if config.data.epochs:  # a schedule in passes over the corpus (ETD's): its length is known now
     for c in [config, *members]:
       c.num_steps = steps_of_epochs(config.data.epochs, stream.batches_per_epoch, "data.epochs")
-  return dataclasses.replace(shared, stream=stream, heldout=heldout, collate=collate)
+  return dataclasses.replace(shared, stream=stream, heldout=heldout, collate=collate, inputs=inputs)
 
 
 def check_settings(config):
@@ -315,7 +329,7 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
     said_of(name, check_settings, c)
   shared = read_teacher(config, workdir, mesh, resumed)
   step_of(shared, members)
-  shared = read_corpus(shared, list(members.values()))
+  shared = read_corpus(shared, list(members.values()), resumed)
   checkpoints = runs.RunCheckpoints(
     workdir, config.checkpoint.every, config.checkpoint.keep, best=evaluators.best_direction(config)
   )

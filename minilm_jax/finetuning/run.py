@@ -367,6 +367,12 @@ def _second_stage(config, parts: TaskModel, mesh, workdir: str, resumed: RunReco
   # Each run's content, digested once: the record's, and the one its logits are cached under and
   # checked against after they are computed (`teacher_logits`), so the targets are of what is recorded.
   teacher = dataclasses.replace(teacher, read_as=tuple(run.content_digest() for run in teacher.runs))
+  same = [run.path for run, digest in zip(teacher.runs, teacher.read_as) if teacher.read_as.count(digest) > 1]
+  if same:  # one run under two real paths (a bind mount, a copy): it would weigh twice in the mean
+    raise UserError(
+      f"distill.teacher names one run twice: {' and '.join(same[:2])} hold the same checkpoint and tokenizer: "
+      "list each teacher once"
+    )
   check_same_teacher(f"distill.teacher={distill.teacher}", workdir, teacher.digest, resumed)
   examples = parts.task.load("train", config.data_dir, config.language)
   cache_dir = distill.cache_dir or os.path.join(workdir, "cache")

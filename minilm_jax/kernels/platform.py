@@ -10,6 +10,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
+from minilm_jax.errors import UserError
+
 GPU_PLATFORMS = ("gpu", "cuda")
 
 
@@ -54,8 +56,17 @@ class Tiling:
 
   @classmethod
   def parse(cls, spec: str) -> "Tiling":
-    """'64x4x2' (block, warps, stages) -> Tiling."""
-    return cls(*(int(part) for part in spec.split("x")))
+    """'64x4x2' (block, warps, stages) -> Tiling; ValueError for anything else: a block and warps
+    that are powers of two (8 rows up; 1 to 32 warps, as Triton takes them) and a stage or more."""
+    parts = spec.split("x") if isinstance(spec, str) else []
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+      raise ValueError("write each as BLOCKxWARPSxSTAGES, e.g. 64x4x2")
+    tiling = cls(*(int(p) for p in parts))
+    power_of_two = lambda n: n > 0 and n & (n - 1) == 0
+    block, warps, stages = tiling.block, tiling.num_warps, tiling.num_stages
+    if not (block >= 8 and power_of_two(block) and power_of_two(warps) and warps <= 32 and stages >= 1):
+      raise ValueError("a block is a power of two from 8 rows, warps a power of two from 1 to 32, stages 1 or more")
+    return tiling
 
 
 # TPUs: 128 rows fill the lanes. GPUs: 64-row blocks, whose [64, 64] float32 scores (and the dropout
@@ -86,11 +97,28 @@ def tuned_key(device_kind: str, kernel: str, dims: tuple, length: int) -> str:
 
 @functools.cache
 def tuned_tilings(path: str) -> dict:
-  """The tuned table at `path`: {key: entry with its "tiling" (BLOCKxWARPSxSTAGES), time and date}."""
+  """The tuned table at `path`: {key: entry with its "tiling" (BLOCKxWARPSxSTAGES), time and date}.
+  One line naming the file where it is not such a table: every GPU and TPU step reads it."""
   if not os.path.exists(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      table = json.load(f)
+    if not isinstance(table, dict):
+      raise ValueError(f"it holds a JSON {type(table).__name__}, not an object of entries")
+    for key, entry in table.items():
+      if not isinstance(entry, dict) or not isinstance(entry.get("tiling"), str):
+        raise ValueError(f"its entry {key!r} has no tiling")
+      try:
+        Tiling.parse(entry["tiling"])
+      except ValueError as e:
+        raise ValueError(f"its entry {key!r} has the tiling {entry['tiling']!r}: {e}") from None
+  except (UnicodeDecodeError, ValueError) as e:  # json's errors are ValueErrors
+    raise UserError(
+      f"the tuned tilings {path} cannot be read ({e}): restore the file (git checkout, or reinstall the "
+      f"package) or delete it and tune again (python -m minilm_jax.bench kernels --tune)"
+    ) from None
+  return table
 
 
 def tiling_for(platform: str, kernel: str = "", dims: tuple = (), length: int = 0) -> Tiling:

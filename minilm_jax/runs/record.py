@@ -63,6 +63,9 @@ class RunRecord:
   # The teacher as the run read it (a distillation's `checkpoints.weights_digest`, a second stage's
   # teacher runs' `TeacherRun.content_digest`): a resume compares it (`check_same_teacher`).
   teacher_weights: str | None = None
+  # The other inputs as the run read them, by the field that names each ({"data.prepared": digest of
+  # the blocks its manifest lists}): a resume compares them (`check_same_inputs`).
+  inputs: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -127,6 +130,8 @@ class RunRecord:
       del out["students"]
     if self.teacher_weights is None:  # the runs that distil from no teacher's weights
       del out["teacher_weights"]
+    if not self.inputs:  # records of runs whose inputs are named by their config alone
+      del out["inputs"]
     return {"version": VERSION, **out}
 
   @classmethod
@@ -186,3 +191,16 @@ def check_same_teacher(named: str, workdir: str, weights: str, record: RunRecord
       f"{named} holds other weights than the teacher {workdir} started from "
       f"(digest {saved[:12]}, now {weights[:12]}): put that teacher back, or start a new --workdir"
     )
+
+
+def check_same_inputs(workdir: str, inputs: dict, record: RunRecord | None):
+  """A run resumes only on the inputs it started with (`inputs`: {config field: (its value, a digest
+  of what it holds now)}; `record`: the resumed run's): a corpus prepared anew at the same path would
+  feed the rest of the run other blocks. Inputs the record does not hold (records written before) pass."""
+  saved = {} if record is None else record.inputs
+  for field, (value, digest) in inputs.items():
+    if saved.get(field) is not None and saved[field] != digest:
+      raise UserError(
+        f"{field}={value} holds other content than {workdir} started with (digest {saved[field][:12]}, now "
+        f"{digest[:12]}): put that one back, or start a new --workdir"
+      )

@@ -10,6 +10,7 @@ cached on disk.
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 from functools import partial
@@ -24,6 +25,7 @@ import optax
 from minilm_jax import runs
 from minilm_jax.cli.outputs import write_json
 from minilm_jax.data import augment, word_vectors
+from minilm_jax.data.files import file_digest
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.multitask import MultiTaskRun, MultiTaskSpec, assemble_multitask_run
@@ -33,7 +35,7 @@ from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.students import make_student, student_kind
 from minilm_jax.runs import lock
 from minilm_jax.runs.reading import read_multitask_run
-from minilm_jax.runs.record import TASK_STUDENT, RunRecord
+from minilm_jax.runs.record import TASK_STUDENT, RunRecord, check_same_inputs, check_same_teacher
 from minilm_jax.task_distill import config as task_distill_config
 from minilm_jax.tasks.inputs import dummy_batch, is_pair, parse_tasks, task_data_dirs, task_features
 from minilm_jax.training.loop import begin_run
@@ -83,7 +85,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   record = _student_of_run(config) if config.student.from_run else None
   if task_distill_config.left_to_run(config.student):
     raise UserError("student.from_run is required: this config leaves the student to the run it goes on from")
-  begin_run(config, workdir, task_distill_config.RANGES)
+  resumed = begin_run(config, workdir, task_distill_config.RANGES)
   tasks = parse_tasks(config.tasks)
   mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
   start = _continue_from(config, tasks, mesh, record) if record else None
@@ -100,6 +102,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
       "(its tokenizer is also the student's vocabulary, unless student.word_vectors or student.from_run gives one)"
     )
   teachers = find_teachers(teacher_runs, tasks) if objective.from_teacher else {}
+  labellers, weights = _teachers_read(config, workdir, teachers, resumed)
   data_dirs = task_data_dirs(tasks, config.data_dir)
   train_examples = {t.name: t.load("train", data_dirs[t.name], "") for t in tasks}
   if start is not None:
@@ -107,6 +110,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
   else:
     tokenizer, embedding_table = _vocabulary(config, vectors, tasks, train_examples, teacher_runs)
     encoder_config, init_body = _transformer_body(config.student, teacher_runs) if joint else (None, None)
+  inputs = _vectors_read(config, workdir, resumed) if vectors else {}
   cache_dir = config.cache_dir or os.path.join(workdir, "cache")
   augmenting = config.augment.enabled and objective.from_teacher
   heads = tuple((t.name, t.head()["num_labels"]) for t in tasks)
@@ -122,7 +126,7 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     features = task_features(joint, task, examples, tokenizer, c.max_seq_length)
     if not objective.from_teacher:
       return features
-    logits = teacher_logits(teachers[task.name], task, examples, c.max_seq_length, c.eval_batch_size, mesh, cache_dir)
+    logits = labellers[task.name](task, examples, c.max_seq_length, c.eval_batch_size, mesh, cache_dir)
     return features.add_column("teacher_logits", [row.tolist() for row in logits.astype(np.float32)])
 
   record = RunRecord(
@@ -133,6 +137,8 @@ def build_task_distillation(config, workdir: str, mesh=None) -> MultiTaskRun:
     tasks=tuple(t.name for t in tasks),
     task_student_settings=config.student.to_dict(),
     vocab_size=len(tokenizer),
+    teacher_weights=weights,
+    inputs=inputs,
   )
   spec = MultiTaskSpec(
     tasks=tasks,
@@ -165,6 +171,29 @@ def _init_params(model, dummy: dict, start, init_body, embedding_table, rng):
     body = {name: {"embedding": table} if "embedding" in name else p for name, p in params["body"].items()}
     params = {**params, "body": body}
   return params
+
+
+def _teachers_read(config, workdir: str, teachers: dict, resumed: RunRecord | None) -> tuple:
+  """({task: `teacher_logits` of its teacher run}, the runs' content digests together, or None
+  without teachers). Each run is digested once, before any weights are read: its logits are cached
+  under that digest, the record keeps them together, and a resumed run (`resumed`: its record)
+  takes only the teachers it started from."""
+  read_as = {name: run.content_digest() for name, run in teachers.items()}
+  labellers = {name: partial(teacher_logits, run, read_as=read_as[name]) for name, run in teachers.items()}
+  if not read_as:
+    return labellers, None
+  weights = hashlib.sha256(json.dumps(sorted(read_as.items())).encode()).hexdigest()
+  check_same_teacher(f"teacher={config.teacher}", workdir, weights, resumed)
+  return labellers, weights
+
+
+def _vectors_read(config, workdir: str, resumed: RunRecord | None) -> dict:
+  """The record's `inputs` of a run on word vectors, checked against the run it resumes: the
+  vectors' words are the student's vocabulary, so a file changed after a kill would move every row."""
+  path = config.student.word_vectors
+  digest = file_digest(path)
+  check_same_inputs(workdir, {"student.word_vectors": (path, digest)}, resumed)
+  return {"student.word_vectors": digest}
 
 
 def _vocabulary(config, vectors: bool, tasks, train_examples: dict, teacher_runs: list):

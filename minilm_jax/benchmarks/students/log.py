@@ -43,11 +43,13 @@ class MeasurementLog:
 
   def __init__(self, path: str):
     self.path, self.entries = path, dict[str, dict]()
+    if path and os.path.isdir(path):
+      raise UserError(f"--results {path} is a folder: name a JSON Lines file, a new one or one this suite wrote")
     if path and os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
+      with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
-          try:
-            entry = json.loads(line)
+          try:  # bytes that are not UTF-8 are a ValueError too
+            entry = json.loads(line.decode("utf-8"))
             self.entries[entry["key"]] = entry
           except (ValueError, KeyError, TypeError):
             raise UserError(f"{path}:{number} is not a line this suite wrote: pass another --results file") from None
@@ -68,14 +70,22 @@ class MeasurementLog:
     """Where the second stages' teacher logits and augmented sets are cached: beside the models."""
     return os.path.join(f"{os.path.splitext(self.path)[0]}_models" if self.path else tmp, "cache")
 
-  def say_if_none_match(self, model_keys: list):
+  def say_if_none_match(self, model_keys: list, logged_only: bool = False):
     """One warning line when the file holds measurements and none is of the models `model_keys`
     (each `_Model.key`): a file of another version's settings, or of other flags, whose rows are
-    all measured again (and appended) rather than read."""
+    all measured again (and appended) rather than read. With `logged_only`, which measures nothing,
+    one line and exit 2 for that, and for a file that holds nothing."""
+    if logged_only and not self.entries:
+      raise UserError(f"--logged_only: {self.path} holds no measurements: check the --results path")
     if not self.entries:
       return
     wanted = {self._key(k) for k in model_keys}
     if not any(self._key(json.loads(key)[0]) in wanted for key in self.entries):
+      if logged_only:
+        raise UserError(
+          f"--logged_only: none of the {len(self.entries)} measurements in {self.path} is of these models and "
+          f"settings (another version's file, or other flags): run without --logged_only to measure them"
+        )
       logging.warning(
         "bench students: none of the %d measurements in %s is of these models and settings (another version's "
         "file, or other flags): every row is measured again and appended to it",

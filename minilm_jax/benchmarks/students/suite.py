@@ -168,7 +168,7 @@ def run(settings: Settings, mesh=None) -> list:
   log = MeasurementLog(settings.results)
   with tempfile.TemporaryDirectory() as tmp:
     suite = _Suite(settings, teacher_config, mesh, log, tmp)
-    log.say_if_none_match([suite.row_model(name).key for name in settings.models])
+    log.say_if_none_match([suite.row_model(name).key for name in settings.models], settings.logged_only)
     scores = {name: suite.measure(name, bench_tasks) for name in settings.models}
   return rank([scores[m] for m in settings.models], [t.label for t in bench_tasks])
 
