@@ -264,7 +264,7 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
 def test_the_gpu_compilers_failures_on_sizes_past_any_card_are_a_program_that_does_not_fit(monkeypatch):
   """Where a program's inputs fit but one of its products has more rows than the GPU compiler can
   tile: the refusal names the largest array of the compiler's message as the least it needs."""
-  from minilm_jax.aot.__main__ import DoesNotFit, compile_program
+  from minilm_jax.aot.compiling import DoesNotFit, compile_program
 
   message = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.159 = bf16[17179869184,1152]{1,0} dot("
 

@@ -59,7 +59,9 @@ def _script(tokenizer, ids) -> set:
 @pytest.fixture(scope="module")
 def blocks(tiny_teacher, corpus, tmp_path_factory):
   tokenizer = runs.load_tokenizer_of(tiny_teacher)
-  loaded, collate = corpus_blocks(_config(tiny_teacher, corpus).data, tokenizer, str(tmp_path_factory.mktemp("cache")))
+  loaded, collate, _ = corpus_blocks(
+    _config(tiny_teacher, corpus).data, tokenizer, str(tmp_path_factory.mktemp("cache"))
+  )
   return loaded, collate, tokenizer
 
 
@@ -145,7 +147,7 @@ def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(blocks
   manifest = json.load(open(os.path.join(out, "manifest.json")))
   assert manifest["languages"] == dict(zip(loaded.languages, map(int, loaded.counts)))
   config = _config(tiny_teacher, corpus, **{"data.prepared": out})
-  ready, ready_collate = corpus_blocks(config.data, runs.load_tokenizer_of(tiny_teacher), str(tmp_path))
+  ready, ready_collate, _ = corpus_blocks(config.data, runs.load_tokenizer_of(tiny_teacher), str(tmp_path))
   for b in (0, 7, 40):
     np.testing.assert_array_equal(
       BatchStream(ready, 8, 0, ready_collate).batch(b)["input_ids"],

@@ -70,9 +70,9 @@ def prepared(tmp_path_factory, tiny_teacher, tiny_corpus):
 def test_prepared_blocks_and_batches_equal_the_on_the_fly_ones(prepared, tiny_teacher, tiny_corpus, tmp_path):
   config = tiny_config(tiny_teacher, tiny_corpus)
   tokenizer = runs.load_tokenizer_of(tiny_teacher)
-  blocks, collate = corpus_blocks(config.data, tokenizer, str(tmp_path))
+  blocks, collate, _ = corpus_blocks(config.data, tokenizer, str(tmp_path))
   config.data.prepared = prepared
-  ready, ready_collate = corpus_blocks(config.data, tokenizer, str(tmp_path))
+  ready, ready_collate, _ = corpus_blocks(config.data, tokenizer, str(tmp_path))
   manifest = json.load(open(os.path.join(prepared, "manifest.json")))
   assert len(ready) == len(blocks) == manifest["blocks"] and len(manifest["shards"]) == 3
   assert manifest["tokens"] == sum(len(b) for b in blocks["input_ids"])

@@ -88,7 +88,7 @@ def run(lengths=(128, 512), batches: int = 20, num_proc: int = 2) -> list:
       }
       for name, prepared in (("on_the_fly", ""), ("prepared", out)):
         data.prepared = prepared
-        blocks, collate = corpus_blocks(data, tokenizer, cache)
+        blocks, collate, _ = corpus_blocks(data, tokenizer, cache)
         stream = BatchStream(blocks, BATCH, 0, collate)
         rate = _blocks_per_second(stream, min(batches, len(blocks) // BATCH))
         row[f"{name}_blocks_per_s"] = round(rate)

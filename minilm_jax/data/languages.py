@@ -16,16 +16,11 @@ language sampled more often than it has blocks is read again, in another order).
 therefore still a fixed function of (seed, b), as `corpus.BatchStream` needs to resume anywhere.
 """
 
-import hashlib
-import json
-import os
-
 import datasets
 import ml_collections
 import numpy as np
 
-from minilm_jax.data.corpus import BUILT_IN, first_sentences, load_blocks
-from minilm_jax.data.files import file_digest
+from minilm_jax.data.corpus import first_sentences, load_blocks
 from minilm_jax.errors import UserError
 
 PLACEHOLDER = "{lang}"
@@ -73,21 +68,6 @@ def language_corpora(data_config) -> list:
     one.languages = ""
     corpora.append((code, one))
   return corpora
-
-
-def local_corpus_digest(data_config) -> str | None:
-  """What a corpus of local files holds (every language's): a digest of their sha256s, which a run
-  records and a resume compares (`RunRecord.inputs`). None for a built-in corpus (written by this
-  package's code) or one from the hub (named, not read from files here)."""
-  files = []
-  for _, one in language_corpora(data_config):
-    if one.corpus in BUILT_IN:
-      continue
-    named = [f.strip() for f in one.corpus.split(",") if f.strip()]
-    files += [f for f in named if os.path.isfile(f)]
-  if not files:
-    return None
-  return hashlib.sha256(json.dumps([file_digest(f) for f in files]).encode()).hexdigest()
 
 
 def sampling_probabilities(counts, alpha: float) -> np.ndarray:

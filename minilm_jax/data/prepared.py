@@ -21,9 +21,9 @@ import numpy as np
 from etils import epath
 from tqdm import tqdm
 
-from minilm_jax.data.corpus import pad_blocks
-from minilm_jax.data.files import written_whole
-from minilm_jax.data.languages import LanguageBlocks, language_list, language_spans, load_corpus
+from minilm_jax.data.corpus import BUILT_IN, pad_blocks
+from minilm_jax.data.files import file_digest, written_whole
+from minilm_jax.data.languages import LanguageBlocks, language_corpora, language_list, language_spans, load_corpus
 from minilm_jax.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -273,13 +273,24 @@ def collate_prepared(rows: dict) -> dict:
 
 
 def corpus_blocks(data_config, tokenizer, cache_dir: str):
-  """(blocks, collate) of a run's corpus: the prepared directory `data.prepared`, or the corpus
-  tokenised and packed here (cached under `cache_dir`)."""
+  """(blocks, collate, read) of a run's corpus: the prepared directory `data.prepared`, or the corpus
+  tokenised and packed here (cached under `cache_dir`). `read`: {field: (its value, a digest of what
+  it holds)}, what a run records and a resume compares (`RunRecord.inputs`): the prepared corpus's
+  `identity`, or the sha256s of the local files tokenised here (their tokenised cache follows their
+  paths and modification times, not their bytes); empty for a built-in or hub corpus."""
   if data_config.prepared:
     blocks = PreparedBlocks(data_config.prepared, tokenizer, data_config.max_seq_length, cache_dir)
-    return _prepared_languages(blocks, data_config), collate_prepared
+    read = {"data.prepared": (data_config.prepared, blocks.identity)}
+    return _prepared_languages(blocks, data_config), collate_prepared, read
   blocks = load_corpus(data_config, tokenizer, cache_dir)
-  return blocks, partial(pad_blocks, seq_len=data_config.max_seq_length, pad_id=tokenizer.pad_token_id)
+  # A built-in corpus is written by this package's code, a hub one is named: no local bytes to digest.
+  named = [
+    f.strip() for _, one in language_corpora(data_config) if one.corpus not in BUILT_IN for f in one.corpus.split(",")
+  ]
+  files = [f for f in named if os.path.isfile(f)]
+  digest = hashlib.sha256(json.dumps([file_digest(f) for f in files]).encode()).hexdigest()
+  read = {"data.corpus": (data_config.corpus, digest)} if files else {}
+  return blocks, partial(pad_blocks, seq_len=data_config.max_seq_length, pad_id=tokenizer.pad_token_id), read
 
 
 def _prepared_languages(blocks: PreparedBlocks, data_config):

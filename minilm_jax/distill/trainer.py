@@ -14,8 +14,8 @@ from jax.sharding import Mesh
 
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, split_heldout
-from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list, local_corpus_digest
-from minilm_jax.data.prepared import PreparedBlocks, corpus_blocks
+from minilm_jax.data.languages import LanguageBlocks, corpus_first_sentences, language_list
+from minilm_jax.data.prepared import corpus_blocks
 from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, family
@@ -198,17 +198,11 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
 
 
 def read_corpus(shared: Shared, members: list, resumed: RunRecord | None) -> Shared:
-  """`shared` with the corpus read: its batch stream and held-out blocks, a prepared corpus checked
-  against what the run it resumes (`resumed`) read. With `data.epochs` the step count is known now,
+  """`shared` with the corpus read: its batch stream and held-out blocks, the corpus checked against
+  what the run it resumes (`resumed`) read. With `data.epochs` the step count is known now,
   and set in the run's config and in each of its students' (`members`)."""
   config = shared.config
-  blocks, collate = corpus_blocks(config.data, shared.tokenizer, os.path.join(shared.workdir, "data"))
-  prepared = getattr(blocks, "rows", blocks)  # a corpus of several languages holds its blocks as `rows`
-  if isinstance(prepared, PreparedBlocks):
-    read = {"data.prepared": (config.data.prepared, prepared.identity)}
-  else:  # tokenised here: its local files' bytes (the tokenised cache follows their paths and times)
-    digest = local_corpus_digest(config.data)
-    read = {} if digest is None else {"data.corpus": (config.data.corpus, digest)}
+  blocks, collate, read = corpus_blocks(config.data, shared.tokenizer, os.path.join(shared.workdir, "data"))
   check_same_inputs(shared.workdir, read, resumed)
   inputs = {field: digest for field, (_, digest) in read.items()}
   blocks, heldout = split_heldout(blocks, config.data.heldout_blocks, config.batch_size)
