@@ -14,6 +14,7 @@ from scipy import stats
 from conftest import SENTENCES, apply_overrides, tiny_config
 from minilm_jax import runs
 from minilm_jax.devices import parallel
+from minilm_jax.distill.family import LONE
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
@@ -113,7 +114,7 @@ def test_evaluators_log_scores_that_independent_code_reproduces(tiny_teacher, ti
   encoders = [*run.lone.evaluators.context._student_encoders.values(), *run.shared.teacher_scores.encoders.values()]
   assert len(encoders) == 4  # student and teacher, at the sentence evaluators' 16 and the run's 32 tokens
   assert [e.predict.forward._cache_size() for e in encoders] == [1] * 4
-  assert run.lone.evaluators.context.heldout_step._cache_size() == 1
+  assert run.train_step.heldout[LONE]._cache_size() == 1
 
   rows = _rows(workdir)
   evaluated = [r["step"] for r in rows if "eval/heldout/loss" in r]

@@ -531,7 +531,8 @@ def test_distillations_of_one_shape_share_one_compiled_step_and_end_as_alone(
 ):
   """A second distillation in the process whose students differ only in what the step takes as
   arguments (the seed, the learning rate, the warm-up, the length, the corpus) finds the first's
-  jitted step and traces it no more; it ends bitwise as the same run does with a step built for it."""
+  jitted step, initialiser and held-out loss step and traces the step no more; it ends bitwise as the
+  same run does with a step built for it."""
   from minilm_jax.training import reuse
 
   mesh = parallel.make_mesh(2)
@@ -539,7 +540,8 @@ def test_distillations_of_one_shape_share_one_compiled_step_and_end_as_alone(
   first.run()
   overrides = {"seed": 1, "optimizer.lr": 3e-4, "optimizer.warmup_steps": 2, "num_steps": 3}
   second = build_distillation(tiny_config(tiny_teacher, tiny_corpus, **overrides), str(tmp_path / "second"), mesh)
-  assert second.train_step.jitted is first.train_step.jitted
+  assert second.train_step.jitted is first.train_step.jitted and second.train_step.init is first.train_step.init
+  assert second.train_step.heldout == first.train_step.heldout  # the held-out loss steps: the seed an argument
   state = second.run()
   assert second.train_step.jitted._cache_size() == 1  # one trace, for both runs
   monkeypatch.setattr(reuse, "_built", type(reuse._built)())  # nothing kept: built anew

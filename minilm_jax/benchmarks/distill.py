@@ -133,7 +133,7 @@ class _OurStep:
     self.step = self.built.jitted
     first, config = next(iter(self.built.students.values())), next(iter(members.values()))
     self.record = RunRecord(DISTILLATION, first.student.config, json.loads(config.to_json()))
-    self.init = jax.jit(self.built.fresh_state, out_shardings=parallel.replicated(self.mesh))
+    self.init = self.built.init
     self.state = self.init(jax.random.key(0), {})
     params = teacher_params if teacher_params is not None else init_params(teacher_config, jax.random.key(1))
     self.teacher_params = jax.device_put(params, parallel.replicated(self.mesh))

@@ -224,18 +224,19 @@ def _joined(states: dict, metrics: dict, keyed: bool) -> tuple:
   return state, {**total, **flat}
 
 
-def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh, seed: int):
-  """`heldout_step(params, batch, teacher_params) -> {"loss", "loss_<term>"...}`: the train step's loss
-  terms, deterministic (no dropout; the masking objectives' masks from `seed`), averaged over the mesh."""
+def make_heldout_step(teacher: Encoder, student: Encoder, objective, mesh):
+  """`heldout_step(params, batch, teacher_params, seed) -> {"loss", "loss_<term>"...}`: the train
+  step's loss terms, deterministic (no dropout; the masking objectives' masks from `seed`, an int32),
+  averaged over the mesh."""
 
-  def per_device(params, batch, teacher_params):
+  def per_device(params, batch, teacher_params, seed):
     rng = jax.random.fold_in(jax.random.key(seed), jax.lax.axis_index(parallel.DATA))
     inputs = objective.inputs(rng, batch, teacher.config.vocab_size)
     teacher_out = objective.outputs(teacher, teacher_params, inputs, objective.teacher_layers_needed)
     terms = objective.student_terms(student, params, teacher_out, inputs)
     return jax.lax.pmean({"loss": sum(terms.values()), **{f"loss_{k}": v for k, v in terms.items()}}, parallel.DATA)
 
-  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P()), out_specs=P())
+  step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(parallel.DATA), P(), P()), out_specs=P())
   return jax.jit(step)
 
 
@@ -271,6 +272,8 @@ class TrainStep:
 
   students: dict
   jitted: Any  # (state, batch, teacher_params, rng, schedules) -> (state, metrics): also `.lower`
+  init: Any = None  # jitted `fresh_state`, replicated on the mesh
+  heldout: dict = dataclasses.field(default_factory=dict)  # name -> its `make_heldout_step`
 
   @property
   def schedules(self) -> dict:
@@ -317,7 +320,7 @@ def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking
     masking,
     tuple(poolings[n] for n in members),
   )
-  train_step = TrainStep(steps, reused(key, lambda: jit_step(steps, mesh, accumulate)))
+  train_step = TrainStep(steps, *reused(key, lambda: _programs(steps, mesh, accumulate)))
   if train_step.keyed:
     for name, step in steps.items():
       if step.objective.needs.mlm_head:
@@ -326,6 +329,14 @@ def build_train_step(members: dict, teacher_config: EncoderConfig, mesh, masking
           "reads, which the family's students share: distil it alone"
         )
   return train_step
+
+
+def _programs(steps: dict, mesh, accumulate: int) -> tuple:
+  """The jitted programs of a run's students (`steps`): its train step, its initialiser and each
+  student's held-out loss step (`TrainStep`'s fields after `students`)."""
+  init = jax.jit(TrainStep(steps, None).fresh_state, out_shardings=parallel.replicated(mesh))
+  heldout = {n: make_heldout_step(s.teacher, s.student, s.objective, mesh) for n, s in steps.items()}
+  return jit_step(steps, mesh, accumulate), init, heldout
 
 
 def build_student_step(config, teacher_config: EncoderConfig, mesh, masking, pooling) -> DistillationStep:

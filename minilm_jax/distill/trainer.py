@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from minilm_jax import runs
@@ -20,7 +21,7 @@ from minilm_jax.devices import parallel
 from minilm_jax.distill import config as distill_config
 from minilm_jax.distill import etd, family
 from minilm_jax.distill.family import LONE, said_of
-from minilm_jax.distill.step import DistillationStep, TrainStep, build_train_step, make_heldout_step, teacher_pooling
+from minilm_jax.distill.step import DistillationStep, TrainStep, build_train_step, teacher_pooling
 from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import evaluators
@@ -80,8 +81,7 @@ class Distillation:
     from the rng it would start from alone, and its ETD start)."""
     rng = jax.random.fold_in(jax.random.key(self.config.seed), 0)
     starts = {n: s.start_params for n, s in self.students.items()}
-    init = jax.jit(self.train_step.fresh_state, out_shardings=parallel.replicated(self.mesh))
-    return restore_or_init(self.checkpoints, init, (rng, starts))
+    return restore_or_init(self.checkpoints, self.train_step.init, (rng, starts))
 
   def evaluate(self, step: int, state) -> dict:
     """Every student's evaluators due at `step`, a family's under each student's name."""
@@ -270,12 +270,12 @@ class Student:
     )
 
 
-def build_student(shared: Shared, config, step: DistillationStep, resumes: bool) -> Student:
+def build_student(shared: Shared, config, step: DistillationStep, heldout_step, resumes: bool) -> Student:
   """A student of `shared`'s teacher as `config` (its own, or a family member's) says, on its part
   `step` of the run's step; its ETD start only when the run does not resume."""
   teacher, mesh = shared.teacher, shared.mesh
   step_teacher = shared.on_mesh(step.objective.needs.mlm_head)
-  heldout_stream, heldout_step = _heldout_evaluation(shared, step, config.batch_size, config.seed)
+  heldout_stream, heldout_step = _heldout_evaluation(shared, heldout_step, config.batch_size, config.seed)
   context = evaluators.Context(
     mesh,
     shared.tokenizer,
@@ -329,19 +329,23 @@ def build_distillation(config, workdir: str, mesh=None) -> Distillation:
   )
   train_step = step_of(shared, members)
   resumes = checkpoints.latest_step() is not None
-  students = {n: said_of(n, build_student, shared, c, train_step.students[n], resumes) for n, c in members.items()}
+  students = {
+    n: said_of(n, build_student, shared, c, train_step.students[n], train_step.heldout[n], resumes)
+    for n, c in members.items()
+  }
   return Distillation(config, workdir, shared, students, train_step, checkpoints)
 
 
-def _heldout_evaluation(shared: Shared, step: DistillationStep, batch_size: int, seed: int) -> tuple:
-  """(batch stream, jitted loss step) of the corpus's held-out blocks for the `heldout` evaluator,
-  (None, None) without them: every process reads its part, in the same order every evaluation, in
-  batches of the run's `batch_size`."""
+def _heldout_evaluation(shared: Shared, heldout_step, batch_size: int, seed: int) -> tuple:
+  """(batch stream, loss step) of the corpus's held-out blocks for the `heldout` evaluator (the
+  student's `make_heldout_step` at the run's `seed`), (None, None) without them: every process reads
+  its part, in the same order every evaluation, in batches of the run's `batch_size`."""
   if shared.heldout is None:
     return None, None
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(shared.heldout, batch_size, seed, shared.collate, *process, "held-out blocks")
-  return stream, make_heldout_step(step.teacher, step.student, step.objective, shared.mesh, seed)
+  key = np.int32(seed)
+  return stream, lambda params, batch, teacher_params: heldout_step(params, batch, teacher_params, key)
 
 
 def parameter_count(params) -> int:
