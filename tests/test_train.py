@@ -526,6 +526,7 @@ def test_a_distillation_hands_its_config_to_the_few_places_it_needs(tiny_teacher
   assert functions <= 29 and modules <= 12
 
 
+@pytest.mark.slow
 def test_distillations_of_one_shape_share_one_compiled_step_and_end_as_alone(
   tiny_teacher, tiny_corpus, tmp_path, monkeypatch
 ):

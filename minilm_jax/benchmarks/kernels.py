@@ -133,11 +133,13 @@ def _timed(program, args, repeats):
 
 
 def _check(lengths, batch: int, dtype: str, tilings, explicit: bool = True):
-  """One line for what this device cannot run: bfloat16 on a CPU, a length no tiling takes, and
-  inputs (and with `explicit`, the explicit path's attention scores) past the device's memory."""
+  """One line for what this device cannot run: bfloat16 on a CPU, a damaged tuned table, a length no
+  tiling takes, and inputs (and with `explicit`, the explicit path's attention scores) past the
+  device's memory."""
   if dtype == "bfloat16" and jax.default_backend() == "cpu":
     # XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product, which both paths ask for.
     raise UserError("--dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU")
+  pallas_platform.tuned_tilings(pallas_platform.TUNED_TABLE)  # a damaged table: refused before any timing
   capacity = device_memory_bytes()
   for length in lengths:
     # The inputs (three student and two teacher projections); the explicit path keeps its [B, H, L, L]
