@@ -53,8 +53,9 @@ def _without_over_capacity_log():
 
 
 def compile_program(program, target, dump_dir: str = "") -> tuple:
-  """(compiled, seconds). A TPU compile that exceeds the chip's memory raises DoesNotFit. With
-  `dump_dir`, XLA writes its optimised module and buffer assignment there."""
+  """(compiled, seconds). DoesNotFit for a program over the chip's memory: one whose arguments alone
+  pass it (before compiling), a TPU compile the compiler refuses, a GPU compile that fails on sizes
+  past any card. With `dump_dir`, XLA writes its optimised module and buffer assignment there."""
   options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
   # A batch whose inputs alone pass the chip's memory is refused before compiling: the GPU compiler
   # fails on such sizes with an internal error of its own (a product with more rows than it can tile,

@@ -344,8 +344,8 @@ def _heldout_evaluation(shared: Shared, heldout_step, batch_size: int, seed: int
     return None, None
   process = (jax.process_index(), jax.process_count())
   stream = BatchStream(shared.heldout, batch_size, seed, shared.collate, *process, "held-out blocks")
-  key = np.int32(seed)
-  return stream, lambda params, batch, teacher_params: heldout_step(params, batch, teacher_params, key)
+  seed32 = np.int32(seed)  # an argument of the reused step, of one dtype whatever the config holds
+  return stream, lambda params, batch, teacher_params: heldout_step(params, batch, teacher_params, seed32)
 
 
 def parameter_count(params) -> int:
