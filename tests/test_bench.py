@@ -321,7 +321,10 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   """Each baseline and recipe distils (or not), is probed frozen and fine-tuned with two seeds on two
   tasks from different sources (WordNet's definitions, VADER's movie reviews), and is ranked; a rerun
   with the same results file measures nothing again, nor does one with another budget for the
-  baselines; a file none of whose entries are of these settings (another version's) says so."""
+  baselines; the same teacher at another path finds the measurements, another teacher at the same
+  path does not; a file none of whose entries are of these settings (another version's) says so."""
+  import transformers
+
   from minilm_jax.benchmarks import students
 
   models = ("teacher", "first_layers", "minilm_etd_embedding")
@@ -343,6 +346,10 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
     assert row["ft_missing"] == 2 and "mean/ft" not in row and row["mean/probe"] == full["mean/probe"]
     assert [row[f"vader_movies/{k}"] for k in ("ft", "ft_std")] == [full[f"vader_movies/{k}"] for k in ("ft", "ft_std")]
   assert "ft_missing" not in suite(logged_only=True)[0]
+  # The same teacher in another checkout or venv: its measurements, known by what the teacher holds.
+  moved = tmp_path / "another_venv" / "teacher"
+  shutil.copytree(tiny_teacher, moved)
+  assert suite(teacher=str(moved), logged_only=True) == rows
   with pytest.raises(UserError, match="--logged_only prints what a --results file holds: give its --results"):
     suite(results="", logged_only=True)
   # The baselines are not distilled: another budget or corpus reuses their scores.
@@ -356,7 +363,8 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   for entry in entries:
     entry["distill_minutes"] = 33.6 if json.loads(entry["key"])[0]["distill"] else 0.0
   results.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
-  (again,) = suite(seeds=3, models=models[2:], tasks=tasks[:1])
+  # (there: its kept distilled student resumes from the teacher at another path, the same weights)
+  (again,) = suite(seeds=3, models=models[2:], tasks=tasks[:1], teacher=str(moved))
   assert again["distill_min"] == 33.6 and len(results.read_text().splitlines()) == len(measured) + 1
   # and this process's CPU time beside the wall-clock minutes: comparable when the suite shared the machine
   assert again["ft_cpu_min"] > 0 and "distill_cpu_min" in again
@@ -386,6 +394,13 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
     suite(results=str(garbage), **one)
   with pytest.raises(UserError, match=f"--results {tmp_path} is a folder: name a JSON Lines file"):
     suite(results=str(tmp_path), **one)
+  # Another teacher put at a path that held one: none of its measurements (they were reused).
+  retrained = transformers.BertModel.from_pretrained(moved)
+  with torch.no_grad():
+    retrained.embeddings.word_embeddings.weight[5] += 0.01
+  retrained.save_pretrained(moved)
+  with pytest.raises(UserError, match=f"--logged_only: none of the {len(entries) + 2} measurements in .* run without"):
+    suite(teacher=str(moved), **one)
   assert [r["model"] for r in rows] == list(models)
   assert [r["distill_tokens"] for r in rows] == [0, 0, 2 * 8 * 32]
   for r in rows:
@@ -417,6 +432,61 @@ def test_every_row_built_on_a_first_stage_reports_the_time_its_distillation_took
   assert log.distillation_spent(second) == log.distillation_spent({**distilled, **finetuning}) == Spent(15.2, 29.8)
   assert log.distillation_spent({**second, "teacher": "another teacher"}) == Spent(0.0, None)
   assert log[(long, "vader_movies=", 0)]["cpu_minutes"] == 5.9
+
+
+def test_measurements_are_keyed_by_what_their_inputs_hold(tmp_path, caplog):
+  """`bench students --results` names the teacher, the corpus and a task's data by their bytes: the
+  same teacher in another checkout or venv finds its measurements and kept models, another teacher
+  put at the same path does not. A file whose keys named them by path (earlier versions) is written
+  again once, its model folders renamed, the file as it was kept beside it."""
+  import hashlib
+
+  from minilm_jax.benchmarks.students.log import MeasurementLog
+
+  teacher, data, corpus = tmp_path / "venv" / "teacher", tmp_path / "task.tsv", tmp_path / "corpus.txt"
+  teacher.mkdir(parents=True)
+  (teacher / "model.safetensors").write_bytes(b"weights")
+  data.write_text("a review\t1\n")
+  corpus.write_text("A sentence.\n")
+
+  def keys(teacher_path):
+    distill = {"teacher": {"path": str(teacher_path)}, "data": {"corpus": str(corpus)}}
+    distilled = {"distill": distill, "teacher": str(teacher_path)}
+    return distilled, ({**distilled, "finetune_epochs": 3}, f"vader_movies={data}", 0)
+
+  distilled, measured = keys(teacher)
+  path = tmp_path / "measured.jsonl"
+  # As an earlier version wrote them: the key names the inputs by path, and so does the model's folder.
+  by_path = json.dumps({"key": json.dumps(measured, sort_keys=True), "value": 0.75, "distill_minutes": 1.0}) + "\n"
+  path.write_text(by_path)
+  folder = (
+    tmp_path
+    / "measured_models"
+    / f"student_{hashlib.sha256(json.dumps(distilled, sort_keys=True).encode()).hexdigest()[:12]}"
+  )
+  folder.mkdir(parents=True)
+  with caplog.at_level("WARNING"):
+    log = MeasurementLog(str(path))
+  assert "1 measurements in" in caplog.text and "named their teacher, corpus or task data by path" in caplog.text
+  assert log[measured]["value"] == 0.75 and (tmp_path / "measured.by_path.jsonl").read_text() == by_path
+  (stored,) = path.read_text().splitlines()
+  assert stored.count("sha256:") == 4 and str(tmp_path) not in stored  # the teacher twice, the corpus, the task's data
+  kept = log.model_dir(str(tmp_path), "student", distilled)
+  assert os.path.isdir(kept) and not folder.exists()
+  # The same bytes in another checkout: its measurements and its model, and the file left as it is.
+  elsewhere = tmp_path / "other_checkout" / "teacher"
+  shutil.copytree(teacher, elsewhere)
+  log = MeasurementLog(str(path))
+  assert path.read_text().splitlines() == [stored]
+  distilled_elsewhere, measured_elsewhere = keys(elsewhere)
+  assert log[measured_elsewhere]["value"] == 0.75
+  assert log.model_dir(str(tmp_path), "student", distilled_elsewhere) == kept
+  # Another teacher at the first path, another line in the corpus: measured anew, in another folder.
+  (teacher / "model.safetensors").write_bytes(b"other weights")
+  assert measured not in MeasurementLog(str(path)) and measured_elsewhere in MeasurementLog(str(path))
+  assert MeasurementLog(str(path)).model_dir(str(tmp_path), "student", distilled) != kept
+  corpus.write_text("A sentence.\nAnother.\n")
+  assert measured_elsewhere not in MeasurementLog(str(path))
 
 
 @pytest.mark.slow

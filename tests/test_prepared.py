@@ -169,6 +169,9 @@ def test_a_run_resumed_on_a_corpus_prepared_anew_is_refused(prepared, tiny_teach
   config = tiny_config(tiny_teacher, corpus, num_steps=2)
   build_distillation(config, workdir).run()
   assert runs.read_record(workdir).inputs.keys() == {"data.corpus"}
+  moved = str(tmp_path / "elsewhere.txt")  # the same bytes at another path: the run goes on
+  shutil.copy(corpus, moved)
+  build_distillation(tiny_config(tiny_teacher, moved, num_steps=2), workdir).run()
   with open(corpus, "a", encoding="utf-8") as f:
     f.write("A sentence written after the run began.\n")
   with pytest.raises(UserError, match=f"data.corpus={corpus} holds other content than {workdir} started with"):

@@ -306,15 +306,19 @@ def test_resuming_with_another_config_is_refused_before_writing(tiny_teacher, ti
 
 
 def test_resuming_from_a_teacher_rebuilt_at_its_path_is_refused_before_writing(tiny_teacher, tiny_corpus, tmp_path):
-  """The teacher's path cannot change on resume (the config check above); a teacher retrained or
-  rebuilt at that path is found by the digest of its weights, which the record keeps."""
+  """A teacher is known by the digest of its weights, which the record keeps: the same teacher at
+  another path (another checkout or venv) resumes the run, and one retrained or rebuilt at its path
+  is refused."""
   import torch
   import transformers
 
-  teacher, workdir = str(tmp_path / "teacher"), str(tmp_path / "w")
-  shutil.copytree(tiny_teacher, teacher)
-  build_distillation(tiny_config(teacher, tiny_corpus, num_steps=1), workdir).run()
+  first, teacher, workdir = str(tmp_path / "first"), str(tmp_path / "teacher"), str(tmp_path / "w")
+  shutil.copytree(tiny_teacher, first)
+  build_distillation(tiny_config(first, tiny_corpus, num_steps=1), workdir).run()
   assert len(runs.read_record(workdir).teacher_weights) == 64
+  shutil.copytree(first, teacher)
+  build_distillation(tiny_config(teacher, tiny_corpus, num_steps=2, log_every=2), workdir).run()
+  assert runs.RunCheckpoints(workdir, read_only=True).latest_step() == 2
   model = transformers.BertModel.from_pretrained(teacher)
   with torch.no_grad():
     model.embeddings.word_embeddings.weight[5] += 0.01  # one row of one matrix: retrained a little
@@ -324,7 +328,7 @@ def test_resuming_from_a_teacher_rebuilt_at_its_path_is_refused_before_writing(t
   with pytest.raises(
     UserError, match=f"teacher.path={teacher} holds other weights than the teacher {workdir} started from"
   ):
-    build_distillation(tiny_config(teacher, tiny_corpus, num_steps=2), workdir)
+    build_distillation(tiny_config(teacher, tiny_corpus, num_steps=3), workdir)
   assert {p: os.path.getmtime(p) for p in glob.glob(os.path.join(checkpoints, "**"), recursive=True)} == before
   assert not os.path.exists(os.path.join(workdir, "run.lock"))  # released: the workdir is free again
 

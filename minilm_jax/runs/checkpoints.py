@@ -22,6 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from minilm_jax.data.files import tree_digest
 from minilm_jax.errors import STORAGE_ERRNOS, StorageError, UserError
 from minilm_jax.runs.record import RunRecord
 
@@ -42,16 +43,7 @@ def step_digest(workdir: str, step: int, *more_dirs: str) -> str:
   path in the step and its bytes) and of the folders `more_dirs` (its tokenizer): what a cache of
   something the run computes is keyed by, so that a run rebuilt at the same path is not taken for
   the one before it."""
-  digest = hashlib.sha256()
-  for root in (os.path.join(checkpoint_dir(workdir), str(step)), *more_dirs):
-    for folder, dirs, files in os.walk(root):
-      dirs.sort()
-      for name in sorted(files):
-        path = os.path.join(folder, name)
-        digest.update(os.path.relpath(path, root).encode() + b"\0")
-        with open(path, "rb") as f:
-          digest.update(hashlib.file_digest(f, "sha256").digest())
-  return digest.hexdigest()
+  return tree_digest(os.path.join(checkpoint_dir(workdir), str(step)), *more_dirs)
 
 
 def weights_digest(params) -> str:

@@ -28,13 +28,14 @@ class RunKind:
   multi_task: bool = False  # params {"body": {...}, "head_<task>": ...}, read by `read_multitask_run`
   task_student: bool = False  # its body is a task student built from `task_student_settings` (else a Transformer)
   teaches_tasks: bool = False  # task distillation can learn its tasks from it (it has their heads)
+  teacher_field: str = ""  # the config field that names its teacher(s), if it learns from one
 
 
 KINDS = {
-  DISTILLATION: RunKind(),
-  FINETUNING: RunKind(teaches_tasks=True),
-  REFINED_TEACHER: RunKind(multi_task=True, teaches_tasks=True),
-  TASK_STUDENT: RunKind(multi_task=True, task_student=True),
+  DISTILLATION: RunKind(teacher_field="teacher.path"),
+  FINETUNING: RunKind(teaches_tasks=True, teacher_field="distill.teacher"),
+  REFINED_TEACHER: RunKind(multi_task=True, teaches_tasks=True, teacher_field="distill.teacher"),
+  TASK_STUDENT: RunKind(multi_task=True, task_student=True, teacher_field="teacher"),
   CONVERTED: RunKind(),
 }
 
@@ -110,6 +111,14 @@ class RunRecord:
     """The teacher it learnt from: a model path (distillation) or runs (task distillation)."""
     teacher = self.config.get("teacher")
     return teacher.get("path") if isinstance(teacher, dict) else teacher
+
+  @property
+  def named_by_content(self) -> set:
+    """The config fields naming inputs the record holds a digest of (`teacher_weights`, `inputs`):
+    a resume may find them at another path (another checkout, a moved folder), as the digest of
+    what it reads there is compared with the record's."""
+    teacher = KINDS[self.kind].teacher_field
+    return set(self.inputs) | ({teacher} if teacher and self.teacher_weights is not None else set())
 
   @property
   def objective(self) -> str | None:

@@ -202,6 +202,8 @@ def _check_resumable(given: str, workdir: str, record: RunRecord | None):
   # Fields on one side only come from another version of this program, not from the user, but for
   # those only a user adds (a family of students).
   compared = (saved.keys() & now.keys()) | {k for k in saved.keys() ^ now.keys() if k.startswith(_USERS_OWN)}
+  # An input the record identifies by its content may lie elsewhere now: its digest is compared once read.
+  compared -= record.named_by_content
   differing = sorted(
     k for k in compared if saved.get(k, "(none)") != now.get(k, "(none)") and not k.startswith(_MAY_CHANGE_ON_RESUME)
   )
