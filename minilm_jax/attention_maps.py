@@ -10,19 +10,29 @@ import jax.numpy as jnp
 from absl import flags
 
 from minilm_jax import runs
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.distill.step import resolve_layer
 from minilm_jax.errors import UserError
 from minilm_jax.models.encoder import Encoder, EncoderOutput
 from minilm_jax.reports.plots import attention_figure
 
-_TEACHER = flags.DEFINE_string("teacher", None, "Teacher: a Hugging Face directory or a run's workdir.")
-_STUDENT = flags.DEFINE_string("student", None, "Student: a run's workdir or a Hugging Face directory.")
-_SENTENCE = flags.DEFINE_string("sentence", "The student learns to attend where its teacher attends.", "The sentence.")
-_OUT = flags.DEFINE_string("out", "attention_maps.png", "The PNG file to write.")
-_TEACHER_LAYER = flags.DEFINE_integer("teacher_layer", -1, "Teacher layer (-1: last).")
-_STUDENT_LAYER = flags.DEFINE_integer("student_layer", -1, "Student layer (-1: last).")
-_HEADS = flags.DEFINE_list("heads", ["0", "1", "2", "3"], "Attention heads to draw.")
+PROGRAM = Program()
+_TEACHER = flags.DEFINE_string(
+  "teacher", None, "Teacher: a Hugging Face directory or a run's workdir.", flag_values=PROGRAM.flag_values
+)
+_STUDENT = flags.DEFINE_string(
+  "student", None, "Student: a run's workdir or a Hugging Face directory.", flag_values=PROGRAM.flag_values
+)
+_SENTENCE = flags.DEFINE_string(
+  "sentence",
+  "The student learns to attend where its teacher attends.",
+  "The sentence.",
+  flag_values=PROGRAM.flag_values,
+)
+_OUT = flags.DEFINE_string("out", "attention_maps.png", "The PNG file to write.", flag_values=PROGRAM.flag_values)
+_TEACHER_LAYER = flags.DEFINE_integer("teacher_layer", -1, "Teacher layer (-1: last).", flag_values=PROGRAM.flag_values)
+_STUDENT_LAYER = flags.DEFINE_integer("student_layer", -1, "Student layer (-1: last).", flag_values=PROGRAM.flag_values)
+_HEADS = flags.DEFINE_list("heads", ["0", "1", "2", "3"], "Attention heads to draw.", flag_values=PROGRAM.flag_values)
 
 
 def main(argv):
@@ -53,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

@@ -29,17 +29,23 @@ from minilm_jax.benchmarks import (
   task_distill,
 )
 from minilm_jax.cli.outputs import check_new_file, write_json
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.errors import UserError
 from minilm_jax.reports.tables import format_table
 
-_JSON = flags.DEFINE_string("json", None, "Also write the rows as a JSON list to this file.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per measurement (after one warm-up).", lower_bound=1)
+PROGRAM = Program()
+_JSON = flags.DEFINE_string(
+  "json", None, "Also write the rows as a JSON list to this file.", flag_values=PROGRAM.flag_values
+)
+_REPEATS = flags.DEFINE_integer(
+  "repeats", 3, "Timed repeats per measurement (after one warm-up).", lower_bound=1, flag_values=PROGRAM.flag_values
+)
 _STEPS = flags.DEFINE_integer(
   "steps",
   20,
   "etd: distillation steps after the starting loss; students: the distillation budget in steps (default 300).",
   lower_bound=1,
+  flag_values=PROGRAM.flag_values,
 )
 _EPOCHS = flags.DEFINE_integer(
   "epochs",
@@ -47,13 +53,21 @@ _EPOCHS = flags.DEFINE_integer(
   "task_distill: epochs of the augmented student (the others get as many steps); students: epochs of every "
   "fine-tuning (a second stage's over its augmented set).",
   lower_bound=1,
+  flag_values=PROGRAM.flag_values,
 )
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 on accelerators).")
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  "float32",
+  ["float32", "bfloat16"],
+  "Compute dtype (bfloat16 on accelerators).",
+  flag_values=PROGRAM.flag_values,
+)
 _CASE = flags.DEFINE_string(
   "case",
   "cpu",
   "distill: the shapes, 'cpu' (2 CPU cores' worth) or 'paper' (batch 256, "
   "lengths 128 and 512, BERT-base shape -> 6x384 and 6x768).",
+  flag_values=PROGRAM.flag_values,
 )
 _TEACHER = flags.DEFINE_string(
   "teacher",
@@ -61,65 +75,84 @@ _TEACHER = flags.DEFINE_string(
   "distill: the teacher instead of the case's: 'demo', a shape such as "
   "12x768 (random weights), or a Hugging Face directory; students: a Hugging Face "
   "directory or run (default: the demo's all-MiniLM-L6-v2); student_speed: a shape (default 12x768).",
+  flag_values=PROGRAM.flag_values,
 )
 _STUDENT = flags.DEFINE_list(
   "student",
   None,
   "distill: student shapes instead of the case's, e.g. 6x384,6x768; "
   "students: the one student shape (default 3x384); generate: the model's (default 6x384).",
+  flag_values=PROGRAM.flag_values,
 )
 _BATCH = flags.DEFINE_integer(
   "batch",
   None,
   "Batch size instead of the case's (inference: default 8; generate: 32; student_speed: 128).",
   lower_bound=1,
+  flag_values=PROGRAM.flag_values,
 )
 _SEQ_LEN = flags.DEFINE_list(
-  "seq_len", None, "Sequence lengths instead of the case's (inference: the first; default 128)."
+  "seq_len",
+  None,
+  "Sequence lengths instead of the case's (inference: the first; default 128).",
+  flag_values=PROGRAM.flag_values,
 )
 _TILINGS = flags.DEFINE_list(
   "tilings",
   [],
   "kernels: tilings to time, each BLOCKxWARPSxSTAGES (e.g. 64x4x2); default: the platform's (platform.TILINGS).",
+  flag_values=PROGRAM.flag_values,
 )
 _TUNE = flags.DEFINE_bool(
   "tune",
   False,
   "kernels: time each kernel's forward and backward over a grid of tilings (--tilings, or the platform's) "
   "and write the fastest per chip and shape to the table the steps read (kernels/tuned_tilings.json).",
+  flag_values=PROGRAM.flag_values,
 )
 _PROFILE = flags.DEFINE_string(
   "profile",
   "",
   "distill: also profile each row's step (jax.profiler, a few steps) into this folder and print where its time goes.",
+  flag_values=PROGRAM.flag_values,
 )
-_PEERS = flags.DEFINE_list("peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.")
+_PEERS = flags.DEFINE_list(
+  "peers", list(distill.PEERS), "distill: the PyTorch peers to run: eager, compile.", flag_values=PROGRAM.flag_values
+)
 _FAMILY = flags.DEFINE_bool(
   "family",
   False,
   "distill: the students (--student, or the case's) distilled as one family, the teacher's pass shared, "
   "against each alone: the measured speed-up beside its ideal from the parts' FLOPs.",
+  flag_values=PROGRAM.flag_values,
 )
 _TRAIN_STEPS = flags.DEFINE_integer(
   "train_steps",
   5,
   "distill: steps per timing window of the train program (it runs two windows); 0 skips it.",
   lower_bound=0,
+  flag_values=PROGRAM.flag_values,
 )
 _MODELS = flags.DEFINE_list(
   "models",
   None,
   "students: the models to fine-tune (default: every baseline and recipe; the two-stage rows, e.g. "
   "embedding_etd_lr5e4+task_kd, only when named).",
+  flag_values=PROGRAM.flag_values,
 )
 _TASKS = flags.DEFINE_list(
   "tasks",
   list(students.DEFAULT_TASKS),
   "students: the tasks, each a name, name=DATA (its folder or file; the VADER tasks: vaderSentiment's "
   "source package) or custom=FOLDER (train and dev files with columns text and label).",
+  flag_values=PROGRAM.flag_values,
 )
 _SEEDS = flags.DEFINE_integer(
-  "seeds", 3, "students: fine-tuning runs per model and task (0: the frozen probes alone).", lower_bound=0
+  "seeds",
+  3,
+  "students: fine-tuning runs per model and task (0: the frozen probes alone).",
+  lower_bound=0,
+  flag_values=PROGRAM.flag_values,
 )
 _FIRST_SEED = flags.DEFINE_integer(
   "first_seed",
@@ -127,11 +160,13 @@ _FIRST_SEED = flags.DEFINE_integer(
   "students: the first fine-tuning seed (the runs take seeds first_seed to first_seed + seeds - 1): "
   "to add seeds where the earlier ones were measured on another host.",
   lower_bound=0,
+  flag_values=PROGRAM.flag_values,
 )
 _CORPUS = flags.DEFINE_string(
   "corpus",
   "demo",
   "students: the distillation corpus (data.corpus: demo, or local .txt/.json/.jsonl/.parquet files).",
+  flag_values=PROGRAM.flag_values,
 )
 _RESULTS = flags.DEFINE_string(
   "results",
@@ -139,15 +174,21 @@ _RESULTS = flags.DEFINE_string(
   "students: a JSON Lines file every measurement is appended to as it is done; a rerun given the same "
   "file measures only what it lacks (the suite takes hours: a stopped one resumes, more seeds add to it); "
   "the distilled students are kept beside it.",
+  flag_values=PROGRAM.flag_values,
 )
 _LOGGED_ONLY = flags.DEFINE_bool(
   "logged_only",
   False,
   "students: print the rows of what --results holds, measuring nothing (a suite still running, or stopped); "
   "a row that lacks fine-tunings counts them (ft_missing) and gives no mean over tasks.",
+  flag_values=PROGRAM.flag_values,
 )
 _TARGET_LENGTH = flags.DEFINE_integer(
-  "target_length", 48, "generate: output tokens per sequence (--seq_len: the source's).", lower_bound=1
+  "target_length",
+  48,
+  "generate: output tokens per sequence (--seq_len: the source's).",
+  lower_bound=1,
+  flag_values=PROGRAM.flag_values,
 )
 _BATCHES = flags.DEFINE_integer(
   "batches",
@@ -155,6 +196,7 @@ _BATCHES = flags.DEFINE_integer(
   "inference: batches averaged over (the paper's protocol: 100); student_speed: batches timed in total "
   "(the thesis's table 4.4: 100).",
   lower_bound=1,
+  flag_values=PROGRAM.flag_values,
 )
 
 
@@ -260,7 +302,7 @@ _OWN_FLAGS = set().union(*SUITE_FLAGS.values())
 
 
 def _check_flags(suite: str):
-  given = sorted(name for name in _OWN_FLAGS - SUITE_FLAGS[suite] if flags.FLAGS[name].present)
+  given = sorted(name for name in _OWN_FLAGS - SUITE_FLAGS[suite] if PROGRAM.flag_values[name].present)
   if given:
     reads = ", ".join(f"--{name}" for name in sorted(SUITE_FLAGS[suite] | {"json"}))
     raise UserError(f"bench {suite} does not read --{', --'.join(given)}: it reads {reads}")
@@ -298,4 +340,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

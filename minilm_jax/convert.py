@@ -17,24 +17,39 @@ from absl import flags
 
 from minilm_jax import runs
 from minilm_jax.cli.outputs import new_directory
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.errors import StorageError, UserError, storage_failure
 
-_FROM_HF = flags.DEFINE_string("from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.")
-_TO_HF = flags.DEFINE_bool("to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.")
+PROGRAM = Program(kept_on_storage_error="nothing was written to --out")
+_FROM_HF = flags.DEFINE_string(
+  "from-hf", None, "A Hugging Face directory (or hub name, online) to turn into a run.", flag_values=PROGRAM.flag_values
+)
+_TO_HF = flags.DEFINE_bool(
+  "to-hf", False, "Export --workdir's checkpoint as a Hugging Face directory.", flag_values=PROGRAM.flag_values
+)
 _SENTENCE_TRANSFORMERS = flags.DEFINE_bool(
   "sentence-transformers",
   False,
   "With --to-hf: also the sentence-transformers "
   "files (pooling, Dense map, Normalize), loadable by SentenceTransformer(dir).",
+  flag_values=PROGRAM.flag_values,
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "With --to-hf: the run to export.")
-_STEP = flags.DEFINE_integer("step", None, "With --to-hf: the checkpoint step (default: the latest).")
-_STUDENT = flags.DEFINE_string("student", None, "With --to-hf of a family of students: the one to export, by name.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "With --to-hf: the run to export.", flag_values=PROGRAM.flag_values)
+_STEP = flags.DEFINE_integer(
+  "step", None, "With --to-hf: the checkpoint step (default: the latest).", flag_values=PROGRAM.flag_values
+)
+_STUDENT = flags.DEFINE_string(
+  "student", None, "With --to-hf of a family of students: the one to export, by name.", flag_values=PROGRAM.flag_values
+)
 _OUT = flags.DEFINE_string(
-  "out", None, "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf)."
+  "out",
+  None,
+  "Where to write: a new workdir (--from-hf) or a Hugging Face directory (--to-hf).",
+  flag_values=PROGRAM.flag_values,
 )
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "With --to-hf: replace what --out holds (an earlier export).")
+_OVERWRITE = flags.DEFINE_bool(
+  "overwrite", False, "With --to-hf: replace what --out holds (an earlier export).", flag_values=PROGRAM.flag_values
+)
 
 
 def main(argv):
@@ -74,4 +89,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main, kept_on_storage_error="nothing was written to --out")
+  run_program(main, PROGRAM)

@@ -11,14 +11,20 @@ lowest dev loss chosen (`lr_grid.json`; MKD's last stage, `configs/task/mkd_fine
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.task_distill.run import build_task_distillation, run_lr_grid
 
+PROGRAM = Program()
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Task distillation config (configs/task/*.py).", lock_config=True
+  "config", None, "Task distillation config (configs/task/*.py).", lock_config=True, flag_values=PROGRAM.flag_values
 )
-_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics, the teacher-logit cache, results.")
-flags.mark_flags_as_required(["config"])
+_WORKDIR = flags.DEFINE_string(
+  "workdir",
+  "",
+  "Directory for checkpoints, metrics, the teacher-logit cache, results.",
+  flag_values=PROGRAM.flag_values,
+)
+flags.mark_flags_as_required(["config"], flag_values=PROGRAM.flag_values)
 
 
 def main(argv):
@@ -31,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

@@ -19,35 +19,61 @@ import jax
 from absl import flags
 
 from minilm_jax.cli import outputs
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation.finetuned_runs import evaluate_runs
 from minilm_jax.evaluation.sentences import evaluate_embeddings
 from minilm_jax.reports.tables import format_table
 
-_RUNS = flags.DEFINE_list("runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.")
+PROGRAM = Program()
+_RUNS = flags.DEFINE_list(
+  "runs", None, "Workdirs of fine-tuning or task-distillation runs to evaluate.", flag_values=PROGRAM.flag_values
+)
 _EMBEDDINGS = flags.DEFINE_list(
-  "embeddings", None, "Runs or Hugging Face / sentence-transformers directories whose sentence embeddings to evaluate."
+  "embeddings",
+  None,
+  "Runs or Hugging Face / sentence-transformers directories whose sentence embeddings to evaluate.",
+  flag_values=PROGRAM.flag_values,
 )
-_OUT = flags.DEFINE_string("out", None, "Directory for metrics.json, predictions and submission files.")
+_OUT = flags.DEFINE_string(
+  "out", None, "Directory for metrics.json, predictions and submission files.", flag_values=PROGRAM.flag_values
+)
 _OVERWRITE = flags.DEFINE_bool(
-  "overwrite", False, "Replace the results already in --out (once the new ones are complete)."
+  "overwrite",
+  False,
+  "Replace the results already in --out (once the new ones are complete).",
+  flag_values=PROGRAM.flag_values,
 )
-_ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Evaluate every kept checkpoint, not only the latest.")
+_ALL_STEPS = flags.DEFINE_bool(
+  "all_steps", False, "Evaluate every kept checkpoint, not only the latest.", flag_values=PROGRAM.flag_values
+)
 _DATA_DIR = flags.DEFINE_string(
-  "data_dir", "", "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order)."
+  "data_dir",
+  "",
+  "Replace the runs' data folder (a multi-task run: one, or a comma list in its tasks' order).",
+  flag_values=PROGRAM.flag_values,
 )
-_STS = flags.DEFINE_string("sts", "", "--embeddings: an STS-B-format TSV (sentence1, sentence2, score) to score.")
+_STS = flags.DEFINE_string(
+  "sts",
+  "",
+  "--embeddings: an STS-B-format TSV (sentence1, sentence2, score) to score.",
+  flag_values=PROGRAM.flag_values,
+)
 _WORDNET_DIR = flags.DEFINE_string(
   "wordnet_dir",
   "",
   "--embeddings: WordNet 3.0's dict folder (default: Debian's "
   "/usr/share/wordnet; minilm_jax/data/wordnet holds an excerpt).",
+  flag_values=PROGRAM.flag_values,
 )
-_MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "--embeddings: tokens per sentence, the same for every model.")
-_BATCH = flags.DEFINE_integer("eval_batch_size", 128, "Global evaluation batch size.")
-_MODEL = flags.DEFINE_integer("mesh_model", 1, "Devices each parameter matrix is split over.")
+_MAX_LEN = flags.DEFINE_integer(
+  "max_seq_length", 128, "--embeddings: tokens per sentence, the same for every model.", flag_values=PROGRAM.flag_values
+)
+_BATCH = flags.DEFINE_integer("eval_batch_size", 128, "Global evaluation batch size.", flag_values=PROGRAM.flag_values)
+_MODEL = flags.DEFINE_integer(
+  "mesh_model", 1, "Devices each parameter matrix is split over.", flag_values=PROGRAM.flag_values
+)
 
 
 def main(argv):
@@ -81,4 +107,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

@@ -12,18 +12,23 @@ encoder, one output layer per task, the tasks' batches shuffled together.
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.errors import UserError
 from minilm_jax.finetuning.grid import run_grid
 from minilm_jax.finetuning.multitask import build_multitask_finetuning
 from minilm_jax.finetuning.run import build_finetuning
 
+PROGRAM = Program()
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True
+  "config", None, "Fine-tuning config file (configs/finetune/*.py).", lock_config=True, flag_values=PROGRAM.flag_values
 )
-_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and results.")
-_GRID = flags.DEFINE_bool("grid", False, "Run the config's learning-rate x epochs grid as one batch job.")
-flags.mark_flags_as_required(["config"])
+_WORKDIR = flags.DEFINE_string(
+  "workdir", "", "Directory for checkpoints, metrics and results.", flag_values=PROGRAM.flag_values
+)
+_GRID = flags.DEFINE_bool(
+  "grid", False, "Run the config's learning-rate x epochs grid as one batch job.", flag_values=PROGRAM.flag_values
+)
+flags.mark_flags_as_required(["config"], flag_values=PROGRAM.flag_values)
 
 
 def main(argv):
@@ -42,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

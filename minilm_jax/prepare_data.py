@@ -20,20 +20,28 @@ from ml_collections import config_flags
 
 from minilm_jax import runs
 from minilm_jax.cli.outputs import check_new_directory, new_directory
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.data.languages import language_corpora, load_corpus
 from minilm_jax.data.prepared import write_prepared
 from minilm_jax.errors import UserError
 
+PROGRAM = Program(kept_on_storage_error="nothing was written to --out")
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "The distillation config whose corpus to prepare.", lock_config=True
+  "config", None, "The distillation config whose corpus to prepare.", lock_config=True, flag_values=PROGRAM.flag_values
 )
-_OUT = flags.DEFINE_string("out", None, "The new prepared directory (local, or gs://... through etils.epath).")
+_OUT = flags.DEFINE_string(
+  "out", None, "The new prepared directory (local, or gs://... through etils.epath).", flag_values=PROGRAM.flag_values
+)
 _SHARDS = flags.DEFINE_integer(
-  "shards", 8, "Number of shard files (more for large corpora: each holds a slice of the blocks)."
+  "shards",
+  8,
+  "Number of shard files (more for large corpora: each holds a slice of the blocks).",
+  flag_values=PROGRAM.flag_values,
 )
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace the prepared corpus a local --out holds.")
-flags.mark_flags_as_required(["config"])
+_OVERWRITE = flags.DEFINE_bool(
+  "overwrite", False, "Replace the prepared corpus a local --out holds.", flag_values=PROGRAM.flag_values
+)
+flags.mark_flags_as_required(["config"], flag_values=PROGRAM.flag_values)
 
 
 def _is_local(path: str) -> bool:
@@ -76,4 +84,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main, kept_on_storage_error="nothing was written to --out")
+  run_program(main, PROGRAM)

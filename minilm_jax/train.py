@@ -8,12 +8,17 @@ config with a `family` of students distils them all from one teacher pass a batc
 from absl import flags
 from ml_collections import config_flags
 
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.distill.trainer import build_distillation
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", "", "Directory for checkpoints, metrics and the tokenizer.")
-flags.mark_flags_as_required(["config"])
+PROGRAM = Program()
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Experiment config file (configs/*.py).", lock_config=True, flag_values=PROGRAM.flag_values
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir", "", "Directory for checkpoints, metrics and the tokenizer.", flag_values=PROGRAM.flag_values
+)
+flags.mark_flags_as_required(["config"], flag_values=PROGRAM.flag_values)
 
 
 def main(argv):
@@ -23,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

@@ -535,6 +535,46 @@ def damage_settings(max_examples: int):
   )
 
 
+def program_module(program: str):
+  """The module that `python -m minilm_jax.<program>` runs (a package's `__main__`)."""
+  name = f"minilm_jax.{program}"
+  spec = importlib.util.find_spec(name)
+  return importlib.import_module(f"{name}.__main__" if spec and spec.submodule_search_locations else name)
+
+
+def forget_parsed_flags(program):
+  """The program module's flags as if no command line had been parsed in this process: the
+  `--config.<field>` flags an earlier parse defined are removed, the others go back to their defaults."""
+  flag_values = program.PROGRAM.flag_values
+  for name in [n for n in flag_values if n.startswith("config.")]:
+    delattr(flag_values, name)
+  flag_values.unparse_flags()
+
+
+def run_in_process(program: str, *args, capfd):
+  """`python -m minilm_jax.<program> <args>` in this process, through the same `run_program`: the
+  exit status and what it wrote, as `subprocess.run` gives them. A test of the program's behaviour
+  pays no Python and JAX start-up; one that tests the process (signals, locks, exit on a real
+  command line) starts one."""
+  import subprocess
+
+  from minilm_jax.cli.program import run_program
+
+  module = program_module(program)
+  forget_parsed_flags(module)
+  capfd.readouterr()  # what the test wrote before is not the program's
+  argv, sys.argv = sys.argv, [program, *map(str, args)]
+  try:
+    run_program(module.main, module.PROGRAM)
+    status = 0
+  except SystemExit as e:
+    status = e.code if isinstance(e.code, int) else int(bool(e.code))
+  finally:
+    sys.argv = argv
+  out, err = capfd.readouterr()
+  return subprocess.CompletedProcess([program, *map(str, args)], status, out, err)
+
+
 def run_distill_task(config_file: str, workdir, *overrides: str):
   """`python -m minilm_jax.distill_task --config <configs/task/...> --workdir <dir> <overrides>`,
   run from the repository root: the completed process, output captured."""

@@ -8,14 +8,13 @@ valid, a one-step run, not a Python and JAX start-up."""
 
 import json
 import os
-import sys
 import tempfile
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import DAMAGE, ROOT, damaged_bytes, output_lines
+from conftest import DAMAGE, ROOT, damaged_bytes, output_lines, run_in_process
 
 # Every field of a distillation config (configs/embedding_demo.py) a user might mistype, with values
 # a user might mistype it to: wrong types, zero, negative, out of the choices, and a few that are
@@ -109,25 +108,8 @@ _CORPORA = st.one_of(
 
 def _run_train(args, capfd):
   """`python -m minilm_jax.train <args>` in this process: (exit status, stderr)."""
-  from absl import flags
-
-  from minilm_jax import train
-  from minilm_jax.cli.program import run_program
-
-  # Each example parses its own command line afresh: the --config.<field> flags that the previous
-  # parse defined are removed, the others go back to their defaults.
-  for name in [n for n in flags.FLAGS if n.startswith("config.")]:
-    delattr(flags.FLAGS, name)
-  flags.FLAGS.unparse_flags()
-  argv, sys.argv = sys.argv, ["train", *args]
-  try:
-    run_program(train.main)
-    status = 0
-  except SystemExit as e:
-    status = e.code or 0
-  finally:
-    sys.argv = argv
-  return status, capfd.readouterr().err
+  proc = run_in_process("train", *args, capfd=capfd)
+  return proc.returncode, proc.stderr
 
 
 def _tiny_args(teacher, corpus, workdir):

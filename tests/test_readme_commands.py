@@ -3,49 +3,17 @@ it: the module exists, each flag is one of its flags, the --config file loads wi
 override, the fields are in range and every task named exists. (What each command then does is
 tested on small files by the test of its program.)"""
 
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, forget_parsed_flags, program_module
 
 # A path the README leaves to the reader (`<HF dir or run>`) or computes in the shell (`$(python -c ...)`).
 _PLACEHOLDERS = (re.compile(r"\$\(python -c \"[^\"]*\"\)"), re.compile(r"<[^<>]*>"))
-
-# Run inside one process per program (their flags clash across programs): parse every command's
-# argv with absl as `program.run_program` does, then the checks a run makes before any work.
-_CHECK = """
-import importlib, json, sys
-from absl import flags
-from minilm_jax.distill import config as distill
-from minilm_jax.finetuning import config as finetuning
-from minilm_jax.training.loop import check_fields
-from minilm_jax.task_distill import config as task_distill
-from minilm_jax.tasks import get_task
-
-try:  # a program that is a package (`python -m minilm_jax.aot`) runs its __main__
-  importlib.import_module(sys.argv[1] + ".__main__")
-except ModuleNotFoundError:
-  importlib.import_module(sys.argv[1])
-for argv in json.loads(sys.argv[2]):
-  for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # the last command's override flags
-    delattr(flags.FLAGS, name)
-  flags.FLAGS.unparse_flags()
-  sys.argv = ["program"] + argv  # ml_collections reads the --config.<field> overrides from sys.argv
-  flags.FLAGS(sys.argv)
-  if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-    config = flags.FLAGS.config
-    # The ranges of the config's program: task distillation, fine-tuning, or (train, prepare_data, aot's) distillation.
-    check_fields(config, (task_distill if "tasks" in config else finetuning if "task" in config else distill).RANGES)
-    for name in str(config.get("task", config.get("tasks", ""))).split(","):
-      if name and name != "custom":  # a custom task reads its files: its commands are tested on small files
-        get_task(name)
-"""
 
 
 def _pages() -> list:
@@ -78,7 +46,7 @@ def readme_commands() -> dict:
 
 
 @pytest.mark.slow
-def test_every_readme_command_parses_with_its_program():
+def test_every_readme_command_parses_with_its_program(monkeypatch):
   commands = readme_commands()
   assert {
     "minilm_jax.train",
@@ -87,23 +55,38 @@ def test_every_readme_command_parses_with_its_program():
     "minilm_jax.evaluate",
     "minilm_jax.convert",
   } <= set(commands)
-  # One process per program, started together: the imports dominate and overlap.
-  procs = {
-    module: subprocess.Popen(
-      [sys.executable, "-c", _CHECK, module, json.dumps(argvs)],
-      cwd=ROOT,
-      text=True,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-    )
-    for module, argvs in commands.items()
-  }
   failures = {}
-  for module, proc in procs.items():
-    _, stderr = proc.communicate(timeout=600)
-    if proc.returncode != 0:
-      failures[module] = stderr.strip().splitlines()[-1]
+  for module, argvs in commands.items():
+    for argv in argvs:
+      try:
+        _check_command(module, argv, monkeypatch)
+      except Exception as e:  # noqa: BLE001  (each command's failure is reported, not only the first)
+        failures[f"{module} {' '.join(argv)}"[:200]] = f"{type(e).__name__}: {e}"[:300]
   assert not failures, failures
+
+
+def _check_command(module: str, argv: list, monkeypatch):
+  """`argv` parsed as `python -m <module>` parses it (from the repository root), then the checks a
+  run makes before any work: the config's fields in range, each task it names known."""
+  from minilm_jax.distill import config as distill
+  from minilm_jax.finetuning import config as finetuning
+  from minilm_jax.task_distill import config as task_distill
+  from minilm_jax.tasks import get_task
+  from minilm_jax.training.loop import check_fields
+
+  program = program_module(module.removeprefix("minilm_jax."))
+  forget_parsed_flags(program)
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setattr(sys, "argv", ["program", *argv])  # ml_collections reads the overrides from sys.argv
+  flag_values = program.PROGRAM.flag_values
+  flag_values(sys.argv)
+  if "config" in flag_values and flag_values["config"].present:
+    config = flag_values.config
+    # The ranges of the config's program: task distillation, fine-tuning, or (train, prepare_data, aot's) distillation.
+    check_fields(config, (task_distill if "tasks" in config else finetuning if "task" in config else distill).RANGES)
+    for name in str(config.get("task", config.get("tasks", ""))).split(","):
+      if name and name != "custom":  # a custom task reads its files: its commands are tested on small files
+        get_task(name)
 
 
 @pytest.mark.slow

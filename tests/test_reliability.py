@@ -557,16 +557,18 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(writer, tiny
   assert os.listdir(small_disk) == ["filler"]
 
 
-def test_a_write_numpy_cuts_short_is_the_one_line_of_a_full_disk():
+def test_a_write_numpy_cuts_short_is_the_one_line_of_a_full_disk(capfd, monkeypatch):
   """numpy reports a write the disk cut short without an errno ("6400 requested and 2016 written"):
   a program says what it means in the one line of a full disk, not a traceback."""
-  program = (
-    "from minilm_jax.cli.program import run_program\n"
-    "def main(argv):\n"
-    "  raise OSError('6400 requested and 2016 written')\n"
-    "run_program(main)\n"
-  )
-  proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT)
+  from minilm_jax.cli.program import Program, run_program
+
+  def main(argv):
+    raise OSError("6400 requested and 2016 written")
+
+  monkeypatch.setattr(sys, "argv", ["program"])
+  with pytest.raises(SystemExit) as exit_:
+    run_program(main, Program())
+  proc = subprocess.CompletedProcess(sys.argv, exit_.value.code, "", capfd.readouterr().err)
   _one_line_error(proc, "a write was cut short (2016 of 6400 bytes written: is the disk full?)", "free space there")
 
 

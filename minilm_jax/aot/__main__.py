@@ -27,27 +27,41 @@ from minilm_jax.aot import programs, report
 from minilm_jax.aot.compiling import DoesNotFit, compile_program
 from minilm_jax.aot.targets import compile_devices, examples, parse_target
 from minilm_jax.cli.outputs import check_new_file, write_json
-from minilm_jax.cli.program import run_program
+from minilm_jax.cli.program import Program, run_program
 from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A train or finetune config file (configs/*.py).")
-_TARGET = flags.DEFINE_string(
-  "target", None, f"What to compile for: {', '.join(examples())}, ... (devices/chips.py's CHIPS)."
+PROGRAM = Program()
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "A train or finetune config file (configs/*.py).", flag_values=PROGRAM.flag_values
 )
-_PROGRAM = flags.DEFINE_string("program", "", "train, finetune or evaluate (default: the config's own).")
-_JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.")
-_FIND_BATCH = flags.DEFINE_bool("find_batch", False, "Report the largest global batch that fits.")
+_TARGET = flags.DEFINE_string(
+  "target",
+  None,
+  f"What to compile for: {', '.join(examples())}, ... (devices/chips.py's CHIPS).",
+  flag_values=PROGRAM.flag_values,
+)
+_PROGRAM = flags.DEFINE_string(
+  "program", "", "train, finetune or evaluate (default: the config's own).", flag_values=PROGRAM.flag_values
+)
+_JSON = flags.DEFINE_string("json", "", "Also write the report to this JSON file.", flag_values=PROGRAM.flag_values)
+_FIND_BATCH = flags.DEFINE_bool(
+  "find_batch", False, "Report the largest global batch that fits.", flag_values=PROGRAM.flag_values
+)
 _PEAK_BUFFERS = flags.DEFINE_integer(
   "peak_buffers",
   0,
   "Also list what is live at the peak (XLA's buffer assignment): the N largest sources.",
   lower_bound=0,
+  flag_values=PROGRAM.flag_values,
 )
 _MODEL_SHAPE = flags.DEFINE_string(
-  "model_shape", "", "The pre-trained model's shape (LAYERSxHIDDEN[xHEADS]) when its config.json is not at hand."
+  "model_shape",
+  "",
+  "The pre-trained model's shape (LAYERSxHIDDEN[xHEADS]) when its config.json is not at hand.",
+  flag_values=PROGRAM.flag_values,
 )
-flags.mark_flags_as_required(["config", "target"])
+flags.mark_flags_as_required(["config", "target"], flag_values=PROGRAM.flag_values)
 
 
 def peak_buffers(dump_dir: str, target, compiled, top: int) -> list:
@@ -302,4 +316,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  run_program(main)
+  run_program(main, PROGRAM)

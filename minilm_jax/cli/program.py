@@ -1,7 +1,13 @@
 """Program start-up, shared by every `python -m minilm_jax.<program>`: flags and config overrides,
 logging, multi-process initialisation, and the mapping of failures to exit codes (bad input: one
-line on stderr and exit 2; full or read-only storage: one line and exit 2; preemption: 143)."""
+line on stderr and exit 2; full or read-only storage: one line and exit 2; preemption: 143).
 
+Each program defines its flags on its own `Program.flag_values`, not on absl's global `FLAGS`: the
+programs share flag names (`--config`, `--workdir`, `--out`), so only then can one process (a
+test) import them all and call each one's `main` through `run_program` as its command line does.
+"""
+
+import dataclasses
 import errno
 import os
 import sys
@@ -25,11 +31,26 @@ def check_environment():
     )
 
 
-def _parse_flags() -> list:
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One program's command line: the flags its module defines (`flag_values=PROGRAM.flag_values`)
+  and what a full or read-only disk leaves in place, for its one-line error."""
+
+  flag_values: flags.FlagValues = dataclasses.field(default_factory=flags.FlagValues)
+  kept_on_storage_error: str = "the checkpoints already saved are kept"
+
+
+def _parse_flags(flag_values: flags.FlagValues) -> list:
   """The command line's flags and config overrides parsed, or one line on stderr and exit 2 for
-  an unknown override, a malformed flag or a --config file that cannot be loaded."""
+  an unknown override, a malformed flag or a --config file that cannot be loaded.
+
+  absl's own flags (`--verbosity`, `--logtostderr`) and those libraries define (Orbax's) live on the
+  global FLAGS: the program's registry takes them in, so that one parse sets them too."""
+  for name in list(flags.FLAGS):
+    if name not in flag_values and flags.FLAGS[name].name == name:
+      flag_values[name] = flags.FLAGS[name]
   try:
-    argv = flags.FLAGS(sys.argv)
+    argv = flag_values(sys.argv)
   except (KeyError, AttributeError) as e:
     # ml_collections reports an unknown --config.<field> override as a KeyError/AttributeError.
     # Its message is "'field'" or "'field'\nDid you mean \"other\" instead of \"field\"?", nested in quotes.
@@ -55,12 +76,13 @@ def _parse_flags() -> list:
     )
     sys.exit(2)
 
-  if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+  flags.FLAGS.mark_as_parsed()  # its flags' values were set through the program's registry
+  if "config" in flag_values and flag_values["config"].present:
     try:  # ml_collections reports a file it could not find on first access to the config
-      flags.FLAGS.config.keys()
+      flag_values.config.keys()
     except OSError:
       print(
-        f"error: the --config file {getattr(flags.FLAGS['config'], 'config_filename', '')} does not exist: "
+        f"error: the --config file {getattr(flag_values['config'], 'config_filename', '')} does not exist: "
         f"check the path",
         file=sys.stderr,
       )
@@ -68,14 +90,14 @@ def _parse_flags() -> list:
   return argv
 
 
-def run_program(main, kept_on_storage_error: str = "the checkpoints already saved are kept"):
-  """Runs an absl program: flag and config-override errors and UserErrors become one line on
-  stderr and exit code 2; so does full or read-only storage, with `kept_on_storage_error` saying
-  what the failure left in place."""
+def run_program(main, program: Program):
+  """Runs an absl program on `sys.argv`: flag and config-override errors and UserErrors become one
+  line on stderr and exit code 2; so does full or read-only storage, saying what the failure left
+  in place."""
   if any(arg in ("-h", "--help", "-help", "--helpfull") for arg in sys.argv[1:]):
-    print(flags.FLAGS.main_module_help() or flags.FLAGS.get_help())
+    print(program.flag_values.main_module_help() or program.flag_values.get_help())
     sys.exit(0)
-  argv = _parse_flags()
+  argv = _parse_flags(program.flag_values)
 
   def main_or_one_line(argv):
     if not flags.FLAGS["verbosity"].present:
@@ -100,7 +122,7 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       where = f" writing {e.filename}" if e.filename else ""
       print(
         f"error: {failure}{where}: free space there (or make it writable) and rerun the same command; "
-        f"{kept_on_storage_error}",
+        f"{program.kept_on_storage_error}",
         file=sys.stderr,
       )
       sys.exit(2)
@@ -109,6 +131,6 @@ def run_program(main, kept_on_storage_error: str = "the checkpoints already save
       sys.exit(PREEMPTED_EXIT_CODE)
 
   try:
-    app.run(main_or_one_line, argv=argv)
+    app.run(main_or_one_line, argv=argv, flags_parser=lambda parsed: parsed)
   finally:
     lock.release_all()  # before the interpreter's exit handlers: a held workdir is free when the program ends
