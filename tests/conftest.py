@@ -552,25 +552,33 @@ def forget_parsed_flags(program):
 
 
 def run_in_process(program: str, *args, capfd):
-  """`python -m minilm_jax.<program> <args>` in this process, through the same `run_program`: the
-  exit status and what it wrote, as `subprocess.run` gives them. A test of the program's behaviour
-  pays no Python and JAX start-up; one that tests the process (signals, locks, exit on a real
-  command line) starts one."""
+  """`python -m minilm_jax.<program> <args>` run from the repository root in this process, through
+  the same `run_program`, on `PROGRAM_DEVICES` of its devices as a program the suite starts gets:
+  the exit status and what it wrote, as `subprocess.run` gives them. A test of the program's
+  behaviour so pays no Python and JAX start-up; one that tests the process (signals, locks, the
+  command line itself) starts one."""
   import subprocess
+
+  import jax
+  from absl import logging
 
   from minilm_jax.cli.program import run_program
 
   module = program_module(program)
   forget_parsed_flags(module)
+  devices = jax.devices()[:PROGRAM_DEVICES]
   capfd.readouterr()  # what the test wrote before is not the program's
-  argv, sys.argv = sys.argv, [program, *map(str, args)]
-  try:
-    run_program(module.main, module.PROGRAM)
-    status = 0
-  except SystemExit as e:
-    status = e.code if isinstance(e.code, int) else int(bool(e.code))
-  finally:
-    sys.argv = argv
+  with pytest.MonkeyPatch.context() as patch:
+    patch.chdir(ROOT)
+    patch.setattr(sys, "argv", [program, *map(str, args)])
+    patch.setattr(jax, "devices", lambda backend=None: devices)
+    # absl's handler took the stderr of the moment it was made: this run's is the capture's.
+    patch.setattr(logging.get_absl_handler().python_handler, "stream", sys.stderr)
+    try:
+      run_program(module.main, module.PROGRAM)
+      status = 0
+    except SystemExit as e:
+      status = e.code if isinstance(e.code, int) else int(bool(e.code))
   out, err = capfd.readouterr()
   return subprocess.CompletedProcess([program, *map(str, args)], status, out, err)
 

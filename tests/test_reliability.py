@@ -30,6 +30,7 @@ from conftest import (
   load_config_module,
   output_lines,
   read_metrics,
+  run_in_process,
   tiny_config,
   train_command,
   xla_flags,
@@ -41,10 +42,8 @@ from minilm_jax.errors import UserError
 from minilm_jax.training.metrics import MetricWriter
 
 
-def _program(*args, program="train"):
-  return subprocess.run(
-    [sys.executable, "-m", f"minilm_jax.{program}", *args], capture_output=True, text=True, cwd=ROOT
-  )
+def _program(*args, program="train", capfd):
+  return run_in_process(program, *args, capfd=capfd)
 
 
 def _one_line_error(proc, *expected):
@@ -57,7 +56,7 @@ def _one_line_error(proc, *expected):
 
 @pytest.mark.parametrize("program", ["train", "bench"])  # every program starts through program.run_program
 def test_help_prints_the_flags_and_exits_0(program):
-  proc = _program("--help", program=program)
+  proc = subprocess.run([sys.executable, "-m", f"minilm_jax.{program}", "--help"], capture_output=True, text=True)
   assert proc.returncode == 0 and "--" in proc.stdout, proc.stderr[-2000:]
 
 
@@ -77,24 +76,30 @@ def test_a_program_collects_garbage_only_after_its_imports():
   assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
-def test_config_files_that_cannot_be_loaded(tmp_path):
-  _one_line_error(_program("--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w")), "does not exist")
+def test_config_files_that_cannot_be_loaded(tmp_path, capfd):
+  _one_line_error(
+    _program("--config", str(tmp_path / "nope.py"), "--workdir", str(tmp_path / "w"), capfd=capfd), "does not exist"
+  )
   bad = tmp_path / "bad.py"
   bad.write_text("def get_config(:\n")
-  _one_line_error(_program("--config", str(bad), "--workdir", str(tmp_path / "w")), "SyntaxError", "line 1")
+  _one_line_error(
+    _program("--config", str(bad), "--workdir", str(tmp_path / "w"), capfd=capfd), "SyntaxError", "line 1"
+  )
 
 
-def test_unknown_config_field_is_named_plainly(tmp_path):
+def test_unknown_config_field_is_named_plainly(tmp_path, capfd):
   line = _one_line_error(
-    _program("--config", "configs/demo.py", "--workdir", str(tmp_path / "w"), "--config.student.num_layerz=3")
+    _program(
+      "--config", "configs/demo.py", "--workdir", str(tmp_path / "w"), "--config.student.num_layerz=3", capfd=capfd
+    )
   )
   assert "'num_layerz'" in line and '"num_layers"' in line and "\\" not in line
 
 
-def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher, tiny_corpus, tmp_path):
+def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher, tiny_corpus, tmp_path, capfd):
   workdir = tmp_path / "w"
   _one_line_error(
-    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.log_every=0"),
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.log_every=0", capfd=capfd),
     "log_every=0 is out of range: it must be at least 1",
   )
   for field, value in (
@@ -111,7 +116,7 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
   # The seed every program's key and generators take (a 20-digit one overflowed them), and a
   # temperature the logits are divided by (0 is outside its range, which is open there).
   _one_line_error(
-    _program("--config", "configs/demo.py", "--workdir", str(workdir), f"--config.seed={10**19}"),
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), f"--config.seed={10**19}", capfd=capfd),
     f"seed={10**19} is out of range: it must be below {2**31}",
   )
   _one_line_error(
@@ -122,12 +127,13 @@ def test_out_of_range_fields_are_refused_before_anything_is_written(tiny_teacher
       str(workdir),
       "--config.distill.temperature=0",
       program="finetune",
+      capfd=capfd,
     ),
     "distill.temperature=0.0 is out of range: it must be above 0",
   )
   # A dropout rate in range that the 8-bit mask rounds to keeping nothing (a ZeroDivisionError once).
   _one_line_error(
-    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.student.dropout=0.999"),
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), "--config.student.dropout=0.999", capfd=capfd),
     "student.dropout=0.999 rounds to 256/256 in the 8-bit dropout mask, which keeps nothing: use at most 0.998",
   )
   assert not workdir.exists()
@@ -147,7 +153,7 @@ def _every_training_config():
       yield os.path.relpath(path, ROOT), config
 
 
-def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpus, tmp_path):
+def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpus, tmp_path, capfd):
   """Every documented pair (`loop.TRAINING_CONTRADICTIONS`, `distill.config.CONTRADICTIONS`): no
   config file sets both; each config that has both fields is refused when both are set, one line
   naming both, before anything is written."""
@@ -173,7 +179,13 @@ def test_fields_that_contradict_are_refused_naming_both(tiny_teacher, tiny_corpu
   workdir = tmp_path / "w"
   line = _one_line_error(
     _program(
-      "--config", "configs/demo.py", "--workdir", str(workdir), "--config.data.epochs=1", "--config.num_steps=7"
+      "--config",
+      "configs/demo.py",
+      "--workdir",
+      str(workdir),
+      "--config.data.epochs=1",
+      "--config.num_steps=7",
+      capfd=capfd,
     ),
     "data.epochs=1 and num_steps=7 contradict",
   )
@@ -354,7 +366,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tiny_teache
   assert steps and max(steps) < 200
 
 
-def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
+def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk, capfd):
   """The docstring corpus (megabytes of text) is the first thing a run on it writes: a disk that is
   already full ends the run there with one line."""
   import os
@@ -376,6 +388,7 @@ def test_a_full_disk_at_start_up_is_one_line(tiny_teacher, small_disk):
       "--config.loss.num_relation_heads=4",
       "--config.data.max_seq_length=32",
       "--config.data.corpus=demo",
+      capfd=capfd,
     ),
     "No space left on device",
     "free space there",
@@ -435,7 +448,7 @@ def test_launcher_program_that_does_not_exist():
   assert line.startswith("error: PROGRAM=trian is not a minilm_jax program: use one of aot ") and " train" in line
 
 
-def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path):
+def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tmp_path, capfd):
   proc = _program(
     "--teacher",
     tiny_teacher,
@@ -446,13 +459,14 @@ def test_attention_maps_of_a_sentence_longer_than_the_positions(tiny_teacher, tm
     "--out",
     str(tmp_path / "maps.png"),
     program="attention_maps",
+    capfd=capfd,
   )
   _one_line_error(proc, "702 tokens long", "64 positions")
   assert not (tmp_path / "maps.png").exists()
 
 
-def _export(workdir, out, *flags):
-  return _program("--to-hf", "--workdir", workdir, "--out", out, *flags, program="convert")
+def _export(workdir, out, *flags, capfd):
+  return _program("--to-hf", "--workdir", workdir, "--out", out, *flags, program="convert", capfd=capfd)
 
 
 def _leftovers(parent):
@@ -463,23 +477,23 @@ def _leftovers(parent):
 
 
 @pytest.mark.slow
-def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_teacher, tmp_path):
+def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_teacher, tmp_path, capfd):
   from minilm_jax import runs
 
   run, out = str(tmp_path / "run"), str(tmp_path / "export")
   runs.write_run_from_hf(tiny_teacher, run)
-  assert _export(run, out).returncode == 0
+  assert _export(run, out, capfd=capfd).returncode == 0
   weights = os.path.join(out, "model.safetensors")
   digest = lambda: hashlib.sha256(open(weights, "rb").read()).hexdigest()
   before, stamp = digest(), os.path.getmtime(weights)
   # Again over it: refused before any work, nothing touched.
-  _one_line_error(_export(run, out), f"--out {out} already holds", "model.safetensors", "--overwrite")
+  _one_line_error(_export(run, out, capfd=capfd), f"--out {out} already holds", "model.safetensors", "--overwrite")
   assert os.path.getmtime(weights) == stamp
   # --overwrite with an export that fails midway (no such step): the earlier export is intact.
-  _one_line_error(_export(run, out, "--overwrite", "--step", "7"), "step")
+  _one_line_error(_export(run, out, "--overwrite", "--step", "7", capfd=capfd), "step")
   assert digest() == before and os.path.getmtime(weights) == stamp and not _leftovers(str(tmp_path))
   # --overwrite that succeeds replaces it whole.
-  assert _export(run, out, "--overwrite").returncode == 0
+  assert _export(run, out, "--overwrite", capfd=capfd).returncode == 0
   assert os.path.getmtime(weights) != stamp and digest() == before and not _leftovers(str(tmp_path))
   assert os.stat(out).st_mode & 0o755 == 0o755  # what a mkdir gives, not the staging directory's private mode
   # A writer killed (kill -9) left its hidden staging directory: the next write of that output
@@ -489,7 +503,7 @@ def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_te
   for left in (killed, running):
     left.mkdir()
     (left / "model.safetensors").write_bytes(b"half")
-  assert _export(run, out, "--overwrite").returncode == 0
+  assert _export(run, out, "--overwrite", capfd=capfd).returncode == 0
   assert not killed.exists() and running.exists()
   shutil.rmtree(running)
   (tmp_path / "a_file").write_text("x")
@@ -497,7 +511,7 @@ def test_an_export_is_never_written_over_without_overwrite_nor_left_half(tiny_te
     check_new_directory(str(tmp_path / "a_file"), "--out", overwrite=True)
 
 
-def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teacher, tmp_path, small_disk):
+def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teacher, tmp_path, small_disk, capfd):
   import os
 
   from minilm_jax import runs
@@ -506,7 +520,7 @@ def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(tiny_teache
   runs.write_run_from_hf(tiny_teacher, run)
   _fill(small_disk)  # the tiny teacher's export needs more than the nothing left
   out = os.path.join(small_disk, "export")
-  line = _one_line_error(_export(run, out), "No space left on device", "nothing was written to --out")
+  line = _one_line_error(_export(run, out, capfd=capfd), "No space left on device", "nothing was written to --out")
   assert "checkpoint" not in line and sorted(os.listdir(small_disk)) == ["filler"]
 
 
@@ -598,28 +612,28 @@ def test_task_files_that_are_not_text_or_not_utf8_are_one_line_errors(tmp_path):
     get_task("cnndm").load("dev", str(tmp_path))
 
 
-def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capfd):
   (tmp_path / "a_file").write_text("x")
   for program, config in (("train", "configs/demo.py"), ("finetune", "configs/finetune/glue.py")):
     _one_line_error(
-      _program("--config", config, "--workdir", str(tmp_path / "a_file"), program=program),
+      _program("--config", config, "--workdir", str(tmp_path / "a_file"), program=program, capfd=capfd),
       "is a file: name a directory",
     )
 
 
 @pytest.mark.slow
-def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path):
+def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path, capfd):
   """`evaluate --out` holding earlier results is refused in one line before any work; with
   --overwrite the new results replace them only once complete, and only an earlier output of ours."""
   from conftest import WORDNET_EXCERPT
 
   out = tmp_path / "results"
   args = ["--embeddings", tiny_teacher, "--out", str(out), "--wordnet_dir", WORDNET_EXCERPT, "--max_seq_length", "16"]
-  assert _program(*args, program="evaluate").returncode == 0
+  assert _program(*args, program="evaluate", capfd=capfd).returncode == 0
   earlier = (out / "embeddings.json").read_text()
-  _one_line_error(_program(*args, program="evaluate"), f"--out {out} already holds 2 files", "--overwrite")
+  _one_line_error(_program(*args, program="evaluate", capfd=capfd), f"--out {out} already holds 2 files", "--overwrite")
   assert (out / "embeddings.json").read_text() == earlier
-  proc = _program(*args, "--overwrite", program="evaluate")
+  proc = _program(*args, "--overwrite", program="evaluate", capfd=capfd)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert sorted(os.listdir(out)) == [MARKER, "embeddings.json"]
   assert json.load(open(out / "embeddings.json"))["rows"][0]["model"]
@@ -637,7 +651,7 @@ def _tree_digest(root) -> str:
 
 
 @pytest.mark.slow
-def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not_write(tiny_teacher, tmp_path):
+def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not_write(tiny_teacher, tmp_path, capfd):
   """The five ways `--overwrite` deleted data (an output that is the run it reads, inside it or
   above it, for `convert` and `evaluate`), refused in one line before any work, and `--overwrite`
   over a folder that is not an earlier output of ours; every input byte for byte as it was."""
@@ -651,12 +665,15 @@ def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not
   (mine / "notes.txt").write_text("my own notes")
   before = _tree_digest(tmp_path)
   # Through the programs: the run as --out, and a folder holding the run.
-  _one_line_error(_program("--to-hf", "--workdir", run, "--out", run, "--overwrite", program="convert"), "is the run")
   _one_line_error(
-    _program("--runs", run, "--out", str(parent), "--overwrite", program="evaluate"), f"contains the run {run}"
+    _program("--to-hf", "--workdir", run, "--out", run, "--overwrite", program="convert", capfd=capfd), "is the run"
   )
   _one_line_error(
-    _program("--to-hf", "--workdir", run, "--out", str(mine), "--overwrite", program="convert"),
+    _program("--runs", run, "--out", str(parent), "--overwrite", program="evaluate", capfd=capfd),
+    f"contains the run {run}",
+  )
+  _one_line_error(
+    _program("--to-hf", "--workdir", run, "--out", str(mine), "--overwrite", program="convert", capfd=capfd),
     "not an earlier output of minilm_jax",
   )
   # The rule itself, for each way an output can meet an input (links resolved).
@@ -669,7 +686,9 @@ def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not
     with pytest.raises(UserError, match=text):
       check_new_directory(out, "--out", True, [("the run", run)])
   check_new_directory(str(tmp_path / "new"), "--out", False, [("the run", run), ("the model", "org/hub-name")])
-  _one_line_error(_program("--peak_buffers", "-3", program="aot"), "--peak_buffers=-3", "not a non-negative integer")
+  _one_line_error(
+    _program("--peak_buffers", "-3", program="aot", capfd=capfd), "--peak_buffers=-3", "not a non-negative integer"
+  )
   # A program without --overwrite (convert --from-hf) does not offer it.
   with pytest.raises(UserError) as refused:
     check_new_directory(str(mine), "--out", False, overwritable=False)
@@ -677,7 +696,7 @@ def test_no_output_replaces_or_enters_what_its_program_reads_nor_what_we_did_not
   assert _tree_digest(tmp_path) == before
 
 
-def test_a_damaged_parquet_task_file_is_one_line_not_two(tiny_teacher, tmp_path):
+def test_a_damaged_parquet_task_file_is_one_line_not_two(tiny_teacher, tmp_path, capfd):
   """`datasets` logged "Failed to read schema ..." at ERROR before our one line said the same."""
   bad = tmp_path / "train.parquet"
   bad.write_bytes(b"PAR1" + b"\x07" * 40 + b"PAR1")
@@ -692,6 +711,7 @@ def test_a_damaged_parquet_task_file_is_one_line_not_two(tiny_teacher, tmp_path)
       f"--config.data.train={bad}",
       f"--config.data.dev={bad}",
       program="finetune",
+      capfd=capfd,
     ),
     f"data.train='{bad}' could not be read",
   )
@@ -881,17 +901,21 @@ def test_a_cache_whose_write_fails_short_leaves_no_half_file(tmp_path):
   assert os.listdir(tmp_path) == ["sst2-teacher-0123.npy"] and np.load(path).tolist() == [1.0] * 4
 
 
-def test_names_longer_than_the_file_system_takes_are_one_line(tiny_teacher, tmp_path):
+def test_names_longer_than_the_file_system_takes_are_one_line(tiny_teacher, tmp_path, capfd):
   """A --workdir (the run's lock is its first write) or a convert --out (written under a longer
   hidden name first) whose name passes the file system's 255 bytes: one line naming the path."""
   long_name = str(tmp_path / ("w" * 300))
-  _one_line_error(_program("--config", "configs/demo.py", "--workdir", long_name), long_name, "longer than the file")
+  _one_line_error(
+    _program("--config", "configs/demo.py", "--workdir", long_name, capfd=capfd), long_name, "longer than the file"
+  )
   out = str(tmp_path / ("o" * 240))
-  line = _one_line_error(_program("--from-hf", tiny_teacher, "--out", out, program="convert"), f"--out {out}:")
+  line = _one_line_error(
+    _program("--from-hf", tiny_teacher, "--out", out, program="convert", capfd=capfd), f"--out {out}:"
+  )
   assert "partial" not in line and os.listdir(tmp_path) == []
 
 
-def test_a_run_lock_that_is_a_directory_or_holds_no_record(tmp_path, caplog):
+def test_a_run_lock_that_is_a_directory_or_holds_no_record(tmp_path, caplog, capfd):
   """A `run.lock` that is a directory is one line (not IsADirectoryError), and nothing else in the
   workdir is touched; one holding garbage (no record a run wrote) is taken over with the notice a
   dead run's lock gets, not silently."""
@@ -900,7 +924,7 @@ def test_a_run_lock_that_is_a_directory_or_holds_no_record(tmp_path, caplog):
   workdir = tmp_path / "run"
   (workdir / lock.LOCK_FILE).mkdir(parents=True)
   _one_line_error(
-    _program("--config", "configs/demo.py", "--workdir", str(workdir)),
+    _program("--config", "configs/demo.py", "--workdir", str(workdir), capfd=capfd),
     f"--workdir {workdir}: its run.lock is a directory",
   )
   assert os.listdir(workdir) == [lock.LOCK_FILE]
@@ -929,7 +953,7 @@ def test_two_conversions_into_one_out_leave_one_run_and_say_so(tiny_teacher, tmp
   assert runs.is_run(out) and sorted(os.listdir(tmp_path)) == ["converted"]
 
 
-def test_a_profile_into_a_read_only_folder_is_refused_before_the_measurement(tmp_path):
+def test_a_profile_into_a_read_only_folder_is_refused_before_the_measurement(tmp_path, capfd):
   """`bench distill --profile` writes its trace after minutes of measuring: a folder that takes no
   file (a read-only mount) is one line before any of it, not JAX's error after."""
   read_only = tmp_path / "ro"
@@ -940,7 +964,7 @@ def test_a_profile_into_a_read_only_folder_is_refused_before_the_measurement(tmp
     pytest.skip("cannot mount a tmpfs here")
   try:
     started = time.perf_counter()
-    proc = _program("distill", "--case", "cpu", "--profile", str(read_only / "profiles"), program="bench")
+    proc = _program("distill", "--case", "cpu", "--profile", str(read_only / "profiles"), program="bench", capfd=capfd)
     _one_line_error(proc, f"--profile {read_only / 'profiles'}: {read_only} takes no new file (Read-only file system)")
     assert "ours" not in proc.stdout and time.perf_counter() - started < 60
   finally:
@@ -948,7 +972,7 @@ def test_a_profile_into_a_read_only_folder_is_refused_before_the_measurement(tmp
 
 
 @pytest.mark.slow
-def test_a_fine_tuning_rerun_after_a_kill_says_the_takeover_alone(tiny_teacher, tmp_path):
+def test_a_fine_tuning_rerun_after_a_kill_says_the_takeover_alone(tiny_teacher, tmp_path, capfd):
   """kill -9 can stop a save after its step folder is in place but before Orbax's metadata: the rerun
   (of `finetune`, as users run it) takes the dead run's lock over with its one line, and Orbax's
   "Metadata file does not exist" warnings about that step are not printed around it."""
@@ -976,7 +1000,7 @@ def test_a_fine_tuning_rerun_after_a_kill_says_the_takeover_alone(tiny_teacher, 
     (checkpoints / str(last + 1000) / name).unlink(missing_ok=True)
   killed = {"host": os.uname().nodename, "pid": 2**22 + 1, "program": "finetune", "started": time.time() - 60}
   (workdir / "run.lock").write_text(json.dumps({**killed, "heartbeat": time.time() - 30}))
-  rerun = _program(*command, program="finetune")
+  rerun = _program(*command, program="finetune", capfd=capfd)
   assert rerun.returncode == 0, rerun.stderr[-2000:]
   assert "taking over the lock of finetune (pid 4194305" in rerun.stderr
   assert "Metadata file does not exist" not in rerun.stderr, rerun.stderr[-2000:]
