@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VADER_EXCERPT, WORDNET_EXCERPT
+from conftest import VADER_EXCERPT, WORDNET_EXCERPT, run_in_process
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
@@ -74,20 +74,19 @@ def test_teacher_layers_above_the_distilled_one_cost_nothing():
 
 
 @pytest.mark.slow
-def test_bench_memory_writes_the_rows_it_prints(tmp_path):
+def test_bench_memory_writes_the_rows_it_prints(tmp_path, capfd):
   rows = memory.run(batch_size=2, query_chunk=16, seq_lens=(64,))
   assert set(rows[0]) >= {"seq_len", "full_bytes", "chunked_bytes"} and rows[0]["chunked_bytes"] < rows[0]["full_bytes"]
   out = tmp_path / "mem.json"
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.bench", "memory", "--json", str(out)], capture_output=True, text=True, check=True
-  )
+  proc = run_in_process("bench", "memory", "--json", out, capfd=capfd)
+  assert proc.returncode == 0, proc.stderr[-2000:]
   written = json.loads(out.read_text())
   assert [r["seq_len"] for r in written] == [128, 256, 512]
   assert "chunked_bytes" in proc.stdout.splitlines()[0]
   # The issue's bound: at length 512 the chunked loss needs at most a quarter of the full loss's memory.
   assert written[-1]["chunked_bytes"] <= written[-1]["full_bytes"] / 4
   # Again into the same file: refused before any work, the results kept.
-  again = subprocess.run(proc.args, capture_output=True, text=True)
+  again = run_in_process(*proc.args, capfd=capfd)
   assert again.returncode == 2 and again.stderr.strip() == (
     f"error: --json {out} already exists: name a new file (earlier results are never replaced)"
   )
@@ -95,7 +94,7 @@ def test_bench_memory_writes_the_rows_it_prints(tmp_path):
   # Into a folder that does not exist: refused before any work too (aot's --json, the same check, after
   # a whole compile it once threw away).
   missing = tmp_path / "no_such_folder" / "mem.json"
-  lost = subprocess.run([*proc.args[:-1], str(missing)], capture_output=True, text=True)
+  lost = run_in_process(*proc.args[:-1], missing, capfd=capfd)
   assert lost.returncode == 2 and lost.stderr.strip() == (
     f"error: --json {missing}: its folder {missing.parent} does not exist: name a file in an existing folder"
   )
@@ -200,10 +199,8 @@ def test_bench_generate_rows_at_a_tiny_size():
     generation.run("2x96", source_length=500, target_length=48)
 
 
-def test_bench_bad_shapes_are_one_line_errors():
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.bench", "distill", "--seq_len", "12x"], capture_output=True, text=True
-  )
+def test_bench_bad_shapes_are_one_line_errors(capfd):
+  proc = run_in_process("bench", "distill", "--seq_len", "12x", capfd=capfd)
   stderr = proc.stderr
   assert proc.returncode == 2 and stderr.count("\n") == 1 and stderr.startswith("error: --seq_len"), proc.stderr
   for kwargs, message in (
@@ -227,16 +224,17 @@ def test_bench_bad_shapes_are_one_line_errors():
     ("distill", "--student="),
   ],
 )
-def test_bench_counts_below_one_are_one_line(suite, flag):
+def test_bench_counts_below_one_are_one_line(suite, flag, capfd):
   """Checked when the flags are read, before any model is built (`--batch 0` ran the default batch;
   `--batches 0` ended in an IndexError; a length of 1 in a TypeError); a flag the suite does not
   read is refused, not ignored."""
-  proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", suite, flag], capture_output=True, text=True)
+  proc = run_in_process("bench", suite, flag, capfd=capfd)
   stderr = proc.stderr
   assert proc.returncode == 2 and stderr.count("\n") == 1 and flag.split("=")[0] in stderr, proc.stderr[-2000:]
 
 
 def test_bench_unknown_suite_is_one_line_error():
+  """On the command line."""
   proc = subprocess.run([sys.executable, "-m", "minilm_jax.bench", "nope"], capture_output=True, text=True)
   assert proc.returncode == 2 and proc.stderr.strip().startswith("error: name one suite")
 
@@ -282,14 +280,10 @@ def test_bench_task_distill_rows(tiny_teacher):
 
 
 @pytest.mark.slow
-def test_bench_data_rows(tmp_path):
+def test_bench_data_rows(tmp_path, capfd):
   """The data suite through the program, at one length: every rate measured, both streams."""
   out = tmp_path / "data.json"
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.bench", "data", "--seq_len", "128", "--json", str(out)],
-    capture_output=True,
-    text=True,
-  )
+  proc = run_in_process("bench", "data", "--seq_len", "128", "--json", out, capfd=capfd)
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))
   assert row["length"] == 128 and row["blocks"] >= 256
@@ -606,34 +600,29 @@ def test_a_second_stage_stopped_by_sigterm_resumes_to_the_score_of_an_unstopped_
 
 
 @pytest.mark.slow
-def test_bench_students_through_the_program(tiny_teacher, tmp_path):
+def test_bench_students_through_the_program(tiny_teacher, tmp_path, capfd):
   """The suite as users call it: flags to rows, the probe and fine-tuning on the program's mesh, on
   tasks of each kind the default runs: one sentence (probed too), sentence pairs and a regression
   (fine-tuned alone: a probe's examples are right or wrong)."""
   out = tmp_path / "students.json"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.bench",
-      "students",
-      "--teacher",
-      tiny_teacher,
-      "--models",
-      "teacher",
-      "--tasks",
-      f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_EXCERPT},vader_movies_rating={VADER_EXCERPT}",
-      "--seeds",
-      "1",
-      "--epochs",
-      "1",
-      "--seq_len",
-      "16",
-      "--json",
-      str(out),
-    ],
-    capture_output=True,
-    text=True,
+  proc = run_in_process(
+    "bench",
+    "students",
+    "--teacher",
+    tiny_teacher,
+    "--models",
+    "teacher",
+    "--tasks",
+    f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_EXCERPT},vader_movies_rating={VADER_EXCERPT}",
+    "--seeds",
+    "1",
+    "--epochs",
+    "1",
+    "--seq_len",
+    "16",
+    "--json",
+    str(out),
+    capfd=capfd,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   (row,) = json.load(open(out))

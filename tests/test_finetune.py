@@ -13,7 +13,7 @@ import torch
 import transformers
 from flax import traverse_util
 
-from conftest import ROOT, finetune_config, load_config_module
+from conftest import ROOT, finetune_config, load_config_module, run_in_process
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.errors import UserError
@@ -122,7 +122,7 @@ def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path
 
 
 @pytest.mark.slow
-def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2_dir, tmp_path):
+def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2_dir, tmp_path, capfd):
   run_dir = str(tmp_path / "squad_run")
   config = finetune_config(tiny_teacher, "squad2", squad_dir, max_seq_length=24, doc_stride=8, epochs=1)
   _, results = build_finetuning(config, run_dir).run()
@@ -132,12 +132,7 @@ def test_squad_end_to_end_finetune_evaluate_export(tiny_teacher, squad_dir, sst2
   # The README's batch evaluation of a GLUE run and a SQuAD run together, through the program.
   glue_run = str(tmp_path / "sst2_run")
   build_finetuning(finetune_config(tiny_teacher, "sst2", sst2_dir, epochs=1), glue_run).run()
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.evaluate", "--runs", f"{glue_run},{run_dir}", "--out", str(tmp_path / "eval")],
-    capture_output=True,
-    text=True,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
+  proc = run_in_process("evaluate", "--runs", f"{glue_run},{run_dir}", "--out", tmp_path / "eval", capfd=capfd)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = json.load(open(tmp_path / "eval" / "metrics.json"))
   assert [(r["task"], r["split"]) for r in rows] == [("sst2", "dev"), ("squad2", "dev")]
@@ -215,15 +210,11 @@ def test_mlqa_trains_on_squad1_and_reports_each_language(tiny_teacher, squad_dir
   assert "dev/f1_de" not in results  # model selection on English only, as the paper
 
 
-def _convert(*args):
-  return subprocess.run([sys.executable, "-m", "minilm_jax.convert", *args], capture_output=True, text=True)
-
-
 @pytest.mark.slow
-def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir):
+def test_convert_round_trip_reproduces_the_original(tmp_path, minilm_dir, capfd):
   run_dir, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  assert _convert("--from-hf", minilm_dir, "--out", run_dir).returncode == 0
-  assert _convert("--to-hf", "--workdir", run_dir, "--out", out).returncode == 0
+  assert run_in_process("convert", "--from-hf", minilm_dir, "--out", run_dir, capfd=capfd).returncode == 0
+  assert run_in_process("convert", "--to-hf", "--workdir", run_dir, "--out", out, capfd=capfd).returncode == 0
   tokenizer = hf.load_tokenizer(out)
   batch = {
     k: torch.tensor(v)
@@ -277,7 +268,12 @@ def test_head_and_label_count_mismatch_on_export(tmp_path, tiny_teacher):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-  proc = _convert("--to-hf", "--workdir", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+  """On the command line of `convert` and `finetune`: one line and exit 2."""
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", tmp_path / "missing", "--out", tmp_path / "o"],
+    capture_output=True,
+    text=True,
+  )
   assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
   proc = subprocess.run(
     [
@@ -474,17 +470,16 @@ def test_custom_task_from_a_csv_with_six_labels_finetunes_evaluates_and_exports(
 
 
 @pytest.mark.slow
-def test_attention_maps_png(tmp_path, tiny_teacher):
+def test_attention_maps_png(tmp_path, tiny_teacher, capfd):
+  """On the command line; then a head the teacher lacks, in process."""
   out = tmp_path / "maps.png"
-
-  def attention_maps(heads):
-    argv = ["--teacher", tiny_teacher, "--student", tiny_teacher, "--out", str(out), "--heads", heads]
-    return subprocess.run([sys.executable, "-m", "minilm_jax.attention_maps", *argv], capture_output=True, text=True)
-
-  proc = attention_maps("0,3")
+  argv = ["--teacher", tiny_teacher, "--student", tiny_teacher, "--out", str(out), "--heads"]
+  proc = subprocess.run(
+    [sys.executable, "-m", "minilm_jax.attention_maps", *argv, "0,3"], capture_output=True, text=True
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-  proc = attention_maps("7")
+  proc = run_in_process("attention_maps", *argv, "7", capfd=capfd)
   assert proc.returncode == 2 and "has 4 heads" in proc.stderr
 
 

@@ -21,6 +21,7 @@ from conftest import (
   load_config_module,
   output_lines,
   read_metrics,
+  run_in_process,
   tiny_config,
   train_command,
   xla_flags,
@@ -253,25 +254,31 @@ def test_teacher_assistant_chains_name_the_configs_that_train_their_assistants()
   assert chains == 2  # minilm_6x384_from_ta.py and multilingual_6x384.py
 
 
-def _one_line_error(cmd, env):
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+def _one_line_error(proc):
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert len(lines) == 1, proc.stderr[-2000:]
   return lines[0]
 
 
-def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path):
+def _train_in_process(workdir, override, tiny_teacher, tiny_corpus, monkeypatch, capfd):
+  """`train` on tests/tiny_config.py with one override, in this process (the config reads its
+  teacher and corpus from the environment)."""
+  monkeypatch.setenv("TINY_TEACHER", tiny_teacher)
+  monkeypatch.setenv("TINY_CORPUS", tiny_corpus)
+  return run_in_process("train", *train_command(workdir, override)[3:], capfd=capfd)
+
+
+def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd):
   line = _one_line_error(
-    train_command(str(tmp_path / "w"), "--config.optimizer.nope=1"), _env(tiny_teacher, tiny_corpus)
+    _train_in_process(str(tmp_path / "w"), "--config.optimizer.nope=1", tiny_teacher, tiny_corpus, monkeypatch, capfd)
   )
   assert "nope" in line
 
 
-def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path):
-  line = _one_line_error(
-    train_command(str(tmp_path / "w"), f"--config.teacher.path={tmp_path}/missing"), _env(tiny_teacher, tiny_corpus)
-  )
+def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd):
+  missing = f"--config.teacher.path={tmp_path}/missing"
+  line = _one_line_error(_train_in_process(str(tmp_path / "w"), missing, tiny_teacher, tiny_corpus, monkeypatch, capfd))
   assert "does not exist" in line and "missing" in line
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
@@ -348,7 +355,7 @@ _PLUGIN_LINES = (
 
 
 @pytest.mark.slow
-def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
+def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir, capfd):
   """The README's main job, shortened: the real teacher, the harvested corpus, the real program,
   its evaluators (on small files instead of WordNet's thousands of sentences) and its closing table;
   started the README's way: no JAX_PLATFORMS and no device-count flag in the environment (the
@@ -415,11 +422,7 @@ def test_demo_config_runs_through_the_cli(tmp_path, minilm_dir):
   import transformers
 
   out = str(tmp_path / "student_hf")
-  subprocess.run(
-    [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", out],
-    check=True,
-    capture_output=True,
-  )
+  assert run_in_process("convert", "--to-hf", "--workdir", workdir, "--out", out, capfd=capfd).returncode == 0
   config, params, tokenizer = runs.read_run(workdir)[:3]
   batch = tokenizer(
     ["A distilled student.", "It should load in transformers unchanged."], padding=True, return_tensors="np"
