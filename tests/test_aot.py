@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from conftest import ROOT, load_config_module
+from conftest import ROOT, load_config_module, run_in_process
 from minilm_jax.aot import programs, report, targets
 from minilm_jax.devices.chips import GiB
 from minilm_jax.errors import UserError
@@ -57,24 +57,28 @@ ONE_LAYER = [
 ]
 
 
-def run_aot(*args, env=None):
-  proc = subprocess.run(
-    [sys.executable, "-m", "minilm_jax.aot", *args],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    env={**os.environ, **(env or {})},
-  )
+def run_aot(*args, capfd, env=None):
+  """`python -m minilm_jax.aot <args>` in this process, with `env` set: (exit status, stdout, stderr)."""
+  with pytest.MonkeyPatch.context() as patch:
+    for name, value in (env or {}).items():
+      patch.setenv(name, value)
+    proc = run_in_process("aot", *args, capfd=capfd)
   return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.fixture(scope="module")
 def train_reports(tmp_path_factory):
-  """The tiny distillation step compiled for a v5e-8 slice and for a host of 8 H100s."""
+  """The tiny distillation step compiled for a v5e-8 slice and for a host of 8 H100s, on the command line."""
   out = {}
   for target, extra in (("v5e-8", ()), ("h100x8", ("--peak_buffers", "4"))):
     path = str(tmp_path_factory.mktemp("aot") / f"{target}.json")
-    status, stdout, stderr = run_aot(*TINY_TRAIN, "--target", target, "--json", path, *extra)
+    proc = subprocess.run(
+      [sys.executable, "-m", "minilm_jax.aot", *TINY_TRAIN, "--target", target, "--json", path, *extra],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+    )
+    status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     assert status == 0, stderr[-3000:]
     out[target] = (json.load(open(path)), stdout)
   return out
@@ -207,17 +211,17 @@ def test_matrix_products_are_counted_from_the_hlo():
 
 
 @pytest.mark.slow
-def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):
+def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher, capfd):
   glue = os.path.join(ROOT, "configs", "finetune", "glue.py")
   common = ["--config", glue, f"--config.init={tiny_teacher}", "--config.max_seq_length=32"]
   path = str(tmp_path / "finetune.json")
-  status, _, stderr = run_aot(*common, "--config.batch_size=8", "--target", "v4-8", "--json", path)
+  status, _, stderr = run_aot(*common, "--config.batch_size=8", "--target", "v4-8", "--json", path, capfd=capfd)
   assert status == 0, stderr[-3000:]
   row = json.load(open(path))
   assert row["program"] == "finetune" and row["devices"] == 4 and row["fits"] and row["tokens_per_step"] == 8 * 32
   path = str(tmp_path / "evaluate.json")
   status, _, stderr = run_aot(
-    *common, "--config.eval_batch_size=16", "--program", "evaluate", "--target", "h100x1", "--json", path
+    *common, "--config.eval_batch_size=16", "--program", "evaluate", "--target", "h100x1", "--json", path, capfd=capfd
   )
   assert status == 0, stderr[-3000:]
   row = json.load(open(path))
@@ -227,18 +231,18 @@ def test_finetune_and_evaluate_compile(tmp_path, tiny_teacher):
 
 
 @pytest.mark.slow
-def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fits(tmp_path):
+def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fits(tmp_path, capfd):
   """On one H100 (a GPU compile does not check capacity: the program compares the compiled peak
   with the memory JAX would preallocate). A TPU compile near its capacity takes minutes on 2 cores;
   the TPU compiler's own refusal is read by `report.parse_hbm_oom` (test below)."""
-  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=1048576", "--target", "h100x1")
+  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=1048576", "--target", "h100x1", capfd=capfd)
   lines = stderr.strip().splitlines()
   assert status == 2 and len(lines) == 1, stderr[-3000:]
   assert lines[0].startswith("error: train needs ") and "h100x1's h100 has 59.74 GiB usable" in lines[0]
   assert "optimizer.accumulate_steps" in lines[0] and "batch_size" in lines[0]
   # A batch whose inputs alone pass the card: refused before compiling (the GPU compiler failed on
   # it with a 72-line internal error, a kernel launch of more blocks than the card allows).
-  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=268435456", "--target", "h100x1")
+  status, _, stderr = run_aot(*ONE_LAYER, "--config.batch_size=268435456", "--target", "h100x1", capfd=capfd)
   lines = stderr.strip().splitlines()
   assert status == 2 and len(lines) == 1, stderr[-3000:]
   assert lines[0].startswith("error: train needs at least 192.04 GiB per device at batch_size=268435456"), lines
@@ -247,7 +251,7 @@ def test_oversized_batch_is_refused_in_one_line_and_find_batch_finds_one_that_fi
   small = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.02"}
   path = str(tmp_path / "find.json")
   status, _, stderr = run_aot(
-    *ONE_LAYER, "--config.batch_size=2400", "--target", "h100x1", "--find_batch", "--json", path, env=small
+    *ONE_LAYER, "--config.batch_size=2400", "--target", "h100x1", "--find_batch", "--json", path, env=small, capfd=capfd
   )
   assert status == 0, stderr[-3000:]
   row = json.load(open(path))
@@ -282,12 +286,12 @@ def test_the_gpu_compilers_failures_on_sizes_past_any_card_are_a_program_that_do
     compile_program(program, targets.parse_target("h100x1"))
 
 
-def test_unknown_target_and_wrong_program_are_one_line(tmp_path):
-  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "h100x1", "--json", str(tmp_path))
+def test_unknown_target_and_wrong_program_are_one_line(tmp_path, capfd):
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "h100x1", "--json", str(tmp_path), capfd=capfd)
   assert status == 2 and stderr.count("\n") == 1 and f"--json {tmp_path} already exists" in stderr
-  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v9-8")
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v9-8", capfd=capfd)
   assert status == 2 and stderr.count("\n") == 1 and "unknown target 'v9-8'" in stderr and "h100x8" in stderr
-  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v5e-8", "--program", "finetune")
+  status, _, stderr = run_aot(*TINY_TRAIN, "--target", "v5e-8", "--program", "finetune", capfd=capfd)
   assert status == 2 and stderr.count("\n") == 1 and "--program finetune does not run a distillation config" in stderr
 
 
