@@ -551,12 +551,12 @@ def forget_parsed_flags(program):
   flag_values.unparse_flags()
 
 
-def run_in_process(program: str, *args, capfd):
+def run_in_process(program: str, *args, capfd, umask: int | None = None):
   """`python -m minilm_jax.<program> <args>` run from the repository root in this process, through
   the same `run_program`, on `PROGRAM_DEVICES` of its devices as a program the suite starts gets:
   the exit status and what it wrote, as `subprocess.run` gives them. A test of the program's
   behaviour so pays no Python and JAX start-up; one that tests the process (signals, locks, the
-  command line itself) starts one."""
+  command line itself) starts one. `umask`: the process's while it runs, as `subprocess.run`'s."""
   import subprocess
 
   import jax
@@ -574,11 +574,15 @@ def run_in_process(program: str, *args, capfd):
     patch.setattr(jax, "devices", lambda backend=None: devices)
     # absl's handler took the stderr of the moment it was made: this run's is the capture's.
     patch.setattr(logging.get_absl_handler().python_handler, "stream", sys.stderr)
+    previous_umask = os.umask(umask) if umask is not None else None
     try:
       run_program(module.main, module.PROGRAM)
       status = 0
     except SystemExit as e:
       status = e.code if isinstance(e.code, int) else int(bool(e.code))
+    finally:
+      if previous_umask is not None:
+        os.umask(previous_umask)
   out, err = capfd.readouterr()
   return subprocess.CompletedProcess([program, *map(str, args)], status, out, err)
 

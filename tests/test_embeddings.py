@@ -4,8 +4,6 @@ sentence-transformers itself) and the embedding evaluation (retrieval and STS me
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, SENTENCES, TEST_UMASK, WORDNET_EXCERPT, modes_not_from_the_umask, tiny_config
+from conftest import SENTENCES, TEST_UMASK, WORDNET_EXCERPT, modes_not_from_the_umask, run_in_process, tiny_config
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
@@ -139,7 +137,7 @@ def test_wordnet_retrieval_pairs_definitions_with_their_own_examples():
 
 
 @pytest.mark.slow
-def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(minilm_dir, tiny_corpus, tmp_path):
+def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(minilm_dir, tiny_corpus, tmp_path, capfd):
   """The real all-MiniLM-L6-v2 (mean pooling, normalised) teaches a 2x16 student the embeddings plus
   the relations; the export (with its 16 -> 384 Dense map) loads in sentence-transformers and
   reproduces our embeddings; the evaluation program scores the run and the teacher."""
@@ -155,22 +153,8 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
   assert all(np.isfinite(m["loss_embedding_mse"]) for m in metrics)
 
   out = str(tmp_path / "st")
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.convert",
-      "--to-hf",
-      "--sentence-transformers",
-      "--workdir",
-      workdir,
-      "--out",
-      out,
-    ],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
-    umask=TEST_UMASK,
+  proc = run_in_process(
+    "convert", "--to-hf", "--sentence-transformers", "--workdir", workdir, "--out", out, capfd=capfd, umask=TEST_UMASK
   )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "2 parameters never received a gradient" in proc.stderr and "pooler/kernel" in proc.stderr
@@ -194,27 +178,21 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     + "".join(f"{a}\t{b}\t{i % 5}.0\n" for i, (a, b) in enumerate(zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1])))
   )
   results = tmp_path / "eval"
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "minilm_jax.evaluate",
-      "--embeddings",
-      f"{workdir},{minilm_dir}",
-      "--out",
-      str(results),
-      "--wordnet_dir",
-      WORDNET_EXCERPT,
-      "--sts",
-      str(sts),
-      "--max_seq_length",
-      "32",
-      "--eval_batch_size",
-      "128",
-    ],
-    capture_output=True,
-    text=True,
-    cwd=ROOT,
+  proc = run_in_process(
+    "evaluate",
+    "--embeddings",
+    f"{workdir},{minilm_dir}",
+    "--out",
+    str(results),
+    "--wordnet_dir",
+    WORDNET_EXCERPT,
+    "--sts",
+    str(sts),
+    "--max_seq_length",
+    "32",
+    "--eval_batch_size",
+    "128",
+    capfd=capfd,
     umask=TEST_UMASK,
   )
   assert proc.returncode == 0, proc.stderr[-2000:]

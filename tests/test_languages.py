@@ -5,14 +5,12 @@ distillation run on it; the settings that contradict each other refused in one l
 
 import json
 import os
-import subprocess
-import sys
 import unicodedata
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, tiny_config
+from conftest import ROOT, run_in_process, tiny_config
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, split_heldout
 from minilm_jax.data.languages import LanguageBlocks, language_corpora, language_spans, sampling_probabilities
@@ -133,16 +131,18 @@ def test_held_out_blocks_are_every_languages_last_in_their_shares():
 
 
 @pytest.mark.slow
-def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(blocks, tiny_teacher, corpus, tmp_path):
+def test_a_prepared_multilingual_corpus_reads_the_same_batches_and_trains(
+  blocks, tiny_teacher, corpus, tmp_path, monkeypatch, capfd
+):
   """`prepare_data` over the languages (the program, as the docs run it), the same rows and batches
   as tokenising on the fly; a run on it with held-out blocks from every language."""
   loaded, collate, _ = blocks
   out = str(tmp_path / "prepared")
-  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
+  monkeypatch.setenv("TINY_TEACHER", tiny_teacher)  # tests/tiny_config.py's teacher and corpus
+  monkeypatch.setenv("TINY_CORPUS", corpus)
   config_file = os.path.join(ROOT, "tests", "tiny_config.py")
-  command = [sys.executable, "-m", "minilm_jax.prepare_data", "--config", config_file, "--out", out]
   overrides = ["--config.data.languages=en,ru,el", "--config.data.max_seq_length=64"]  # as `_config`
-  proc = subprocess.run([*command, *overrides], env=env, capture_output=True, text=True)
+  proc = run_in_process("prepare_data", "--config", config_file, "--out", out, *overrides, capfd=capfd)
   assert proc.returncode == 0, proc.stderr[-2000:]
   manifest = json.load(open(os.path.join(out, "manifest.json")))
   assert manifest["languages"] == dict(zip(loaded.languages, map(int, loaded.counts)))
