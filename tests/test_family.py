@@ -5,8 +5,6 @@ line before any work."""
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -14,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
-from conftest import ROOT, tiny_config, xla_flags
+from conftest import ROOT, run_in_process, tiny_config
 from minilm_jax import runs
 from minilm_jax.devices import parallel
 from minilm_jax.distill import family
@@ -160,8 +158,8 @@ def test_a_family_that_cannot_run_is_one_line_before_any_work(tiny_mlm_teacher, 
 
 
 @pytest.mark.slow
-def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_teacher, tiny_corpus, tmp_path):
-  """`python -m minilm_jax.train` with a family config, then `convert --to-hf --student` naming one
+def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_teacher, tiny_corpus, tmp_path, capfd):
+  """The `train` program with a family config, then `convert --to-hf --student` naming one
   of the family (it writes that student) and naming none of them: one line, exit 2, nothing written
   (naming no student: `export_run`'s refusal, in the test above and here in process)."""
   config = tmp_path / "family.py"
@@ -175,18 +173,15 @@ def test_the_train_program_distils_a_family_and_convert_names_a_student(tiny_tea
     "  c.family = STUDENTS[:2]\n"
     "  return c\n"
   )
-  env = {**os.environ, "XLA_FLAGS": xla_flags(2)}
   workdir = str(tmp_path / "family")
-  train = [sys.executable, "-m", "minilm_jax.train", "--config", str(config), "--workdir", workdir]
-  proc = subprocess.run(train, cwd=ROOT, env=env, capture_output=True, text=True)
+  proc = run_in_process("train", "--config", config, "--workdir", workdir, capfd=capfd)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert runs.read_record(workdir).students.keys() == {"2x16", "1x32"}
-  convert = [sys.executable, "-m", "minilm_jax.convert", "--to-hf", "--workdir", workdir, "--out", str(tmp_path / "x")]
-  proc = subprocess.run(convert + ["--student", "1x32"], cwd=ROOT, env=env, capture_output=True, text=True)
+  convert = ["convert", "--to-hf", "--workdir", workdir, "--out"]
+  proc = run_in_process(*convert, tmp_path / "x", "--student", "1x32", capfd=capfd)
   assert proc.returncode == 0 and "wrote 1x32 encoder" in proc.stderr, proc.stderr[-2000:]
   assert runs.load_encoder(str(tmp_path / "x")).config.hidden_size == 32
-  convert[-1] = str(tmp_path / "y")
-  proc = subprocess.run(convert + ["--student", "4x16"], cwd=ROOT, env=env, capture_output=True, text=True)
+  proc = run_in_process(*convert, tmp_path / "y", "--student", "4x16", capfd=capfd)
   assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
   assert "--student 4x16" in proc.stderr and "2x16, 1x32" in proc.stderr
   with pytest.raises(UserError, match="holds a family of students.*--student"):

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import TEST_UMASK, modes_not_from_the_umask
+from conftest import TEST_UMASK, modes_not_from_the_umask, run_in_process
 from minilm_jax.benchmarks import kernels as kernel_check
 from minilm_jax.devices import parallel, timing
 from minilm_jax.devices.chips import GiB
@@ -283,16 +282,20 @@ def test_the_tuner_writes_the_fastest_tiling_per_kernel_and_the_step_reads_it(tm
 
 
 @pytest.mark.slow
-def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
+def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path, capfd):
   """Exit 0 with its rows, exit 2 with one line for bad input (a malformed tiling; bfloat16 on a CPU,
   whose XLA cannot run the explicit path's bfloat16 products), and exit 1 only for a kernel beyond
   tolerance."""
   out = tmp_path / "kernels.json"
-  bench = [sys.executable, "-m", "minilm_jax.bench", "kernels"]
-  ok = subprocess.run(
-    bench + ["--seq_len=32", "--batch=2", "--dtype=float32", "--repeats=1", f"--json={out}"],
-    capture_output=True,
-    text=True,
+  bench = ["bench", "kernels"]
+  ok = run_in_process(
+    *bench,
+    "--seq_len=32",
+    "--batch=2",
+    "--dtype=float32",
+    "--repeats=1",
+    f"--json={out}",
+    capfd=capfd,
     umask=TEST_UMASK,
   )
   assert ok.returncode == 0, ok.stderr[-2000:]
@@ -315,7 +318,7 @@ def test_the_chip_check_program_writes_its_rows_and_refuses_bad_input(tmp_path):
       "error: --dtype bfloat16: XLA's CPU backend cannot run bfloat16 products: use --dtype float32 on a CPU",
     ),
   ):
-    bad = subprocess.run(bench + [flag], capture_output=True, text=True)
+    bad = run_in_process(*bench, flag, capfd=capfd)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [message], bad.stderr[-2000:]
   rows = json.loads(out.read_text())
   assert kernel_check.beyond_tolerance(rows) == []
