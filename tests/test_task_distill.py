@@ -15,7 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import ROOT, WORDNET_EXCERPT, count_checkpoint_openings, load_config_module, run_distill_task
+from conftest import (
+  ROOT,
+  WORDNET_EXCERPT,
+  count_checkpoint_openings,
+  load_config_module,
+  run_distill_task,
+  run_in_process,
+)
 from minilm_jax import runs
 from minilm_jax.data import augment
 from minilm_jax.devices import parallel
@@ -263,7 +270,7 @@ def test_mkd_transformer_starts_from_a_pretrained_encoder_of_another_width_and_v
 
 @pytest.mark.slow
 @REFINED_TEACHER_GROUP
-def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path, refined_teacher):
+def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path, refined_teacher, capfd):
   """Table 4.2's multi-task distilled BiLSTM (one BiLSTM for a single-sentence and a pair task),
   then MKD's last stage through the program: per task, from the student, the learning rate chosen
   by the dev loss, which is sklearn's log loss of the run's own predictions."""
@@ -304,7 +311,9 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   overrides += [f"--config.student.from_run={mkd_dir}", "--config.max_seq_length=32", "--config.epochs=1"]
   overrides += ["--config.batch_size=200", "--config.augment.enabled=false"]
   overrides += ["--config.mesh.data=2", "--config.lr_grid=1e-5,5e-5"]
-  proc = run_distill_task("configs/task/mkd_finetune.py", tmp_path / "grid", *overrides)
+  proc = run_in_process(
+    "distill_task", "--config", "configs/task/mkd_finetune.py", "--workdir", tmp_path / "grid", *overrides, capfd=capfd
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   grid = json.load(open(tmp_path / "grid" / "lr_grid.json"))
   losses = {row["lr"]: row["dev_loss"] for row in grid["rows"]}

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import WORDNET_EXCERPT, run_distill_task
+from conftest import WORDNET_EXCERPT, run_distill_task, run_in_process
 from minilm_jax import runs
 from minilm_jax.data import word_vectors
 from minilm_jax.errors import UserError
@@ -175,19 +175,23 @@ def test_multichannel_student_keeps_its_static_channel(tmp_path, vector_files):
     build_task_distillation(c, str(tmp_path / "run"))
 
 
-def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_files):
+def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_files, capfd):
   _, files = vector_files
   with pytest.raises(UserError, match=f"student.embed_dim=300 but the vectors .* have {DIM} values"):
     build_task_distillation(_student_config(files["glove"], embed_dim=300), str(tmp_path / "a"))
   with pytest.raises(UserError, match="student.word_vectors is for the LSTM students"):
     build_task_distillation(_student_config(files["glove"], kind="transformer"), str(tmp_path / "b"))
-  proc = run_distill_task(
+  proc = run_in_process(
+    "distill_task",
+    "--config",
     "configs/task/distilled_bilstm.py",
+    "--workdir",
     tmp_path / "c",
     "--config.tasks=wordnet_supersense",
     "--config.objective=hard",
     f"--config.data_dir={WORDNET_EXCERPT}",
     f"--config.student.word_vectors={os.path.join(tmp_path, 'missing.bin')}",
+    capfd=capfd,
   )
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1] == (
@@ -232,7 +236,8 @@ def test_vectors_files_as_their_writers_write_them(tmp_path, vector_files, caplo
 
 def test_a_value_past_float32s_range_is_the_one_line_of_the_program(tmp_path):
   """`distill_task` with a vectors file holding 1e39: one line naming the file, the line and the
-  word, and no numpy overflow warning before it."""
+  word, and no numpy overflow warning before it (on the command line: in a test's process, pytest
+  would take the warning)."""
   path = tmp_path / "big.txt"
   path.write_text("the 0.1 0.2\nof 1e39 0.2\n")
   proc = run_distill_task(
