@@ -539,7 +539,9 @@ def _fill(disk: str, leave: int = 0):
 
 
 @pytest.mark.parametrize("writer", ["prepare_data", "evaluate", "bench"])
-def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(writer, tiny_teacher, tiny_corpus, small_disk):
+def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(
+  writer, tiny_teacher, tiny_corpus, small_disk, monkeypatch, capfd
+):
   """A prepared corpus (numpy's writes cut short, without an errno), an evaluation's results, a
   benchmark's report, written onto a full disk: the one line a full disk is for checkpoints, and
   nothing half-written left beside the filler."""
@@ -547,7 +549,8 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(writer, tiny
 
   out = os.path.join(small_disk, "out")
   _fill(small_disk)
-  env = dict(os.environ, TINY_TEACHER=tiny_teacher, TINY_CORPUS=tiny_corpus, PYTHONPATH=os.path.join(ROOT, "tests"))
+  monkeypatch.setenv("TINY_TEACHER", tiny_teacher)  # tests/tiny_config.py's teacher and corpus
+  monkeypatch.setenv("TINY_CORPUS", tiny_corpus)
   args = {
     "prepare_data": ["--config", os.path.join(ROOT, "tests", "tiny_config.py"), "--out", out],
     "evaluate": [
@@ -562,9 +565,7 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(writer, tiny
     ],
     "bench": ["kernels", "--seq_len=32", "--batch=2", "--repeats=1", f"--json={out}.json"],
   }[writer]
-  proc = subprocess.run(
-    [sys.executable, "-m", f"minilm_jax.{writer}", *args], env=env, capture_output=True, text=True, cwd=ROOT
-  )
+  proc = run_in_process(writer, *args, capfd=capfd)
   lines = output_lines(proc.stderr)  # progress bars left out
   assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
   assert "free space there" in lines[0] and ("No space left on device" in lines[0] or "cut short" in lines[0])
