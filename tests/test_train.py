@@ -95,11 +95,11 @@ def _wait_for(predicate, proc, timeout=120):
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path):
+def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd):
   env = _env(tiny_teacher, tiny_corpus)
   steps = ["--config.num_steps=30", "--config.checkpoint.every=5"]
-  straight = str(tmp_path / "straight")
-  subprocess.run(train_command(straight, *steps), env=env, check=True, capture_output=True)
+  straight = str(tmp_path / "straight")  # run in this process, the killed one in its own
+  assert _train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, straight, *steps).returncode == 0
 
   killed = str(tmp_path / "killed")
   proc = subprocess.Popen(
@@ -124,22 +124,22 @@ def test_sigkill_then_rerun_resumes_exactly(tiny_teacher, tiny_corpus, tmp_path)
 
 @pytest.mark.slow
 def test_a_second_program_on_a_running_workdir_is_refused_and_the_first_ends_as_alone(
-  tiny_teacher, tiny_corpus, tmp_path
+  tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd
 ):
   """Two `train` programs on one workdir (a requeued job, a launch script's typo): the second exits 2
   with one line naming the first, before any work, and the first ends as a run alone does. The
   first is held still (SIGSTOP) while the second starts, so that it is surely running then."""
   env = _env(tiny_teacher, tiny_corpus)
   steps = ["--config.num_steps=12", "--config.checkpoint.every=4"]
-  alone = str(tmp_path / "alone")
-  subprocess.run(train_command(alone, *steps), env=env, check=True, capture_output=True)
+  alone = str(tmp_path / "alone")  # this one and the second in this process
+  assert _train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, alone, *steps).returncode == 0
   workdir = str(tmp_path / "shared")
   first = subprocess.Popen(train_command(workdir, *steps), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   metrics = os.path.join(workdir, "metrics.jsonl")
   _wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, first)
   first.send_signal(signal.SIGSTOP)
   try:
-    second = subprocess.run(train_command(workdir, *steps), env=env, capture_output=True, text=True, timeout=300)
+    second = _train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, workdir, *steps)
   finally:
     first.send_signal(signal.SIGCONT)
   lines = output_lines(second.stderr)
@@ -261,24 +261,24 @@ def _one_line_error(proc):
   return lines[0]
 
 
-def _train_in_process(workdir, override, tiny_teacher, tiny_corpus, monkeypatch, capfd):
-  """`train` on tests/tiny_config.py with one override, in this process (the config reads its
-  teacher and corpus from the environment)."""
+def _train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, workdir, *overrides):
+  """`train` on tests/tiny_config.py in this process (the config reads its teacher and corpus from
+  the environment)."""
   monkeypatch.setenv("TINY_TEACHER", tiny_teacher)
   monkeypatch.setenv("TINY_CORPUS", tiny_corpus)
-  return run_in_process("train", *train_command(workdir, override)[3:], capfd=capfd)
+  return run_in_process("train", *train_command(workdir, *overrides)[3:], capfd=capfd)
 
 
 def test_cli_unknown_config_field(tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd):
   line = _one_line_error(
-    _train_in_process(str(tmp_path / "w"), "--config.optimizer.nope=1", tiny_teacher, tiny_corpus, monkeypatch, capfd)
+    _train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, str(tmp_path / "w"), "--config.optimizer.nope=1")
   )
   assert "nope" in line
 
 
 def test_cli_missing_teacher(tiny_teacher, tiny_corpus, tmp_path, monkeypatch, capfd):
   missing = f"--config.teacher.path={tmp_path}/missing"
-  line = _one_line_error(_train_in_process(str(tmp_path / "w"), missing, tiny_teacher, tiny_corpus, monkeypatch, capfd))
+  line = _one_line_error(_train_in_process(tiny_teacher, tiny_corpus, monkeypatch, capfd, str(tmp_path / "w"), missing))
   assert "does not exist" in line and "missing" in line
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
