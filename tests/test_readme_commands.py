@@ -63,11 +63,15 @@ def test_every_readme_command_parses_with_its_program(monkeypatch):
       except Exception as e:  # noqa: BLE001  (each command's failure is reported, not only the first)
         failures[f"{module} {' '.join(argv)}"[:200]] = f"{type(e).__name__}: {e}"[:300]
   assert not failures, failures
+  # absl's own flags parse as run_program parses them (its default value: no other test's logging changes).
+  module, argvs = next(iter(commands.items()))
+  _check_command(module, [*argvs[0], "--alsologtostderr=false"], monkeypatch)
 
 
 def _check_command(module: str, argv: list, monkeypatch):
   """`argv` parsed as `python -m <module>` parses it (from the repository root), then the checks a
   run makes before any work: the config's fields in range, each task it names known."""
+  from minilm_jax.cli.program import with_absl_flags
   from minilm_jax.distill import config as distill
   from minilm_jax.finetuning import config as finetuning
   from minilm_jax.task_distill import config as task_distill
@@ -78,7 +82,7 @@ def _check_command(module: str, argv: list, monkeypatch):
   forget_parsed_flags(program)
   monkeypatch.chdir(ROOT)
   monkeypatch.setattr(sys, "argv", ["program", *argv])  # ml_collections reads the overrides from sys.argv
-  flag_values = program.PROGRAM.flag_values
+  flag_values = with_absl_flags(program.PROGRAM.flag_values)  # as run_program parses: --verbosity too
   flag_values(sys.argv)
   if "config" in flag_values and flag_values["config"].present:
     config = flag_values.config

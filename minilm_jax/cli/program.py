@@ -40,15 +40,19 @@ class Program:
   kept_on_storage_error: str = "the checkpoints already saved are kept"
 
 
-def _parse_flags(flag_values: flags.FlagValues) -> list:
-  """The command line's flags and config overrides parsed, or one line on stderr and exit 2 for
-  an unknown override, a malformed flag or a --config file that cannot be loaded.
-
-  absl's own flags (`--verbosity`, `--logtostderr`) and those libraries define (Orbax's) live on the
-  global FLAGS: the program's registry takes them in, so that one parse sets them too."""
+def with_absl_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+  """The program's registry with absl's own flags (`--verbosity`, `--logtostderr`) and those
+  libraries define (Orbax's) taken in from the global FLAGS, so that one parse sets them too."""
   for name in list(flags.FLAGS):
     if name not in flag_values and flags.FLAGS[name].name == name:
       flag_values[name] = flags.FLAGS[name]
+  return flag_values
+
+
+def _parse_flags(flag_values: flags.FlagValues) -> list:
+  """The command line's flags and config overrides parsed, or one line on stderr and exit 2 for
+  an unknown override, a malformed flag or a --config file that cannot be loaded."""
+  with_absl_flags(flag_values)
   try:
     argv = flag_values(sys.argv)
   except (KeyError, AttributeError) as e:
