@@ -133,6 +133,7 @@ def test_distillation_step_compiles_for_tpu_and_h100(train_reports):
   assert gpu["kernel_bytes_added"] > 0 and tpu["kernel_bytes_added"] > 0
 
 
+@pytest.mark.slow
 def test_xla_flops_match_the_analytic_count_at_a_tiny_shape(train_reports):
   """The analytic count (matrix products of the layers the loss needs, the student's three times)
   leaves out embeddings, layer norms, softmax and the optimizer: XLA counts them, and at this tiny
@@ -152,6 +153,7 @@ def test_xla_flops_match_the_analytic_count_at_a_tiny_shape(train_reports):
     assert 0.95 < tpu["matmul_flops_over_analytic"] < 1.15, tpu["matmul_flops_over_analytic"]
 
 
+@pytest.mark.slow
 def test_what_is_live_at_the_peak_adds_up_to_the_peak(train_reports):
   """`--peak_buffers 4`: XLA's buffer assignment at the peak, by source, the four largest and the
   rest. Together they are most of the compiled peak, never more: the memory analysis's temporary

@@ -221,6 +221,7 @@ def test_bench_distill_family_times_the_family_against_each_student_alone():
     distill.run(distill.Settings(family=True))
 
 
+@pytest.mark.slow
 def test_a_lone_run_resumed_as_a_family_or_the_reverse_names_the_change(tiny_teacher, tiny_corpus, tmp_path):
   """A workdir's run resumes only as what it is: a lone run given a family config (and a family given
   a lone config) is told the `family` field changed, before anything is read or written."""

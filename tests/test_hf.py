@@ -375,6 +375,7 @@ def _random_modernbert(tmp_path, **overrides):
   return _random_model(tmp_path, "ModernBert", **fields)
 
 
+@pytest.mark.slow
 def test_random_modernbert_matches_transformers_and_exports_as_modernbert(tmp_path):
   """A ModernBERT checkpoint transformers wrote loads with parity on padded batches of several
   lengths, longer than the sliding window (pre-norm layers, GeGLU, no biases, RoPE with the global

@@ -99,9 +99,10 @@ def test_hidden_dropout_keeps_the_rate_scales_the_kept_and_differs_by_seed_and_p
 
 
 # Each chip's layout and blocks: the operands as the model makes them in 64-row blocks (GPUs: four
-# blocks here), and the TPU's [B, H, K, L] in 128-row blocks.
+# blocks here), and the TPU's [B, H, K, L] in 128-row blocks. The GPU's four interpreted blocks take
+# about 5 s a test on 2 cores: `slow`.
 CHIPS = [
-  pytest.param(None, TILINGS["gpu"], id="gpu_layout_and_blocks"),
+  pytest.param(None, TILINGS["gpu"], id="gpu_layout_and_blocks", marks=pytest.mark.slow),
   pytest.param(Layout("bhkl"), TILINGS["tpu"], id="tpu_layout_and_blocks"),
 ]
 
@@ -236,6 +237,7 @@ def test_the_compiled_programs_flops_and_the_steps_parts_are_the_kernels_counts(
   )
 
 
+@pytest.mark.slow
 def test_the_tuner_writes_the_fastest_tiling_per_kernel_and_the_step_reads_it(tmp_path, monkeypatch):
   """`bench kernels --tune` over two tilings, interpreted: a row per kernel call and tiling, the
   fastest of each call written to the table with the chip and the date; the kernels then take the

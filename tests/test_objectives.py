@@ -268,6 +268,7 @@ def test_trainer_runs_mlm_soft_label_distillation(tmp_path, tiny_corpus, tiny_ml
     )
 
 
+@pytest.mark.slow
 def test_a_new_objective_is_one_registered_function(monkeypatch):
   """The README's "Extending" example: a registered function is an objective the sharded train step
   runs as it runs MiniLM's, with no change to the trainer; its loss is the attention KL alone."""

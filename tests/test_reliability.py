@@ -54,6 +54,7 @@ def _one_line_error(proc, *expected):
   return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["train", "bench"])  # every program starts through program.run_program
 def test_help_prints_the_flags_and_exits_0(program):
   proc = subprocess.run([sys.executable, "-m", f"minilm_jax.{program}", "--help"], capture_output=True, text=True)
@@ -783,6 +784,7 @@ def finished_run(tmp_path_factory, tiny_teacher, tiny_corpus):
   return workdir, steps
 
 
+@pytest.mark.slow
 @damage_settings(max_examples=15)
 @given(how=st.sampled_from(DAMAGE), data=st.data())
 def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(finished_run, how, data):
@@ -938,6 +940,7 @@ def test_a_run_lock_that_is_a_directory_or_holds_no_record(tmp_path, caplog, cap
   lock.release(str(other))
 
 
+@pytest.mark.slow
 def test_two_conversions_into_one_out_leave_one_run_and_say_so(tiny_teacher, tmp_path):
   """Two `convert --from-hf` started together into one --out: one writes the run and says so, the
   other says in one line that it wrote nothing (found --out taken at its start, or written by the

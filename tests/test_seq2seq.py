@@ -111,6 +111,7 @@ def test_model_predictions_depend_only_on_what_the_mask_allows():
 # --- UniLM's masked targets ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_masked_and_one_pass_forms_read_one_encoder_pass_at_different_positions():
   """The same parameters and inputs: the masked form's prediction at target position j is the
   one-pass form's prediction slot j + 1 (the output at target position j). Only which output
@@ -237,6 +238,7 @@ def _hf_logits(model, batch, source_length):
     ).logits
 
 
+@pytest.mark.slow
 def test_exported_model_matches_transformers_and_cached_greedy_equals_its_full_recompute(tmp_path, minilm_dir):
   model, params = tiny_seq2seq(target_length=5, vocab_size=30522, max_position_embeddings=64)
   params = jax.tree.map(lambda x: x * 4 if x.ndim == 2 else x, params)  # sharper distributions: fewer ties

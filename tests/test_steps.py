@@ -96,6 +96,7 @@ def _finetune_step(mesh, accumulate_steps):
   return jax.device_get(new_state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow
 def test_finetuning_accumulation_equals_one_larger_batch():
   mesh = parallel.make_mesh(4, 2)  # data x model: the micro-batches stay split over `data`
   _assert_same_step(_finetune_step(mesh, 4), _finetune_step(mesh, 1))

@@ -153,6 +153,7 @@ def test_biattentive_lstm_pairs_a_single_sentence_with_itself():
     )
 
 
+@pytest.mark.slow
 def test_transformer_student_averages_cls_of_the_teachers_first_layers(minilm_dir, minilm):
   import torch
   import transformers
