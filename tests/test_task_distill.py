@@ -52,7 +52,7 @@ TASKS = ("wordnet_supersense", "wordnet_examples")
 
 def _finetune_config(init, task):
   c = base_config()
-  c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.log_every = task, init, 1, 32, 32, 20
+  c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.log_every = task, init, 1, 32, 64, 20
   c.data_dir = WORDNET_EXCERPT
   c.optimizer.lr = 1e-3
   c.mesh.data = 2  # data parallel on two of the 8 fake devices: the 2 cores run 4x fewer replicas
@@ -94,7 +94,7 @@ def test_per_task_data_folders():
 
 def _student_config(tasks, teacher, **student):
   c = task_distillation_config() if "," not in tasks else mkd_config()
-  c.tasks, c.teacher, c.max_seq_length, c.epochs, c.batch_size = tasks, teacher, 32, 1, 40
+  c.tasks, c.teacher, c.max_seq_length, c.epochs, c.batch_size = tasks, teacher, 32, 1, 80
   c.data_dir = WORDNET_EXCERPT
   c.augment.size_factor, c.augment.n_iter = 2, 3
   c.student.embed_dim, c.student.hidden, c.student.fc = 16, 8, 16
@@ -191,7 +191,7 @@ def test_mkd_from_the_refined_teacher_reports_every_task(tmp_path, refined_teach
   workdir, teacher_results = refined_teacher
   assert {f"{t}/dev/accuracy" for t in TASKS} <= set(teacher_results)
   c = _student_config(",".join(TASKS), workdir)
-  c.augment.enabled, c.batch_size = False, 80  # augmentation has its own test; 25 batches per task
+  c.augment.enabled, c.batch_size = False, 160  # augmentation has its own test; a dozen batches per task
   run = build_task_distillation(c, str(tmp_path / "mkd"))
   assert set(run.stream.streams) == set(TASKS)
   _, results = run.run()
@@ -389,6 +389,7 @@ def test_glue_student_is_evaluated_with_submission_files_by_the_program(tmp_path
   assert all(line.split("\t")[1] in ("0", "1") for line in submission[1:])
 
 
+@pytest.mark.slow
 def test_one_line_errors(tmp_path, teachers):
   c = _student_config("wordnet_examples", teachers["wordnet_supersense"])
   with pytest.raises(UserError, match="task wordnet_examples has no teacher"):
@@ -401,6 +402,7 @@ def test_one_line_errors(tmp_path, teachers):
     build_task_distillation(c, str(tmp_path / "e5"))
 
 
+@pytest.mark.slow
 def test_program_reports_bad_input_in_one_line(tmp_path, teachers):
   proc = run_distill_task(
     "configs/task/distilled_bilstm.py",
@@ -537,7 +539,7 @@ def _custom_teacher(tmp_path, init, name: str, labels: tuple) -> str:
       writer.writerows([f"line {i} says {labels[i % 2]}", labels[i % 2]] for i in range(32))
   c = _finetune_config(init, "custom")
   c.data.train, c.data.dev = str(tmp_path / f"{name}_train.csv"), str(tmp_path / f"{name}_dev.csv")
-  c.data_dir = ""
+  c.data_dir, c.batch_size = "", 32  # its 32 rows: one batch
   build_finetuning(c, str(tmp_path / name)).run()
   return str(tmp_path / name)
 
