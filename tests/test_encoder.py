@@ -151,7 +151,9 @@ def test_sliding_layers_attend_by_blocks_without_an_l_by_l_array_and_train_as_th
     (local_loss, local), local_grads = value_and_grad(params, False)
     rows = np.asarray(mask, bool)
     np.testing.assert_allclose(local.last_hidden_state[rows], dense.last_hidden_state[rows], atol=2e-5)
-    np.testing.assert_allclose(local_loss, dense_loss, rtol=1e-5)
+    # The loss sums some 600 terms of order 1 to about 0.6: their rounding (each state within 2e-5)
+    # is bounded absolutely; a relative bound on the cancelled sum failed on an AMD EPYC (1.1e-5).
+    np.testing.assert_allclose(local_loss, dense_loss, atol=1e-4)
     for name, want in traverse_util.flatten_dict(dense_grads, sep="/").items():
       got = traverse_util.flatten_dict(local_grads, sep="/")[name]
       np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
