@@ -9,7 +9,7 @@ import time
 import jax
 import numpy as np
 
-from minilm_jax.devices.timing import block
+from minilm_jax.devices.timing import block, timing_params
 from minilm_jax.models.encoder import Encoder, EncoderConfig, init_params
 from minilm_jax.models.flops import encoder_flops_per_token
 
@@ -30,7 +30,7 @@ def run(num_batches: int = 100, dtype: str = "float32", batch_size: int = 8, seq
     config = EncoderConfig(
       num_layers=layers, hidden_size=hidden, num_heads=12, intermediate_size=4 * hidden, dtype=dtype
     )
-    params = init_params(config, jax.random.key(0))
+    params = timing_params(functools.partial(init_params, config), rng)
     forward = jax.jit(functools.partial(_last_hidden_state, Encoder(config)))
     block(forward(params, batches[0], mask))  # compile
     start = time.perf_counter()

@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 
 from minilm_jax.benchmarks.elmo import CHARACTERS, CHARS_PER_TOKEN, ELMoBody
-from minilm_jax.devices.timing import block
+from minilm_jax.devices.timing import block, timing_params
 from minilm_jax.models.encoder import EncoderConfig
 from minilm_jax.models.flops import parse_shape
 from minilm_jax.models.students import MultiTaskModel, make_student, refined_teacher, student_kind
@@ -136,14 +136,6 @@ def _models(teacher: str, vocab: int):
         yield name, inputs, pair, build(encoder, vocab), thesis
 
 
-def _random_params(model, batch: dict, rng) -> dict:
-  """Parameters of `model`'s shapes drawn from N(0, 0.02^2) in numpy: time does not depend on the
-  values, and tracing the initialisers only for their shapes compiles nothing (compiling ELMo's
-  and the LSTMs' initialisers took longer than timing them)."""
-  shapes = jax.eval_shape(lambda key: model.init(key, batch, "task"), jax.random.key(0))["params"]
-  return jax.tree.map(lambda s: 0.02 * rng.standard_normal(s.shape, dtype=np.float32), shapes)
-
-
 def _without_embeddings(params) -> int:
   """Parameters outside the word, position and type tables (the thesis's BiLSTM counts leave out
   its word vectors)."""
@@ -156,7 +148,8 @@ def run(batch: int = 128, batches: int = 100, seq_len: int = 128, teacher: str =
   rng = np.random.default_rng(0)
   rows = []
   for name, inputs, pair, model, thesis in _models(teacher, vocab):
-    params = _random_params(model, _batch(inputs, pair, Shape(1, seq_len), vocab, rng), rng)
+    sample = _batch(inputs, pair, Shape(1, seq_len), vocab, rng)
+    params = timing_params(lambda key, model=model, sample=sample: model.init(key, sample, "task")["params"], rng)
     batch_arrays = _batch(inputs, pair, Shape(batch, seq_len), vocab, rng)
     forward = jax.jit(lambda p, b, model=model: model.apply({"params": p}, b, "task"))
     block(forward(params, batch_arrays))  # compile

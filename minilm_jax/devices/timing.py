@@ -5,6 +5,7 @@ import statistics
 import time
 
 import jax
+import numpy as np
 
 from minilm_jax.devices.chips import CHIPS, Chip
 
@@ -22,6 +23,16 @@ def median_seconds(fn, repeats: int) -> float:
 
 def block(tree):
   return jax.block_until_ready(tree)
+
+
+def timing_params(init, rng: np.random.Generator):
+  """Parameters of the shapes `init(key)` returns, drawn from N(0, 0.02^2) in numpy, for timing: time
+  does not depend on the values, and tracing the initialisers only for their shapes compiles
+  nothing (JAX's initialisers, run op by op, compile a kernel per shape and draw with threefry:
+  at BERT-base's shapes on a CPU they took longer than the timing, and ELMo's and the LSTMs'
+  compiles longer than timing them)."""
+  shapes = jax.eval_shape(init, jax.random.key(0))
+  return jax.tree.map(lambda s: 0.02 * rng.standard_normal(s.shape, dtype=np.float32), shapes)
 
 
 def chip_of(device_kind: str) -> Chip | None:
