@@ -74,6 +74,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (minilm_jax/data/wordnet/), so the suite runs without `apt-get install wordnet-base` and reads the
 # same rows everywhere.
 WORDNET_EXCERPT = os.path.join(ROOT, "minilm_jax", "data", "wordnet")
+# A sixth of its examples (tests/data/wordnet/make_excerpt.py --small: 317 and 322 training examples,
+# 158 and 160 dev) for the tests that train, distil or evaluate on the WordNet tasks through a
+# program: most of those tests' time went to steps over the full splits. The tests of the tasks,
+# the corpus and the tiny teacher's vocabulary read the full excerpt.
+WORDNET_SMALL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "wordnet_small")
+WORDNET_SMALL_TRAIN = {"wordnet_supersense": 317, "wordnet_examples": 322}  # its training examples
 # The first lines of the VADER paper's ratings (tests/data/vader/README.md): the VADER tasks' data.
 VADER_EXCERPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vader")
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VADER_EXCERPT, WORDNET_EXCERPT, run_in_process
+from conftest import VADER_EXCERPT, WORDNET_SMALL, WORDNET_SMALL_TRAIN, run_in_process
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
@@ -265,7 +265,7 @@ def test_bench_task_distill_rows(tiny_teacher):
     size_factor=2,
     max_len=24,
     sizes=(16, 8, 16),
-    data_dir=WORDNET_EXCERPT,
+    data_dir=WORDNET_SMALL,
   )
   rows = task_distill.run(settings, mesh=parallel.make_mesh(1))
   assert [r["model"].split(":")[0] for r in rows] == [
@@ -275,7 +275,12 @@ def test_bench_task_distill_rows(tiny_teacher):
     "BiLSTM on labels alone",
   ]
   assert all(0 <= r["score"] <= 1 and r["task"] == "wordnet_supersense" for r in rows)
-  assert rows[1]["train_examples"] > rows[2]["train_examples"] == rows[3]["train_examples"] == 2000
+  assert (
+    rows[1]["train_examples"]
+    > rows[2]["train_examples"]
+    == rows[3]["train_examples"]
+    == WORDNET_SMALL_TRAIN["wordnet_supersense"]
+  )
   assert abs(rows[1]["steps"] - rows[2]["steps"]) <= 0.1 * rows[2]["steps"] and rows[2]["steps"] == rows[3]["steps"]
 
 
@@ -322,7 +327,7 @@ def test_bench_students_rows_at_a_tiny_size(tiny_teacher, tiny_corpus, tmp_path,
   from minilm_jax.benchmarks import students
 
   models = ("teacher", "first_layers", "minilm_etd_embedding")
-  tasks = (f"wordnet_supersense={WORDNET_EXCERPT}", f"vader_movies={VADER_EXCERPT}")
+  tasks = (f"wordnet_supersense={WORDNET_SMALL}", f"vader_movies={VADER_EXCERPT}")
   results = tmp_path / "measured.jsonl"
   suite = _tiny_students_suite(tiny_teacher, tiny_corpus, results, tasks=tasks, seeds=2, models=models)
   rows = suite()
@@ -613,7 +618,7 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path, capfd):
     "--models",
     "teacher",
     "--tasks",
-    f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_EXCERPT},vader_movies_rating={VADER_EXCERPT}",
+    f"vader_tweets={VADER_EXCERPT},wordnet_examples={WORDNET_SMALL},vader_movies_rating={VADER_EXCERPT}",
     "--seeds",
     "1",
     "--epochs",

@@ -1,5 +1,6 @@
 """Corpus packing and the resumable batch stream."""
 
+import importlib.util
 import os
 from functools import partial
 
@@ -8,9 +9,11 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import ROOT, WORDNET_SMALL, WORDNET_SMALL_TRAIN
 from minilm_jax.data import demo_corpus, wordnet_db
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError
+from minilm_jax.tasks import get_task
 
 
 def test_packing_respects_documents_and_lengths():
@@ -112,6 +115,24 @@ def test_the_wordnet_corpus_is_the_excerpts_training_text_one_text_a_block(minil
   pieces = [i[start : start + 62] for i in ids for start in range(0, len(i), 62)]  # a long text fills blocks
   assert blocks == [[tokenizer.cls_token_id] + p + [tokenizer.sep_token_id] for p in pieces]
   assert len(texts["train"]) == 4834 and len(set(texts["dev"]) & set(texts["train"])) == 3
+
+
+def test_the_wordnet_excerpts_hold_the_tasks_splits_and_the_small_one_is_cut_from_the_full_one():
+  """The package's excerpt gives both WordNet tasks their full splits (2,000 training and 1,000 dev
+  examples); the tests' small one is what `make_excerpt.py --small` cuts from it (so it can be made
+  again), with the training sizes the tests assert and every class in each split."""
+  for name in WORDNET_SMALL_TRAIN:
+    task = get_task(name)
+    assert [len(task.load(split, wordnet_db.EXCERPT_DIR)) for split in ("train", "dev")] == [2000, 1000]
+    for split in ("train", "dev"):
+      labels = task.load(split, WORDNET_SMALL)["label"]
+      assert len(set(labels)) == len(task.labels) and (split == "dev" or len(labels) == WORDNET_SMALL_TRAIN[name])
+  path = os.path.join(ROOT, "tests", "data", "wordnet", "make_excerpt.py")
+  spec = importlib.util.spec_from_file_location("make_excerpt", path)
+  make_excerpt = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(make_excerpt)
+  cut = make_excerpt.select(wordnet_db.read_synsets(wordnet_db.EXCERPT_DIR), **make_excerpt.SMALL)
+  assert cut == {s.offset for s in wordnet_db.read_synsets(WORDNET_SMALL)}
 
 
 def _stream(n=100, batch=8, seed=3, process_index=0, process_count=1):

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import SENTENCES, TEST_UMASK, WORDNET_EXCERPT, modes_not_from_the_umask, run_in_process, tiny_config
+from conftest import (
+  SENTENCES,
+  TEST_UMASK,
+  WORDNET_EXCERPT,
+  WORDNET_SMALL,
+  modes_not_from_the_umask,
+  run_in_process,
+  tiny_config,
+)
 from minilm_jax.devices import parallel
 from minilm_jax.distill.trainer import build_distillation
 from minilm_jax.distill.untrained import untrained_student_parameters
@@ -185,7 +193,7 @@ def test_embedding_student_exports_to_sentence_transformers_and_is_evaluated(min
     "--out",
     str(results),
     "--wordnet_dir",
-    WORDNET_EXCERPT,
+    WORDNET_SMALL,
     "--sts",
     str(sts),
     "--max_seq_length",

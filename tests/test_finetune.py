@@ -31,12 +31,12 @@ def test_finetuning_evaluators_log_the_task_and_a_probe_and_keep_the_best_step(t
   eval/<name>/<metric>; `checkpoint.best` keeps the step with the best dev accuracy beside the newest.
   The task evaluator's score at the last step is the run's own results.json's; a distillation-only
   kind is refused in one line."""
-  from conftest import WORDNET_EXCERPT
+  from conftest import WORDNET_SMALL
   from minilm_jax.evaluation.evaluators import evaluator
 
-  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_EXCERPT, batch_size=32, log_every=10)
+  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_SMALL, batch_size=32, log_every=10)
   c.evaluators.task = evaluator("task", 20)
-  c.evaluators.probe = evaluator("probe", 20, task="wordnet_supersense", data_dir=WORDNET_EXCERPT)
+  c.evaluators.probe = evaluator("probe", 20, task="wordnet_supersense", data_dir=WORDNET_SMALL)
   c.checkpoint.best, c.checkpoint.keep = "task/dev/accuracy", 1
   run = build_finetuning(c, str(tmp_path / "ft"))
   _, results = run.run()
@@ -49,7 +49,7 @@ def test_finetuning_evaluators_log_the_task_and_a_probe_and_keep_the_best_step(t
   kept = sorted(int(s) for s in os.listdir(tmp_path / "ft" / "checkpoints") if s.isdigit())
   assert run.num_steps in kept and len(kept) <= 2
   assert max(accuracy[s] for s in kept) == max(accuracy.values())  # the best step (or one as good) kept
-  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_EXCERPT)
+  c = finetune_config(tiny_teacher, "wordnet_supersense", WORDNET_SMALL)
   c.evaluators.loss = evaluator("heldout", 10)
   with pytest.raises(UserError, match="kind='heldout' needs heldout, which this program's runs do not have"):
     build_finetuning(c, str(tmp_path / "bad"))

@@ -546,7 +546,7 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(
   """A prepared corpus (numpy's writes cut short, without an errno), an evaluation's results, a
   benchmark's report, written onto a full disk: the one line a full disk is for checkpoints, and
   nothing half-written left beside the filler."""
-  from conftest import WORDNET_EXCERPT
+  from conftest import WORDNET_SMALL
 
   out = os.path.join(small_disk, "out")
   _fill(small_disk)
@@ -558,7 +558,7 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(
       "--embeddings",
       tiny_teacher,
       "--wordnet_dir",
-      WORDNET_EXCERPT,
+      WORDNET_SMALL,
       "--max_seq_length",
       "32",
       "--out",
@@ -627,10 +627,10 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, capfd):
 def test_evaluate_never_writes_over_earlier_results(tiny_teacher, tmp_path, capfd):
   """`evaluate --out` holding earlier results is refused in one line before any work; with
   --overwrite the new results replace them only once complete, and only an earlier output of ours."""
-  from conftest import WORDNET_EXCERPT
+  from conftest import WORDNET_SMALL
 
   out = tmp_path / "results"
-  args = ["--embeddings", tiny_teacher, "--out", str(out), "--wordnet_dir", WORDNET_EXCERPT, "--max_seq_length", "16"]
+  args = ["--embeddings", tiny_teacher, "--out", str(out), "--wordnet_dir", WORDNET_SMALL, "--max_seq_length", "16"]
   assert _program(*args, program="evaluate", capfd=capfd).returncode == 0
   earlier = (out / "embeddings.json").read_text()
   _one_line_error(_program(*args, program="evaluate", capfd=capfd), f"--out {out} already holds 2 files", "--overwrite")

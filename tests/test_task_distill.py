@@ -17,7 +17,8 @@ import pytest
 
 from conftest import (
   ROOT,
-  WORDNET_EXCERPT,
+  WORDNET_SMALL,
+  WORDNET_SMALL_TRAIN,
   count_checkpoint_openings,
   load_config_module,
   run_distill_task,
@@ -53,7 +54,7 @@ TASKS = ("wordnet_supersense", "wordnet_examples")
 def _finetune_config(init, task):
   c = base_config()
   c.task, c.init, c.epochs, c.max_seq_length, c.batch_size, c.log_every = task, init, 1, 32, 64, 20
-  c.data_dir = WORDNET_EXCERPT
+  c.data_dir = WORDNET_SMALL
   c.optimizer.lr = 1e-3
   c.mesh.data = 2  # data parallel on two of the 8 fake devices: the 2 cores run 4x fewer replicas
   return c
@@ -75,9 +76,9 @@ def refined_teacher(tmp_path_factory, tiny_teacher):
   import shutil
 
   workdir, second = str(tmp_path_factory.mktemp("refined")), str(tmp_path_factory.mktemp("wordnet_copy"))
-  shutil.copy(os.path.join(WORDNET_EXCERPT, "data.noun"), second)
+  shutil.copy(os.path.join(WORDNET_SMALL, "data.noun"), second)
   config = _finetune_config(tiny_teacher, ",".join(TASKS))
-  config.data_dir = f"{WORDNET_EXCERPT},{second}"
+  config.data_dir = f"{WORDNET_SMALL},{second}"
   _, results = build_multitask_finetuning(config, workdir).run()
   return workdir, results
 
@@ -95,7 +96,7 @@ def test_per_task_data_folders():
 def _student_config(tasks, teacher, **student):
   c = task_distillation_config() if "," not in tasks else mkd_config()
   c.tasks, c.teacher, c.max_seq_length, c.epochs, c.batch_size = tasks, teacher, 32, 1, 80
-  c.data_dir = WORDNET_EXCERPT
+  c.data_dir = WORDNET_SMALL
   c.augment.size_factor, c.augment.n_iter = 2, 3
   c.student.embed_dim, c.student.hidden, c.student.fc = 16, 8, 16
   for k, v in student.items():
@@ -118,7 +119,8 @@ def test_distilled_bilstm_runs_with_augmentation_and_caches_teacher_logits(tmp_p
   opened = count_checkpoint_openings(monkeypatch)
   run = build_task_distillation(c, str(tmp_path / "a"))
   assert opened.count(teacher) == 2, opened
-  assert 3000 < len(run.stream.streams[task].rows) <= 4000  # 2,000 originals and up to one copy each
+  originals = WORDNET_SMALL_TRAIN[task]
+  assert 1.5 * originals < len(run.stream.streams[task].rows) <= 2 * originals  # up to one copy each
   _, results = run.run()
   assert 0 <= results[f"{task}/dev/accuracy"] <= 1
   saved = json.load(open(tmp_path / "a" / "results.json"))
@@ -166,7 +168,7 @@ def test_teacher_logits_match_transformers(tmp_path, teachers):
   from minilm_jax.devices import parallel
 
   task = get_task("wordnet_examples")
-  examples = task.load("dev", WORDNET_EXCERPT).select(range(16))
+  examples = task.load("dev", WORDNET_SMALL).select(range(16))
   teacher = find_teachers([teachers[task.name]], [task])[task.name]
   logits = teacher_logits(teacher, task, examples, 32, 16, parallel.make_mesh(), str(tmp_path))
   runs.export_run(teachers[task.name], str(tmp_path / "hf"))
@@ -286,7 +288,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
   assert {f"{t}/dev/{m}" for t in TASKS for m in ("accuracy", "loss")} <= set(results)
   model, params, tokenizer, tasks, joint = read_multitask_run(mkd_dir, parallel.make_mesh(2, 1))
   task = get_task("wordnet_examples")
-  examples = task.load("dev", WORDNET_EXCERPT, "")
+  examples = task.load("dev", WORDNET_SMALL, "")
   features = task_features(joint, task, examples, tokenizer, 32)
   batch = {k: np.asarray(features[k]) for k in ("input_ids", "attention_mask", "input_ids_b", "attention_mask_b")}
   logits = np.asarray(model.apply({"params": params}, batch, task.name), np.float64)
@@ -297,7 +299,7 @@ def test_mkd_bilstm_over_single_and_pair_tasks_then_fine_tuned_per_task(tmp_path
 
   c = load_config_module(os.path.join(ROOT, "configs", "task", "mkd_finetune.py")).get_config()
   c.tasks, c.teacher, c.student.from_run = "wordnet_examples", teacher, mkd_dir
-  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_EXCERPT, 32, 1, 200, 20
+  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_SMALL, 32, 1, 200, 20
   c.augment.enabled, c.mesh.data = False, 2
   # It starts from the MKD student: its block (a BiLSTM, not the config's bi-attentive LSTM), its
   # body and the task's head.
@@ -351,7 +353,7 @@ def test_hard_label_student_needs_no_teacher_logits(tmp_path, teachers):
   c = _student_config("wordnet_examples", teachers["wordnet_supersense"], kind="siamese_bilstm")
   c.objective = "hard"  # gold labels: the supersense run only lends its tokenizer
   run = build_task_distillation(c, str(tmp_path / "h"))
-  assert len(run.stream.streams["wordnet_examples"].rows) == 2000  # no augmentation
+  assert len(run.stream.streams["wordnet_examples"].rows) == WORDNET_SMALL_TRAIN["wordnet_examples"]  # no augmentation
   assert "wordnet_examples/dev/accuracy" in run.run()[1]
 
 
@@ -476,10 +478,12 @@ def test_finetuning_distils_a_teachers_logits_and_layers_on_augmented_data(tmp_p
   c.augment.enabled, c.augment.size_factor, c.augment.n_iter = True, 2, 3
   run = build_finetuning(c, str(tmp_path / "kd"))
   rows = run.stream.rows
-  assert 2000 < len(rows) <= 4000 and "teacher_logits" in rows.column_names
+  assert (
+    WORDNET_SMALL_TRAIN[task] < len(rows) <= 2 * WORDNET_SMALL_TRAIN[task] and "teacher_logits" in rows.column_names
+  )
   # The targets are the teacher run's logits on those (augmented) texts.
   examples = augment.augmented(
-    get_task(task).load("train", WORDNET_EXCERPT), "[MASK]", c.augment, str(tmp_path / "kd" / "cache"), ""
+    get_task(task).load("train", WORDNET_SMALL), "[MASK]", c.augment, str(tmp_path / "kd" / "cache"), ""
   )
   teacher = find_teachers([teachers[task]], [get_task(task)])[task]
   expected = teacher_logits(teacher, get_task(task), examples, 32, 128, run.mesh, str(tmp_path / "kd" / "cache"))
@@ -558,7 +562,7 @@ def test_several_teachers_are_learnt_as_the_mean_of_their_logits(
   build_finetuning(c, seed_1).run()
   both = f"{teachers[task.name]},{seed_1}"
   run = build_finetuning(_distilling_config(tiny_teacher, both, layers="tinybert_layerwise"), str(tmp_path / "kd"))
-  examples = task.load("train", WORDNET_EXCERPT)
+  examples = task.load("train", WORDNET_SMALL)
   each = [
     teacher_logits(
       find_teachers([t], [task])[task.name], task, examples, 32, 128, run.mesh, str(tmp_path / "kd" / "cache")
@@ -668,14 +672,14 @@ def test_a_teacher_is_reused_by_its_content_and_named_once_however_it_is_written
     patched.setattr(TeacherRun, "content_digest", lambda self: next(read_as))
     with pytest.raises(UserError, match=f"teacher {teacher} changed while its weights were read"):
       teacher_logits(
-        find_teachers([teacher], [task])[task.name], task, task.load("train", WORDNET_EXCERPT), 32, 128,
+        find_teachers([teacher], [task])[task.name], task, task.load("train", WORDNET_SMALL), 32, 128,
         parallel.make_mesh(2), str(tmp_path / "raced_cache"),
       )  # fmt: skip
   assert not os.path.exists(tmp_path / "raced_cache")
   fresh = teacher_logits(
     find_teachers([teacher], [task])[task.name],
     task,
-    task.load("train", WORDNET_EXCERPT),
+    task.load("train", WORDNET_SMALL),
     32,
     128,
     parallel.make_mesh(2),

@@ -16,7 +16,7 @@ from flax import traverse_util
 
 from conftest import (
   ROOT,
-  WORDNET_EXCERPT,
+  WORDNET_SMALL,
   count_checkpoint_openings,
   load_config_module,
   output_lines,
@@ -187,7 +187,7 @@ def test_teacher_can_be_an_earlier_run(tiny_teacher, tiny_corpus, tmp_path, monk
   config = tiny_config(assistant, tiny_corpus, **{"student.num_layers": 1, "student.hidden_size": 8})
   opened = count_checkpoint_openings(monkeypatch)
   for name, length in (("short", 16), ("long", 32)):
-    config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_EXCERPT, max_seq_length=length)
+    config.evaluators[name] = evaluator("retrieval", 3, data_dir=WORDNET_SMALL, max_seq_length=length)
   student = build_distillation(config, str(tmp_path / "student"))
   assert student.train_step.teacher.config.hidden_size == 16 and student.train_step.teacher.config.num_layers == 2
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(student.lone.teacher_params), assistant_params)

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import WORDNET_EXCERPT, run_distill_task, run_in_process
+from conftest import WORDNET_SMALL, run_distill_task, run_in_process
 from minilm_jax import runs
 from minilm_jax.data import word_vectors
 from minilm_jax.errors import UserError
@@ -141,7 +141,7 @@ def test_a_byte_order_mark_is_read_as_utf8_writes_it(tmp_path, vector_files):
 def _student_config(vectors_path, **student):
   c = task_distillation_config()
   c.tasks, c.teacher, c.objective = "wordnet_supersense", "", "hard"  # gold labels: no teacher needed
-  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_EXCERPT, 32, 1, 40, 20
+  c.data_dir, c.max_seq_length, c.epochs, c.batch_size, c.log_every = WORDNET_SMALL, 32, 1, 40, 20
   c.student.word_vectors, c.student.embed_dim, c.student.hidden, c.student.fc = vectors_path, DIM, 8, 16
   for k, v in student.items():
     setattr(c.student, k, v)
@@ -189,7 +189,7 @@ def test_settings_that_contradict_the_vectors_are_one_line(tmp_path, vector_file
     tmp_path / "c",
     "--config.tasks=wordnet_supersense",
     "--config.objective=hard",
-    f"--config.data_dir={WORDNET_EXCERPT}",
+    f"--config.data_dir={WORDNET_SMALL}",
     f"--config.student.word_vectors={os.path.join(tmp_path, 'missing.bin')}",
     capfd=capfd,
   )
@@ -245,7 +245,7 @@ def test_a_value_past_float32s_range_is_the_one_line_of_the_program(tmp_path):
     tmp_path / "run",
     "--config.tasks=wordnet_supersense",
     "--config.objective=hard",
-    f"--config.data_dir={WORDNET_EXCERPT}",
+    f"--config.data_dir={WORDNET_SMALL}",
     f"--config.student.word_vectors={path}",
     "--config.student.embed_dim=2",
   )

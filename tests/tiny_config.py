@@ -3,7 +3,7 @@
 
 import os
 
-from conftest import WORDNET_EXCERPT, tiny_config
+from conftest import WORDNET_SMALL, tiny_config
 from minilm_jax.evaluation.evaluators import evaluator
 
 
@@ -12,5 +12,5 @@ def get_config(variant: str = ""):
   if variant == "evaluators":
     c.data.heldout_blocks = c.batch_size
     c.evaluators.heldout = evaluator("heldout", 15)
-    c.evaluators.wordnet = evaluator("retrieval", 15, data_dir=WORDNET_EXCERPT)
+    c.evaluators.wordnet = evaluator("retrieval", 15, data_dir=WORDNET_SMALL)
   return c

@@ -4,6 +4,13 @@ read, so neither needs `apt-get install wordnet-base`. Run it where the full dat
 
     python tests/data/wordnet/make_excerpt.py /usr/share/wordnet
 
+With `--small`, from that excerpt, it writes `tests/data/wordnet_small/data.noun`: a tenth-size
+excerpt cut by the same rules (60 training and 30 dev synsets of each lexicographer file, 160 and 80
+pairs), on which the tests that run the WordNet tasks through a program (training, distilling,
+evaluating) spend a seventh of the steps; the tests of the tasks themselves read the full one:
+
+    python tests/data/wordnet/make_excerpt.py minilm_jax/data/wordnet --small
+
 It keeps the license header and, of every synset it keeps, the fields `minilm_jax.data.wordnet_db`
 reads (offset, lexicographer file, words, gloss); pointers are dropped (a pointer count of 000), so
 the offsets are WordNet's synset ids, not byte positions in this file. It keeps enough synsets for
@@ -24,6 +31,8 @@ from minilm_jax.tasks import wordnet  # noqa: E402
 
 PER_LEXFILE = {"train": 400, "dev": 200}
 PAIRS_WANTED = {"train": 1100, "dev": 550}  # synsets with a negative; each gives two examples
+SMALL = {"per_lexfile": {"train": 60, "dev": 30}, "pairs_wanted": {"train": 160, "dev": 80}}
+SMALL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wordnet_small")
 
 
 def _order(key: str) -> int:
@@ -39,7 +48,7 @@ def _pairs(synsets: list) -> int:
   return sum(any(len(senses[w.lower()]) > 1 for w in s.words) for s in synsets)
 
 
-def select(synsets: list) -> set:
+def select(synsets: list, per_lexfile=PER_LEXFILE, pairs_wanted=PAIRS_WANTED) -> set:
   keep = set()
   by_split = {"train": [], "dev": []}
   for s in synsets:
@@ -47,7 +56,7 @@ def select(synsets: list) -> set:
   for split, rows in by_split.items():
     for lexfile in wordnet._LEXNAMES:
       chosen = sorted((s for s in rows if s.lexfile == lexfile), key=lambda s: _order(s.offset))
-      keep.update(s.offset for s in chosen[: PER_LEXFILE[split]])
+      keep.update(s.offset for s in chosen[: per_lexfile[split]])
     with_examples = [s for s in rows if s.examples]
     senses = {}
     for s in with_examples:
@@ -57,17 +66,19 @@ def select(synsets: list) -> set:
     for word in sorted(senses, key=_order):
       if len(senses[word]) > 1:
         picked.extend(s for s in senses[word] if s.offset not in {p.offset for p in picked})
-        if _pairs(picked) >= PAIRS_WANTED[split]:
+        if _pairs(picked) >= pairs_wanted[split]:
           break
     keep.update(s.offset for s in picked)
   return keep
 
 
-def main(source: str):
-  keep = select(wordnet_db.read_synsets(source))
+def main(source: str, small: bool = False):
+  keep = select(wordnet_db.read_synsets(source), **(SMALL if small else {}))
+  out_dir = SMALL_DIR if small else wordnet_db.EXCERPT_DIR
+  os.makedirs(out_dir, exist_ok=True)
   with (
     open(os.path.join(source, "data.noun"), encoding="utf-8") as f,
-    open(os.path.join(wordnet_db.EXCERPT_DIR, "data.noun"), "w", encoding="utf-8") as out,
+    open(os.path.join(out_dir, "data.noun"), "w", encoding="utf-8") as out,
   ):
     for line in f:
       if line.startswith("  "):
@@ -82,4 +93,5 @@ def main(source: str):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1] if len(sys.argv) > 1 else wordnet_db.WORDNET_DIR)
+  args = [a for a in sys.argv[1:] if a != "--small"]
+  main(args[0] if args else wordnet_db.WORDNET_DIR, small="--small" in sys.argv[1:])
