@@ -4,10 +4,10 @@ read, so neither needs `apt-get install wordnet-base`. Run it where the full dat
 
     python tests/data/wordnet/make_excerpt.py /usr/share/wordnet
 
-With `--small`, from that excerpt, it writes `tests/data/wordnet_small/data.noun`: a tenth-size
-excerpt cut by the same rules (60 training and 30 dev synsets of each lexicographer file, 160 and 80
-pairs), on which the tests that run the WordNet tasks through a program (training, distilling,
-evaluating) spend a seventh of the steps; the tests of the tasks themselves read the full one:
+With `--small`, from that excerpt, it writes `tests/data/wordnet_small/data.noun`, cut by the same
+rules (60 training and 30 dev synsets of each lexicographer file, 160 and 80 pairs): a sixth of each
+task's examples, which the tests that run the WordNet tasks through a program (training,
+distilling, evaluating) read; the tests of the tasks themselves read the full one:
 
     python tests/data/wordnet/make_excerpt.py minilm_jax/data/wordnet --small
 
