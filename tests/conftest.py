@@ -497,7 +497,8 @@ def read_metrics(workdir):
 
 
 def load_config_module(path):
-  """A config file (`get_config()`) as the programs' --config flag loads it: by path, not as a package."""
+  """A config file (`get_config()`) as the programs' --config flag loads it: by path, not as a package
+  (also a script of tests/data, such as the WordNet excerpt's cutter)."""
   spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

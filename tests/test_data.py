@@ -1,6 +1,5 @@
 """Corpus packing and the resumable batch stream."""
 
-import importlib.util
 import os
 from functools import partial
 
@@ -9,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import ROOT, WORDNET_SMALL, WORDNET_SMALL_TRAIN
+from conftest import ROOT, WORDNET_SMALL, WORDNET_SMALL_TRAIN, load_config_module
 from minilm_jax.data import demo_corpus, wordnet_db
 from minilm_jax.data.corpus import BatchStream, MultiTaskStream, load_blocks, pack_blocks, pad_blocks, stack_columns
 from minilm_jax.errors import UserError
@@ -128,9 +127,7 @@ def test_the_wordnet_excerpts_hold_the_tasks_splits_and_the_small_one_is_cut_fro
       labels = task.load(split, WORDNET_SMALL)["label"]
       assert len(set(labels)) == len(task.labels) and (split == "dev" or len(labels) == WORDNET_SMALL_TRAIN[name])
   path = os.path.join(ROOT, "tests", "data", "wordnet", "make_excerpt.py")
-  spec = importlib.util.spec_from_file_location("make_excerpt", path)
-  make_excerpt = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(make_excerpt)
+  make_excerpt = load_config_module(path)
   cut = make_excerpt.select(wordnet_db.read_synsets(wordnet_db.EXCERPT_DIR), **make_excerpt.SMALL)
   assert cut == {s.offset for s in wordnet_db.read_synsets(WORDNET_SMALL)}
 
