@@ -158,3 +158,27 @@ def test_sliding_layers_attend_by_blocks_without_an_l_by_l_array_and_train_as_th
       got = traverse_util.flatten_dict(local_grads, sep="/")[name]
       np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
     assert float(jnp.max(dense.layers[0].attention[0, :, 0, 3:])) == 0.0  # 3 apart: outside the window of 4
+
+
+def test_parameter_shapes_are_traced_once_per_config_and_each_caller_gets_its_own_tree(monkeypatch):
+  """A run asks for its models' shapes while it loads, builds, restores and exports: one trace of
+  the init per config (and per head), every answer a tree the caller may change."""
+  from minilm_jax.models import encoder, heads
+
+  traced = []
+  real_init = encoder.init_params
+  monkeypatch.setattr(encoder, "init_params", lambda config, rng: traced.append(config) or real_init(config, rng))
+  config = EncoderConfig(vocab_size=97, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16)
+  first = encoder.abstract_params(config)
+  first["embeddings"] = None  # the caller's own tree
+  second = encoder.abstract_params(config)
+  assert second["embeddings"]["word_embeddings"]["embedding"].shape == (97, 8)
+  assert encoder.abstract_params(config.replace(hidden_size=12))["embeddings"]["word_embeddings"][
+    "embedding"
+  ].shape == (97, 12)
+  assert traced == [config, config.replace(hidden_size=12)]
+  # A task model's shapes, by head: the same head described again (another dict) is not traced again.
+  head = {"kind": "classification", "num_labels": 3}
+  a, b = heads.abstract_model_params(config, head), heads.abstract_model_params(config, dict(reversed(head.items())))
+  assert a == b and a is not b and a["classifier"]["kernel"].shape == (8, 3)
+  assert heads.abstract_model_params(config, {**head, "num_labels": 5})["classifier"]["kernel"].shape == (8, 5)

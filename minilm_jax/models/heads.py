@@ -3,6 +3,8 @@
 BertForMaskedLM (`Seq2SeqLM`: UniLM's sequence-to-sequence fine-tuning)."""
 
 import dataclasses
+import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -337,10 +339,16 @@ def init_task_params(config: EncoderConfig, head: dict, rng):
 
 
 def abstract_model_params(config: EncoderConfig, head: dict | None = None):
-  """Parameter shapes of the encoder alone (head None) or of a task model."""
+  """Parameter shapes of the encoder alone (head None) or of a task model: a fresh tree for each
+  caller, from one trace per config and head in a process (as `abstract_params`)."""
   if head is None:
     return abstract_params(config)
-  return jax.eval_shape(lambda: init_task_params(config, head, jax.random.key(0)))
+  return jax.tree.map(lambda leaf: leaf, _traced_task_params(config, json.dumps(head, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=32)
+def _traced_task_params(config: EncoderConfig, head_json: str):
+  return jax.eval_shape(lambda: init_task_params(config, json.loads(head_json), jax.random.key(0)))
 
 
 # A task model's encoder inputs, in the order its `__call__` takes them.
