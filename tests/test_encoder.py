@@ -178,7 +178,11 @@ def test_parameter_shapes_are_traced_once_per_config_and_each_caller_gets_its_ow
   ].shape == (97, 12)
   assert traced == [config, config.replace(hidden_size=12)]
   # A task model's shapes, by head: the same head described again (another dict) is not traced again.
+  traced_heads = []
+  real_task_init = heads.init_task_params
+  monkeypatch.setattr(heads, "init_task_params", lambda c, h, rng: traced_heads.append(h) or real_task_init(c, h, rng))
   head = {"kind": "classification", "num_labels": 3}
   a, b = heads.abstract_model_params(config, head), heads.abstract_model_params(config, dict(reversed(head.items())))
   assert a == b and a is not b and a["classifier"]["kernel"].shape == (8, 3)
   assert heads.abstract_model_params(config, {**head, "num_labels": 5})["classifier"]["kernel"].shape == (8, 5)
+  assert traced_heads == [head, {**head, "num_labels": 5}]
