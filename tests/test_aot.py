@@ -485,7 +485,7 @@ def test_a_relative_teachers_step_keeps_the_fused_kernel_where_the_student_can_t
   devices = targets.compile_devices(targets.parse_target("h100x1"))
   own = hf.read_config(path).model_type
   for model_type, flash in (("bert", True), (own, False)):
-    overrides = {"student.model_type": model_type, "student.dropout": 0.1, "dtype": "bfloat16"}
+    overrides = {"student.model_type": model_type, "student.dropout": 0.1, "dtype": "bfloat16", "mesh.data": -1}
     overrides |= {"student.vocab_size": len(hf.load_tokenizer(path)), "data.max_seq_length": 64}
     overrides |= {"student.hidden_size": 64, "student.intermediate_size": 128}  # head size 16: the kernel's least
     program = programs.train(tiny_config(path, "demo", **overrides), devices)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -44,11 +45,12 @@ def test_data_parallel_step_equals_single_device(tiny_teacher_bert_vocab, tiny_c
   """8 devices (batch split 8 ways, explicit gradient mean) against 1 device, 3 steps. Adam hides a
   constant gradient scale in the update, so the gradient norms are compared too: they catch a
   gradient summed over devices instead of averaged."""
-  config = tiny_config(tiny_teacher_bert_vocab, tiny_corpus)
   results = {}
   for n in (1, 8):
     workdir = str(tmp_path / f"devices{n}")
-    state = build_distillation(config, workdir, mesh=parallel.make_mesh(n)).run()
+    run = build_distillation(tiny_config(tiny_teacher_bert_vocab, tiny_corpus, **{"mesh.data": n}), workdir)
+    assert run.mesh.shape == {"data": n, "model": 1}  # the config's mesh.data
+    state = run.run()
     results[n] = (jax.device_get(state.params), read_metrics(workdir))
   (single, single_metrics), (sharded, sharded_metrics) = results[1], results[8]
   single, sharded = (traverse_util.flatten_dict(p, sep="/") for p in (single, sharded))
@@ -63,6 +65,17 @@ def test_data_parallel_step_equals_single_device(tiny_teacher_bert_vocab, tiny_c
     np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=1e-4)
     np.testing.assert_allclose(b["loss"], a["loss"], rtol=1e-4)
   assert single_metrics[-1]["loss"] < single_metrics[0]["loss"]
+
+
+def test_a_mesh_beyond_the_devices_or_leaving_out_a_process_is_one_line(tiny_teacher, tiny_corpus, tmp_path):
+  workdir = str(tmp_path / "w")
+  with pytest.raises(UserError, match=r"^mesh asks for 16 x 1 devices but 8 are available: use -1 for all$"):
+    build_distillation(tiny_config(tiny_teacher, tiny_corpus, **{"mesh.data": 16}), workdir)
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+  # Two processes of 4 devices each: a mesh of 2 would leave the second process's share of every batch nowhere.
+  devices = [types.SimpleNamespace(process_index=i // 4) for i in range(8)]
+  with pytest.raises(UserError, match=r"2 x 1 of the 8 devices of 2 processes: .* uses them all \(mesh.data=-1\)"):
+    parallel.make_mesh(2, 1, devices)
 
 
 def test_bfloat16_step_runs_with_float32_state(tiny_teacher, tiny_corpus, tmp_path):

@@ -9,6 +9,7 @@ from minilm_jax.evaluation.evaluators import evaluator
 
 def get_config(variant: str = ""):
   c = tiny_config(os.environ["TINY_TEACHER"], os.environ["TINY_CORPUS"])
+  c.mesh.data = -1  # every device of the program's processes (2 unless a test or the launcher gives more)
   if variant == "evaluators":
     c.data.heldout_blocks = c.batch_size
     c.evaluators.heldout = evaluator("heldout", 15)

@@ -132,7 +132,7 @@ def train(config, devices, model_shape: str = "") -> Program:
   teacher_config = pretrained_config(config.teacher.path, "teacher.path", model_shape).replace(dtype=config.dtype)
   if model_shape:  # a teacher assistant not trained yet: the student's model type and vocabulary are its own
     teacher_config = teacher_config.replace(model_type=config.student.model_type, vocab_size=config.student.vocab_size)
-  mesh = parallel.make_mesh(-1, 1, devices)
+  mesh = parallel.make_mesh(config.mesh.data, 1, devices)
   tokenizer = _tokenizer(config.teacher.path)
   masking = Masking.of(tokenizer)
 

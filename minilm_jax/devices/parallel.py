@@ -27,6 +27,13 @@ def make_mesh(num_data: int = -1, num_model: int = 1, devices=None) -> Mesh:
   n = len(devices) // num_model if num_data == -1 else num_data
   if not 0 < n * num_model <= len(devices):
     raise UserError(f"mesh asks for {num_data} x {num_model} devices but {len(devices)} are available: use -1 for all")
+  hosts = len({d.process_index for d in devices})
+  if hosts > 1 and n * num_model < len(devices):
+    # Every process reads an equal share of each batch onto its own devices: each must be in the mesh, whole.
+    raise UserError(
+      f"mesh asks for {n} x {num_model} of the {len(devices)} devices of {hosts} processes: "
+      "a run of several processes uses them all (mesh.data=-1)"
+    )
   return Mesh(np.asarray(devices[: n * num_model]).reshape(n, num_model), (DATA, MODEL))
 
 

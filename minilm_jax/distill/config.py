@@ -65,6 +65,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.batch_size = 256  # global, over all devices and hosts
   c.num_steps = 400_000
+  # The data-parallel mesh: devices the batch is split over (of every host); -1: all of them.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
   c.dtype = "bfloat16"  # compute dtype of teacher and student; parameters and losses stay float32
 
   c.checkpoint = ml_collections.ConfigDict()

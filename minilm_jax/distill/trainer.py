@@ -190,7 +190,7 @@ def read_teacher(config, workdir: str, mesh, resumed: RunRecord | None) -> Share
   teacher = runs.load_encoder(config.teacher.path, config.dtype, "teacher.path", mlm_head=True, sentence_pipeline=True)
   evaluators.check_lengths(config, teacher.config.max_position_embeddings)
   masking = Masking.of(teacher.tokenizer)
-  mesh = mesh or parallel.make_mesh()
+  mesh = mesh or parallel.make_mesh(config.mesh.data, 1)
   weights = weights_digest(teacher.params)
   check_same_teacher(f"teacher.path={config.teacher.path}", workdir, weights, resumed)
   placed = jax.device_put(teacher.params, parallel.replicated(mesh))
