@@ -21,8 +21,8 @@ from conftest import (
   tiny_config,
 )
 from minilm_jax.devices import parallel
+from minilm_jax.distill import untrained
 from minilm_jax.distill.trainer import build_distillation
-from minilm_jax.distill.untrained import untrained_student_parameters
 from minilm_jax.errors import UserError
 from minilm_jax.evaluation import sentences as sentence_eval
 from minilm_jax.models import embeddings
@@ -68,7 +68,15 @@ def test_untrained_parameters_are_those_with_zero_gradient(name, weight, expecte
     **init_params(student_config, jax.random.key(1)),
     **objective.init_learned(jax.random.key(2), student_config),
   }
-  assert sorted(untrained_student_parameters(teacher, student, objective, teacher_params, params)) == expected
+  traces, find = [], untrained.untrained_student_parameters
+  with pytest.MonkeyPatch.context() as patch:
+    traced = untrained.untrained_parameters
+    patch.setattr(untrained, "untrained_parameters", lambda *a: traces.append(a) or traced(*a))
+    assert sorted(find(teacher, student, objective, teacher_params, params)) == expected
+    first = len(traces)
+    # Asked again with the same models, objective and shapes (other values): answered, not traced again.
+    again = find(teacher, student, objective, *jax.tree.map(jnp.zeros_like, (teacher_params, params)))
+  assert sorted(again) == expected and len(traces) == first <= 1
 
   ids = jax.random.randint(jax.random.key(3), (2, 8), 1, 100)
   mask = jnp.ones_like(ids).at[1, 6:].set(0)
