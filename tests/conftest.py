@@ -561,13 +561,23 @@ def forget_parsed_flags(program):
   flag_values.unparse_flags()
 
 
-def run_in_process(program: str, *args, capfd, umask: int | None = None):
+def run_in_process(program: str, *args, capfd, umask: int | None = None, devices: int = PROGRAM_DEVICES):
   """`python -m minilm_jax.<program> <args>` run from the repository root in this process, through
-  the same `run_program`, on `PROGRAM_DEVICES` of its devices as a program the suite starts gets:
-  the exit status and what it wrote, as `subprocess.run` gives them. A test of the program's
-  behaviour so pays no Python and JAX start-up; one that tests the process (signals, locks, the
-  command line itself) starts one. `umask`: the process's while it runs, as `subprocess.run`'s."""
+  the same `run_program`, on `devices` of its devices (a program the suite starts gets
+  `PROGRAM_DEVICES`): the exit status and what it wrote, as `subprocess.run` gives them. A test of
+  the program's behaviour so pays no Python and JAX start-up; one that tests the process (signals,
+  locks, the command line itself) starts one. `umask`: the process's while it runs, as
+  `subprocess.run`'s. `capfd`: the test's capture; None (a fixture wider than a test, which has
+  none) captures what Python code writes to sys.stdout and sys.stderr."""
+  import contextlib
+  import io
   import subprocess
+
+  if capfd is None:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      proc = run_in_process(program, *args, capfd=_NO_CAPTURE, umask=umask, devices=devices)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.getvalue(), err.getvalue())
 
   import jax
   from absl import logging
@@ -576,7 +586,7 @@ def run_in_process(program: str, *args, capfd, umask: int | None = None):
 
   module = program_module(program)
   forget_parsed_flags(module)
-  devices = jax.devices()[:PROGRAM_DEVICES]
+  devices = jax.devices()[:devices]
   capfd.readouterr()  # what the test wrote before is not the program's
   with pytest.MonkeyPatch.context() as patch:
     patch.chdir(ROOT)
@@ -595,6 +605,16 @@ def run_in_process(program: str, *args, capfd, umask: int | None = None):
         os.umask(previous_umask)
   out, err = capfd.readouterr()
   return subprocess.CompletedProcess([program, *map(str, args)], status, out, err)
+
+
+class _NoCapture:
+  """What `run_in_process` reads as its capture while the caller redirects sys.stdout and sys.stderr."""
+
+  def readouterr(self):
+    return "", ""
+
+
+_NO_CAPTURE = _NoCapture()
 
 
 def run_distill_task(config_file: str, workdir, *overrides: str):

@@ -14,12 +14,9 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from conftest import COMPILE_FLAGS, ROOT, read_metrics, train_command
+from conftest import COMPILE_FLAGS, ROOT, read_metrics, run_in_process, train_command
 from minilm_jax import runs
 from minilm_jax.data.corpus import BatchStream, stack_columns
-
-# Its module fixture is built once: every test of this module runs on the same xdist worker.
-pytestmark = pytest.mark.xdist_group("multihost")
 
 LAUNCH = os.path.join(ROOT, "launch")
 STEPS = ["--config.num_steps=30", "--config.checkpoint.every=5"]
@@ -74,11 +71,13 @@ def _assert_same_run(a, b):
       np.testing.assert_allclose(pb[name], pa[name], atol=5e-5, rtol=1e-5, err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def one_process_run(tiny_teacher, tiny_corpus, tmp_path_factory):
-  """The reference: one process with 8 devices."""
-  workdir = str(tmp_path_factory.mktemp("mh") / "one_process")
-  proc = _launch(["CPU_DEVICES=8"], workdir, _env(tiny_teacher, tiny_corpus))
+def _one_process_run(tiny_teacher, tiny_corpus, workdir, capfd, monkeypatch):
+  """The reference: the launcher's command as one process of 8 devices, run in this process (the
+  test's processes are the two it starts)."""
+  monkeypatch.setenv("TINY_TEACHER", tiny_teacher)
+  monkeypatch.setenv("TINY_CORPUS", tiny_corpus)
+  config = os.path.join(ROOT, "tests", "tiny_config.py") + ":evaluators"
+  proc = run_in_process("train", "--config", config, "--workdir", workdir, *STEPS, capfd=capfd, devices=8)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return workdir
 
@@ -96,7 +95,7 @@ def test_each_process_reads_a_disjoint_slice_of_every_global_batch():
 
 @pytest.mark.slow
 def test_two_processes_of_four_devices_killed_and_restarted_equal_one_process_of_eight(
-  one_process_run, tiny_teacher, tiny_corpus, tmp_path
+  tiny_teacher, tiny_corpus, tmp_path, capfd, monkeypatch
 ):
   """Two processes of 4 devices each: one is killed after the first checkpoint (the launcher stops
   the other and fails), both restart and resume, and the run ends as one process of 8 devices
@@ -130,6 +129,7 @@ def test_two_processes_of_four_devices_killed_and_restarted_equal_one_process_of
   proc = _launch(settings[:2] + [f"PORT={_free_port()}"], workdir, env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert [r["step"] for r in read_metrics(workdir)] == list(range(0, 31))  # one writer: process 0
+  one_process_run = _one_process_run(tiny_teacher, tiny_corpus, str(tmp_path / "one_process"), capfd, monkeypatch)
   _assert_same_run(one_process_run, workdir)
   # The evaluators (a held-out loss, WordNet retrieval; at steps 0, 15 and 30) score the same when
   # the two processes each embed their share of the sentences.
