@@ -573,12 +573,6 @@ def run_in_process(program: str, *args, capfd, umask: int | None = None, devices
   import io
   import subprocess
 
-  if capfd is None:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-      proc = run_in_process(program, *args, capfd=_NO_CAPTURE, umask=umask, devices=devices)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out.getvalue(), err.getvalue())
-
   import jax
   from absl import logging
 
@@ -587,8 +581,13 @@ def run_in_process(program: str, *args, capfd, umask: int | None = None, devices
   module = program_module(program)
   forget_parsed_flags(module)
   devices = jax.devices()[:devices]
-  capfd.readouterr()  # what the test wrote before is not the program's
-  with pytest.MonkeyPatch.context() as patch:
+  written = (io.StringIO(), io.StringIO()) if capfd is None else None
+  if capfd is not None:
+    capfd.readouterr()  # what the test wrote before is not the program's
+  with pytest.MonkeyPatch.context() as patch, contextlib.ExitStack() as redirected:
+    if written:
+      redirected.enter_context(contextlib.redirect_stdout(written[0]))
+      redirected.enter_context(contextlib.redirect_stderr(written[1]))
     patch.chdir(ROOT)
     patch.setattr(sys, "argv", [program, *map(str, args)])
     patch.setattr(jax, "devices", lambda backend=None: devices)
@@ -603,18 +602,8 @@ def run_in_process(program: str, *args, capfd, umask: int | None = None, devices
     finally:
       if previous_umask is not None:
         os.umask(previous_umask)
-  out, err = capfd.readouterr()
+  out, err = capfd.readouterr() if written is None else (written[0].getvalue(), written[1].getvalue())
   return subprocess.CompletedProcess([program, *map(str, args)], status, out, err)
-
-
-class _NoCapture:
-  """What `run_in_process` reads as its capture while the caller redirects sys.stdout and sys.stderr."""
-
-  def readouterr(self):
-    return "", ""
-
-
-_NO_CAPTURE = _NoCapture()
 
 
 def run_distill_task(config_file: str, workdir, *overrides: str):
