@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import VADER_EXCERPT, WORDNET_SMALL, WORDNET_SMALL_TRAIN, run_in_process
+from conftest import ROOT, VADER_EXCERPT, WORDNET_SMALL, WORDNET_SMALL_TRAIN, run_in_process
 from minilm_jax import runs
 from minilm_jax.benchmarks import distill, generation, inference, memory, student_speed, torch_peer
 from minilm_jax.devices import parallel, timing
@@ -637,6 +637,22 @@ def test_bench_students_through_the_program(tiny_teacher, tmp_path, capfd):
   assert row["ft_within_noise_of"] == "unknown (one seed)"
   assert row["probe_within_noise_of"] == "-"  # a probe has no seeds: its claim needs none
   assert "teacher" in proc.stdout and "vader_tweets/ft" in proc.stdout
+
+
+def test_a_distilled_models_key_holds_what_it_learnt_not_the_devices_it_ran_on():
+  """The devices a distillation splits its batch over are not in its measurements' key: the key is
+  the same at any `mesh.data`, and has the fields of the keys this project's results file holds
+  (logged before the distillation config had `mesh`), so that a rerun finds those measurements."""
+  from minilm_jax.benchmarks.students.suite import measured_settings
+  from minilm_jax.distill.config import base_config
+
+  one, all_devices = base_config(), base_config()
+  one.mesh.data = 1
+  assert measured_settings(one) == measured_settings(all_devices) and "mesh" not in measured_settings(one)
+  with open(os.path.join(ROOT, "docs", "students_cpu.jsonl")) as f:
+    logged = [json.loads(json.loads(line)["key"])[0]["distill"] for line in f]
+  distilled = [d for d in logged if d is not None]
+  assert distilled and all(d.keys() == measured_settings(one).keys() for d in distilled)
 
 
 def test_bench_students_ranks_and_noise():

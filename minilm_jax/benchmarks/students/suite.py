@@ -54,6 +54,15 @@ RESUME_EVERY = 200
 DISTILL_RESUME_EVERY = 100
 
 
+def measured_settings(config) -> dict:
+  """What a distilled model's measurements are keyed by: its distillation config, less `mesh` (the
+  devices a run splits its batch over: where it ran, as the host is, not what it learnt). A key that
+  held it lost every measurement logged before the field existed."""
+  settings = config.to_dict()
+  settings.pop("mesh", None)
+  return settings
+
+
 @dataclasses.dataclass(frozen=True)
 class _FineTuning:
   """One fine-tuning the suite runs: of `task`, with `seed`, for `epochs` at `length` and `lr`, in
@@ -195,7 +204,7 @@ class _Suite:
     and, for a second stage, by `second`'s."""
     s = self.settings
     config = None if name == "teacher" else student_config(name, self.teacher_config, s)
-    distilled = {"distill": None if config is None else config.to_dict(), "teacher": s.teacher}
+    distilled = {"distill": None if config is None else measured_settings(config), "teacher": s.teacher}
     key = {**distilled, "finetune_epochs": s.finetune_epochs, "finetune_lr": s.finetune_lr, "length": s.length}
     key.update({"second_stage": second} if second else {})
     path = self.log.model_dir(self.tmp, name, distilled)
