@@ -825,6 +825,40 @@ def test_a_damaged_file_of_the_latest_checkpoint_is_read_around_or_one_line(fini
     event(f"{how}: step {2 if same[2] else 1}")
 
 
+def test_a_changed_byte_in_an_array_of_the_latest_checkpoint_is_found_by_its_checksum(finished_run, tmp_path, capfd):
+  """The bytes of an array changed in place in the latest checkpoint's data file: Orbax reads them
+  back without an error (random floats do not compress, and zstd stores such a chunk as it is),
+  so the CRC-32 saved with the step finds the change: the run is read at step 1 after one line."""
+  import shutil
+
+  import jax
+  import numpy as np
+
+  from minilm_jax import runs
+
+  workdir, steps = finished_run
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  latest = os.path.join(copy, "checkpoints", "2")
+  files = [os.path.join(d, f) for d, _, fs in os.walk(latest) for f in fs]
+  stored = [
+    (path, contents.index(needle))
+    for needle in (np.asarray(leaf).tobytes()[:32] for leaf in jax.tree.leaves(steps[2]) if leaf.size >= 8)
+    for path, contents in ((path, open(path, "rb").read()) for path in files)
+    if needle in contents
+  ]
+  assert stored, "no array of step 2 is stored as its bytes"
+  path, offset = stored[0]
+  contents = bytearray(open(path, "rb").read())
+  contents[offset + 5] ^= 0x10  # a float's mantissa: the value changes a little, silently
+  open(path, "wb").write(bytes(contents))
+  capfd.readouterr()
+  params = runs.read_run(copy).params
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(steps[1])))
+  lines = capfd.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("warning: the checkpoint of step 2") and "CRC-32" in lines[0], lines
+
+
 @pytest.mark.parametrize("task, name", [("squad2", "dev-v2.0.json"), ("qg", "dev.json")])
 def test_answers_that_do_not_lie_in_their_text_are_one_line(tmp_path, monkeypatch, task, name):
   """A SQuAD-format file whose answer_start is not a number, or points where the context does not

@@ -1,6 +1,7 @@
 """Orbax checkpoints of a run: the train state, the data-stream position and the run's record.
 
-A workdir holds `checkpoints/<step>/{state,data,meta}` (`meta`: the run's `RunRecord`). Saves are
+A workdir holds `checkpoints/<step>/{state,data,meta,checksums}` (`meta`: the run's `RunRecord`;
+`checksums`: a CRC-32 of each array of the state, checked whenever the state is read). Saves are
 asynchronous (the arrays are copied to host before `save` returns, so the state can be donated
 right after). Orbax writes each step to a temporary directory and renames it when complete, so an
 interrupted save never shadows the previous checkpoint.
@@ -15,6 +16,7 @@ import sys
 import time
 import traceback
 import warnings
+import zlib
 from typing import NoReturn
 
 import jax
@@ -26,7 +28,7 @@ from minilm_jax.data.files import tree_digest
 from minilm_jax.errors import STORAGE_ERRNOS, StorageError, UserError
 from minilm_jax.runs.record import RunRecord
 
-ITEMS = ("state", "data", "meta")
+ITEMS = ("state", "data", "meta", "checksums")
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -56,6 +58,59 @@ def weights_digest(params) -> str:
     digest.update(f"{jax.tree_util.keystr(path)}\0{array.dtype}\0{array.shape}\0".encode())
     digest.update(array.tobytes())
   return digest.hexdigest()
+
+
+def _array_name(path) -> str:
+  """An array's place in a state, the same whether the state is read whole (a `TrainState`'s
+  attributes) or in part (`{"params": ...}`): its keys joined by "/"."""
+  return "/".join(str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))) for key in path)
+
+
+def _on_host(value) -> np.ndarray | None:
+  """`value` whole as a numpy array, or None where this process holds only a part of it (an array
+  sharded across the processes of a multi-host run)."""
+  if not isinstance(value, jax.Array):
+    return np.asarray(value)
+  if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+    value = jax.random.key_data(value)
+  if value.is_fully_addressable:
+    return np.asarray(jax.device_get(value))
+  shards = {repr(shard.index): shard for shard in value.addressable_shards}  # one of each replica
+  if sum(shard.data.size for shard in shards.values()) != value.size:
+    return None
+  whole = np.empty(value.shape, value.dtype)
+  for shard in shards.values():
+    whole[shard.index] = np.asarray(shard.data)
+  return whole
+
+
+def state_checksums(state) -> dict:
+  """{array name: [dtype, shape, CRC-32 of its bytes]} for every array of `state` this process
+  holds whole. Saved with each checkpoint and compared after each read: a data file damaged in
+  place (a lost line, a flipped byte) can read back as other numbers without any error, because
+  the chunk of an array whose values zstd cannot compress is stored as it is, and Orbax gives the
+  chunks no checksum of their own."""
+  out = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(state)[0]:
+    array = _on_host(value)
+    if array is not None:
+      array = np.asarray(array, order="C")  # (np.ascontiguousarray makes a scalar an array of one)
+      crc = zlib.crc32(array.reshape(-1).view(np.uint8).data)  # bytes of any dtype, bfloat16's too
+      out[_array_name(path)] = [str(array.dtype), list(array.shape), crc]
+  return out
+
+
+class DamagedArray(Exception):
+  """An array read back differs from the array saved (`_restore_intact` reads around it)."""
+
+
+def _check_state(state, saved: dict | None):
+  """Raises `DamagedArray` on the first array of `state` whose bytes are not those saved
+  (arrays read at another dtype or shape, and checkpoints written before checksums, go unchecked)."""
+  for name, (dtype, shape, crc) in state_checksums(state).items():
+    expected = (saved or {}).get(name)
+    if expected is not None and expected[:2] == [dtype, shape] and expected[2] != crc:
+      raise DamagedArray(f"the array {name} reads back other than it was saved (its CRC-32 differs)")
 
 
 # Orbax's warnings about what `RunCheckpoints` reads around and reports itself: a directory opened
@@ -182,6 +237,7 @@ class RunCheckpoints:
           state=ocp.args.StandardSave(state),
           data=ocp.args.JsonSave(data_position),
           meta=ocp.args.JsonSave(record.to_json()),
+          checksums=ocp.args.JsonSave(state_checksums(state)),
         ),
       )
     except Exception as e:  # storage errors come as OSError, ValueError(RESOURCE_EXHAUSTED), ...
@@ -237,11 +293,8 @@ class RunCheckpoints:
     `abstract_state`'s shardings say."""
     out = self._restore_intact(
       step,
-      lambda s: self.manager.restore(
-        s,
-        args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
-        ),
+      lambda s: self._restore_checked(
+        s, state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
       ),
     )
     return out.state, out.data, RunRecord.from_json(out.meta)
@@ -251,16 +304,25 @@ class RunCheckpoints:
     target = {"params": abstract_params}
     out = self._restore_intact(
       step,
-      lambda s: self.manager.restore(
+      lambda s: self._restore_checked(
         s,
-        args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
-          )
+        state=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
         ),
       ),
     )
     return out.state["params"]
+
+  def _restore_checked(self, step: int, **items):
+    """The `items` of `step`, its state compared with the checksums saved with it (the checkpoints
+    written before checksums have none to compare)."""
+    checked = os.path.isdir(os.path.join(str(self.manager.directory), str(step), "checksums"))
+    if checked:
+      items["checksums"] = ocp.args.JsonRestore()
+    out = self.manager.restore(step, args=ocp.args.Composite(**items))
+    if checked:
+      _check_state(out.state, out.checksums)
+    return out
 
   def _restore_intact(self, step, restore):
     """`restore(step)`; without a step, of the newest step whose files can be read back. A newer
