@@ -316,7 +316,7 @@ class RunCheckpoints:
   def _restore_checked(self, step: int, **items):
     """The `items` of `step`, its state compared with the checksums saved with it (the checkpoints
     written before checksums have none to compare)."""
-    checked = os.path.isdir(os.path.join(str(self.manager.directory), str(step), "checksums"))
+    checked = (self.manager.directory / str(step) / "checksums").is_dir()
     if checked:
       items["checksums"] = ocp.args.JsonRestore()
     out = self.manager.restore(step, args=ocp.args.Composite(**items))
