@@ -840,15 +840,18 @@ def test_a_changed_byte_in_an_array_of_the_latest_checkpoint_is_found_by_its_che
   copy = str(tmp_path / "run")
   shutil.copytree(workdir, copy)
   latest = os.path.join(copy, "checkpoints", "2")
-  files = [os.path.join(d, f) for d, _, fs in os.walk(latest) for f in fs]
+  files = {os.path.join(d, f): open(os.path.join(d, f), "rb").read() for d, _, fs in os.walk(latest) for f in fs}
+  # An array's first 8 values, all different (not a bias that one Adam step moved by exactly ±lr,
+  # whose pattern other arrays share), found once in all the step's files: that array's own bytes.
+  needles = [np.asarray(leaf).ravel()[:8] for leaf in jax.tree.leaves(steps[2])]
+  needles = [n.tobytes() for n in needles if len(np.unique(n)) == 8]
   stored = [
-    (path, contents.index(needle))
-    for needle in (np.asarray(leaf).tobytes()[:32] for leaf in jax.tree.leaves(steps[2]) if leaf.size >= 8)
-    for path, contents in ((path, open(path, "rb").read()) for path in files)
-    if needle in contents
+    [(path, contents.index(needle)) for path, contents in files.items() if needle in contents]
+    for needle in needles
+    if sum(contents.count(needle) for contents in files.values()) == 1
   ]
   assert stored, "no array of step 2 is stored as its bytes"
-  path, offset = stored[0]
+  path, offset = stored[0][0]
   contents = bytearray(open(path, "rb").read())
   contents[offset + 5] ^= 0x10  # a float's mantissa: the value changes a little, silently
   open(path, "wb").write(bytes(contents))
