@@ -846,13 +846,14 @@ def test_a_changed_byte_in_an_array_of_the_latest_checkpoint_is_found_by_its_che
   needles = [np.asarray(leaf).ravel()[:8] for leaf in jax.tree.leaves(steps[2])]
   needles = [n.tobytes() for n in needles if len(np.unique(n)) == 8]
   stored = [
-    [(path, contents.index(needle)) for path, contents in files.items() if needle in contents]
+    (path, contents.index(needle))
     for needle in needles
-    if sum(contents.count(needle) for contents in files.values()) == 1
+    for path, contents in files.items()
+    if needle in contents and sum(c.count(needle) for c in files.values()) == 1
   ]
   assert stored, "no array of step 2 is stored as its bytes"
-  path, offset = stored[0][0]
-  contents = bytearray(open(path, "rb").read())
+  path, offset = stored[0]
+  contents = bytearray(files[path])
   contents[offset + 5] ^= 0x10  # a float's mantissa: the value changes a little, silently
   open(path, "wb").write(bytes(contents))
   capfd.readouterr()

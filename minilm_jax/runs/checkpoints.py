@@ -71,8 +71,6 @@ def _on_host(value) -> np.ndarray | None:
   sharded across the processes of a multi-host run)."""
   if not isinstance(value, jax.Array):
     return np.asarray(value)
-  if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-    value = jax.random.key_data(value)
   if value.is_fully_addressable:
     return np.asarray(jax.device_get(value))
   shards = {repr(shard.index): shard for shard in value.addressable_shards}  # one of each replica
@@ -104,11 +102,11 @@ class DamagedArray(Exception):
   """An array read back differs from the array saved (`_restore_intact` reads around it)."""
 
 
-def _check_state(state, saved: dict | None):
-  """Raises `DamagedArray` on the first array of `state` whose bytes are not those saved
-  (arrays read at another dtype or shape, and checkpoints written before checksums, go unchecked)."""
+def _check_state(state, saved: dict):
+  """Raises `DamagedArray` on the first array of `state` whose bytes are not those `saved`
+  (`state_checksums` of the state as written); arrays read at another dtype or shape go unchecked."""
   for name, (dtype, shape, crc) in state_checksums(state).items():
-    expected = (saved or {}).get(name)
+    expected = saved.get(name)
     if expected is not None and expected[:2] == [dtype, shape] and expected[2] != crc:
       raise DamagedArray(f"the array {name} reads back other than it was saved (its CRC-32 differs)")
 
