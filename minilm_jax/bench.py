@@ -94,7 +94,7 @@ _BATCH = flags.DEFINE_integer(
 _SEQ_LEN = flags.DEFINE_list(
   "seq_len",
   None,
-  "Sequence lengths instead of the case's (inference: the first; default 128).",
+  "Sequence lengths instead of the case's (inference, etd: the first; default 128).",
   flag_values=PROGRAM.flag_values,
 )
 _TILINGS = flags.DEFINE_list(
@@ -225,7 +225,7 @@ SUITES = {
   ),
   "inference": lambda: inference.run(_BATCHES.value, _DTYPE.value, _BATCH.value or 8, (_seq_lens() or [128])[0]),
   "memory": lambda: memory.run(),
-  "etd": lambda: etd.run(_STEPS.value),
+  "etd": lambda: etd.run(_STEPS.value, seq_len=(_seq_lens() or [128])[0]),
   "task_distill": lambda: task_distill.run(task_distill.Settings(epochs=_EPOCHS.value)),
   "student_speed": lambda: student_speed.run(
     _BATCH.value or 128, _BATCHES.value, (_seq_lens() or [128])[0], _TEACHER.value or "12x768"
@@ -278,7 +278,7 @@ SUITE_FLAGS = {
   "kernels": {"seq_len", "batch", "dtype", "repeats", "tilings", "tune"},
   "inference": {"batches", "dtype", "batch", "seq_len"},
   "memory": set(),
-  "etd": {"steps"},
+  "etd": {"steps", "seq_len"},
   "task_distill": {"epochs"},
   "student_speed": {"batch", "batches", "seq_len", "teacher"},
   "data": {"seq_len"},

@@ -87,9 +87,10 @@ def test_glue_end_to_end_finetune_evaluate_export(minilm_dir, sst2_dir, tmp_path
   run_dir = str(tmp_path / "sst2_run")
   _, results = build_finetuning(
     # Length 16: the rule is in the first word. On one device: the update of the real teacher's
-    # 22.7M parameters is most of a step, and each data-parallel device applies all of it.
+    # 22.7M parameters is most of a step, and each data-parallel device applies all of it. Two
+    # epochs at 2e-4 (16 updates) reach 1.0 on dev, as three at 1e-4 did; two at 1e-4 reach 0.81.
     finetune_config(
-      minilm_dir, "sst2", sst2_dir, epochs=3, max_seq_length=16, **{"optimizer.lr": 1e-4, "mesh.data": 1}
+      minilm_dir, "sst2", sst2_dir, epochs=2, max_seq_length=16, **{"optimizer.lr": 2e-4, "mesh.data": 1}
     ),
     run_dir,
   ).run()

