@@ -253,6 +253,20 @@ def test_bench_etd_rows_and_etd_starts_below_random(tiny_corpus):
   assert all({"init", "loss_at_start"} <= set(r) for r in rows)
 
 
+def test_bench_etd_passes_its_steps_and_length_to_the_suite(monkeypatch, capfd):
+  """`bench etd --steps --seq_len` through the program: the suite gets both (its rows are the test
+  above's); another suite's flag is refused."""
+  from minilm_jax.benchmarks import etd
+
+  given = []
+  monkeypatch.setattr(etd, "run", lambda steps, seq_len: given.append((steps, seq_len)) or [{"init": "random"}])
+  assert run_in_process("bench", "etd", "--steps", "3", "--seq_len", "32", capfd=capfd).returncode == 0
+  assert run_in_process("bench", "etd", capfd=capfd).returncode == 0
+  assert given == [(3, 32), (20, 128)]
+  proc = run_in_process("bench", "etd", "--batch", "8", capfd=capfd)
+  assert proc.returncode == 2 and "bench etd does not read --batch" in proc.stderr
+
+
 @pytest.mark.slow
 def test_bench_task_distill_rows(tiny_teacher):
   """The suite's code path on a tiny teacher: a teacher row and the three students, with `model` and `score`."""
