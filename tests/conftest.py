@@ -98,22 +98,31 @@ _CACHE_OWNER = "MINILM_TEST_COMPILATION_CACHE_OWNER"
 def pytest_configure(config):
   """One JAX compilation cache for this run of the suite: its worker processes and every program
   they start share the executables they compile (most tests compile the same tiny steps), and the
-  files runs share (`MINILM_JAX_CACHE`); both are deleted when the run ends, so no run reuses
-  another's. The main process makes them; xdist's workers and the programs inherit them through
+  files runs share (`MINILM_JAX_CACHE`) and `datasets`' cache; all are deleted when the run ends,
+  so no run reuses another's. The main process makes them; xdist's workers and the programs inherit them through
   the environment.
 
   Then JAX's backends start, before the first test, so that a plugin's start-up lines are never
   inside a test's capture. (A hook, not import-time code: the subprocess configs import this
   module, and a multi-process run must initialise its own backends.)"""
+  import pathlib
   import tempfile
 
+  import datasets
   import jax
 
   if _CACHE_OWNER not in os.environ:  # the main process (not a worker, which inherits the cache)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="minilm_jax_test_cache_")
     # The files every run may share (the demo corpus, harvested once), likewise fresh per run.
     os.environ["MINILM_JAX_CACHE"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "shared")
+    # `datasets`' Arrow copies of the files the tests read (keyed by path and modification time,
+    # so a fresh clone's and every temporary file's are new): about 500 files a run, which
+    # ~/.cache/huggingface/datasets would otherwise keep for good.
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAX_COMPILATION_CACHE_DIR"], "datasets")
     os.environ[_CACHE_OWNER] = str(os.getpid())
+  # This process imported `datasets` (which reads the variable once) before this hook: where the
+  # tests run here (`-p no:xdist`), they read the same place.
+  datasets.config.HF_DATASETS_CACHE = pathlib.Path(os.environ["HF_DATASETS_CACHE"])
   # Cache every executable, however quick its compile: the tests' tiny steps compile in under a second.
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
