@@ -99,8 +99,8 @@ def pytest_configure(config):
   """One JAX compilation cache for this run of the suite: its worker processes and every program
   they start share the executables they compile (most tests compile the same tiny steps), and the
   files runs share (`MINILM_JAX_CACHE`) and `datasets`' cache; all are deleted when the run ends,
-  so no run reuses another's. The main process makes them; xdist's workers and the programs inherit them through
-  the environment.
+  so no run reuses another's. The main process makes them; xdist's workers and the programs
+  inherit them through the environment.
 
   Then JAX's backends start, before the first test, so that a plugin's start-up lines are never
   inside a test's capture. (A hook, not import-time code: the subprocess configs import this
